@@ -1,0 +1,81 @@
+"""Tiny embedded assets (tokenizer, Qwen3 model, digit-math data), built locally once and cached.
+
+There is no model or dataset hub on our machines, so everything a run needs is generated here.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+# Bump when anything a build produces changes, so stale caches are never reused.
+ASSET_VERSION = 1
+
+
+@dataclass(frozen=True)
+class AssetPaths:
+    model_dir: Path
+    train_file: Path
+    val_file: Path
+    tokenizer_dir: Path
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("VERL_PIPE_CACHE") or Path.home() / ".cache" / "verl_pipe")
+
+
+def _paths(root: Path) -> AssetPaths:
+    return AssetPaths(
+        model_dir=root / "model",
+        train_file=root / "data" / "train.parquet",
+        val_file=root / "data" / "val.parquet",
+        tokenizer_dir=root / "tokenizer",
+    )
+
+
+def _build(root: Path, size: str) -> None:
+    # Imported here: building pulls in torch/transformers, which callers that only need paths should not pay for.
+    from verl_pipe.assets.math_data import build_dataset
+    from verl_pipe.assets.model import build_model
+    from verl_pipe.assets.tokenizer import build_tokenizer
+
+    paths = _paths(root)
+    tokenizer = build_tokenizer(paths.tokenizer_dir)
+    build_model(paths.model_dir, tokenizer, size=size)
+    build_dataset(paths.train_file.parent)
+
+
+def ensure_assets(cache_dir: Path | None = None, size: str = "tiny") -> AssetPaths:
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    name = f"{size}-v{ASSET_VERSION}"
+    root = cache_dir / name
+    # The final dir only ever appears by atomic rename of a finished build, so its existence means complete.
+    if root.is_dir():
+        return _paths(root)
+
+    from verl_pipe.assets.model import MODEL_SIZES
+
+    if size not in MODEL_SIZES:
+        raise ValueError(f"unknown model size {size!r}; choose from {sorted(MODEL_SIZES)}")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if root.is_dir():  # another process built it while we waited
+            return _paths(root)
+        # Only the lock holder builds, so any leftover temp dir is from a crashed build.
+        for stale in cache_dir.glob(f".{name}.building-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.building-", dir=cache_dir))
+        print(f"building {size} assets in {root}", flush=True)
+        try:
+            _build(tmp, size)
+            tmp.chmod(0o755)
+            os.rename(tmp, root)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return _paths(root)

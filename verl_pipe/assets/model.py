@@ -1,0 +1,63 @@
+"""A random-init Qwen3 saved like a hub checkpoint: verl and vLLM load model and tokenizer from one dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import GenerationConfig, PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
+
+# head_dim 64 everywhere: vLLM's CPU attention backend rejects smaller heads.
+MODEL_SIZES: dict[str, dict] = {
+    "tiny": dict(
+        num_hidden_layers=2,
+        hidden_size=128,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        intermediate_size=384,
+    ),
+    # Big enough that the trainer's share of a step is realistic in benchmarks (~13M params).
+    "bench": dict(
+        num_hidden_layers=4,
+        hidden_size=512,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=64,
+        intermediate_size=1536,
+    ),
+}
+
+
+def build_config(tokenizer: PreTrainedTokenizerBase, size: str = "tiny") -> Qwen3Config:
+    if size not in MODEL_SIZES:
+        raise ValueError(f"unknown model size {size!r}; choose from {sorted(MODEL_SIZES)}")
+    return Qwen3Config(
+        **MODEL_SIZES[size],
+        vocab_size=len(tokenizer),
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        # float32: bfloat16 matmuls are slower than float32 on these CPUs.
+        dtype="float32",
+        # Qwen3 has no BOS in its tokenizer and names <|endoftext|> as bos in the model config; we do the same.
+        bos_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def build_model(out_dir: Path, tokenizer: PreTrainedTokenizerBase, size: str = "tiny", seed: int = 0) -> Path:
+    out_dir = Path(out_dir)
+    config = build_config(tokenizer, size)
+    # fork_rng: seed the init without disturbing the caller's global RNG stream.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+    )
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    tokenizer.save_pretrained(str(out_dir))
+    return out_dir
