@@ -1,0 +1,349 @@
+"""Tests of the admission policies (verl_pipe.frontier): pure logic, so a random driver checks the invariants."""
+
+import random
+from collections import defaultdict
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from verl_pipe.frontier import Admission, FCFSPolicy, FrontierPolicy, Request, auto_frontier
+
+
+def finish_group(policy, g, trainable=True, replica=None):
+    for i in range(policy.n):
+        policy.on_response_done(Request(g, i), replica)
+    policy.on_group_done(g, trainable)
+
+
+def by_replica(adms):
+    out = defaultdict(list)
+    for a in adms:
+        out[a.replica].append(a.request)
+    return dict(out)
+
+
+# --- frontier ---------------------------------------------------------------------------------------------------
+
+def test_frontier_advances_and_priority_is_rank():
+    p = FrontierPolicy(num_groups=6, n=2, groups_per_unit=2, target_groups=4, replicas=[0], window=4)
+    adms = p.admit()
+    assert [a.request for a in adms] == [Request(0, 0), Request(0, 1), Request(1, 0), Request(1, 1)]
+    assert [a.priority for a in adms] == [0, 0, 1, 1]
+    assert p.frontier() == [0, 1]
+    finish_group(p, 1)  # out of order: the frontier keeps group 0 and takes the next group in
+    assert p.frontier() == [0, 2]
+    assert [a.request.group for a in p.admit()] == [2, 2]
+    assert p.stats()["spill_admissions"] == 0
+
+
+def test_untrainable_group_is_replaced_by_the_next():
+    p = FrontierPolicy(num_groups=5, n=1, groups_per_unit=1, target_groups=2, replicas=[0], window=1)
+    assert [a.request for a in p.admit()] == [Request(0, 0)]
+    finish_group(p, 0, trainable=False)
+    assert p.frontier() == [1]
+    assert [a.request for a in p.admit()] == [Request(1, 0)]
+    finish_group(p, 1)
+    assert not p.batch_full
+    p.admit()
+    finish_group(p, 2)
+    assert p.batch_full and p.trained_groups() == [1, 2]
+    assert p.stats()["untrainable_groups_done"] == 1
+
+
+def test_spill_counts_work_beyond_a_small_frontier():
+    # Windows hold 4 groups, the frontier 1: three groups' worth of slots are filled beyond it.
+    p = FrontierPolicy(num_groups=8, n=2, groups_per_unit=1, target_groups=4, replicas=[0, 1], window=4)
+    assert len(p.admit()) == 8
+    assert p.stats()["spill_admissions"] == 6
+    assert auto_frontier(groups_per_unit=1, n=2, window=4, num_replicas=2) == 4
+    assert auto_frontier(groups_per_unit=8, n=2, window=4, num_replicas=2) == 8
+    assert auto_frontier(groups_per_unit=3, n=2, window=None, num_replicas=2) == 3
+
+
+# --- replicas, affinity, windows ---------------------------------------------------------------------------------
+
+def test_affinity_pins_each_group_to_one_replica():
+    p = FrontierPolicy(num_groups=6, n=4, groups_per_unit=2, target_groups=4, replicas=[0, 1], window=4)
+    assert by_replica(p.admit()) == {0: [Request(0, i) for i in range(4)], 1: [Request(1, i) for i in range(4)]}
+    p.on_response_done(Request(1, 0))
+    # group 2 is pinned where the slot freed; the rest of it waits for that replica, not for replica 0
+    assert by_replica(p.admit()) == {1: [Request(2, 0)]}
+    p.on_response_done(Request(0, 0))
+    p.on_response_done(Request(1, 1))
+    assert by_replica(p.admit()) == {0: [Request(3, 0)], 1: [Request(2, 1)]}
+
+
+def test_affinity_pin_prefers_most_room():
+    p = FrontierPolicy(num_groups=4, n=2, groups_per_unit=1, target_groups=2, replicas=[0, 1, 2], window=3)
+    assert by_replica(p.admit()) == {0: [Request(0, 0), Request(0, 1), Request(3, 0)],
+                                     1: [Request(1, 0), Request(1, 1), Request(3, 1)],
+                                     2: [Request(2, 0), Request(2, 1)]}
+    assert p.stats()["split_admissions"] == 1  # group 3 at the tail: split rather than idle replica 0's slot
+
+
+def test_affinity_never_splits_with_unbounded_windows():
+    p = FrontierPolicy(num_groups=5, n=3, groups_per_unit=1, target_groups=5, replicas=[0, 1], window=None)
+    adms = p.admit()
+    assert len(adms) == 15
+    homes = defaultdict(set)
+    for a in adms:
+        homes[a.request.group].add(a.replica)
+    assert all(len(h) == 1 for h in homes.values())
+    assert [min(h) for g, h in sorted(homes.items())] == [0, 1, 0, 1, 0]
+
+
+def test_fcfs_splits_a_group_least_loaded():
+    p = FCFSPolicy(num_groups=2, n=4, groups_per_unit=1, target_groups=2, replicas=[3, 1])
+    adms = p.admit()
+    assert [(a.request, a.replica, a.priority) for a in adms[:4]] == [
+        (Request(0, 0), 1, 0), (Request(0, 1), 3, 0), (Request(0, 2), 1, 0), (Request(0, 3), 3, 0)]
+    assert len(adms) == 8  # window None: everything goes to the engines at once
+
+
+def test_window_is_respected_per_replica():
+    for policy in (FCFSPolicy, FrontierPolicy):
+        p = policy(num_groups=10, n=3, groups_per_unit=2, target_groups=4, replicas=[0, 1], window=2)
+        adms = p.admit()
+        assert len(adms) == 4 and p.inflight_count(0) == 2 and p.inflight_count(1) == 2
+        assert p.admit() == []
+        p.on_response_done(adms[0].request)
+        assert [a.replica for a in p.admit()] == [adms[0].replica]
+
+
+def test_failure_requeues_on_the_same_replica():
+    p = FrontierPolicy(num_groups=4, n=2, groups_per_unit=1, target_groups=2, replicas=[0, 1], window=2)
+    p.admit()
+    p.on_request_failed(Request(1, 1))
+    assert p.admit() == [Admission(Request(1, 1), 1, 1)]
+    assert p.stats()["failed"] == 1
+
+
+def test_replica_removal_requeues_and_repins():
+    p = FrontierPolicy(num_groups=4, n=2, groups_per_unit=1, target_groups=2, replicas=[0, 1], window=2)
+    p.admit()
+    assert p.remove_replica(0) == [Request(0, 0), Request(0, 1)]
+    p.on_response_done(Request(0, 0), replica=0)  # stale callback from the dead replica: ignored
+    assert p.pending_count == 6 and p.inflight_count() == 2
+    p.on_response_done(Request(1, 0))
+    assert p.admit() == [Admission(Request(0, 0), 1, 0)]  # group 0 comes first again, on its new home
+    p.add_replica(5)
+    assert by_replica(p.admit()) == {5: [Request(2, 0), Request(2, 1)]}  # 0.1 waits for group 0's new home
+    with pytest.raises(ValueError, match="already"):
+        p.add_replica(5)
+
+
+def test_removal_repins_a_group_with_nothing_in_flight_there():
+    p = FrontierPolicy(num_groups=2, n=2, groups_per_unit=1, target_groups=2, replicas=[0, 1], window=1)
+    p.admit()
+    p.on_response_done(Request(0, 0))  # group 0 now: one done, one pending, pinned to 0, nothing in flight
+    assert p.remove_replica(0) == []
+    assert p.admit() == []  # replica 1 is full
+    p.add_replica(2)
+    assert p.admit() == [Admission(Request(0, 1), 2, 0)]
+
+
+def test_removing_the_last_replica_raises():
+    p = FCFSPolicy(num_groups=2, n=1, groups_per_unit=1, target_groups=1, replicas=[0, 1])
+    p.remove_replica(1)
+    with pytest.raises(RuntimeError):
+        p.remove_replica(0)
+    assert p.replicas == [0]
+
+
+# --- end of step -------------------------------------------------------------------------------------------------
+
+def test_to_abort_after_batch_full_and_pending_dropped():
+    p = FrontierPolicy(num_groups=6, n=2, groups_per_unit=1, target_groups=2, replicas=[0, 1], window=2)
+    p.admit()
+    assert p.to_abort() == []
+    finish_group(p, 1)
+    p.admit()
+    finish_group(p, 2)
+    assert p.batch_full and p.all_done and p.trained_groups() == [1, 2]
+    assert p.pending_count == 0 and p.admit() == []
+    assert p.to_abort() == [Request(0, 0), Request(0, 1)]
+    assert p.to_abort() == [] and p.inflight_count() == 0
+    p.on_response_done(Request(0, 0))  # raced with the abort: ignored
+    assert p.stats()["aborted"] == 2 and p.stats()["dropped"] == 6  # groups 3..5 never admitted
+
+
+def test_failure_after_batch_full_is_dropped_not_requeued():
+    p = FCFSPolicy(num_groups=3, n=1, groups_per_unit=1, target_groups=1, replicas=[0])
+    p.admit()
+    finish_group(p, 0)
+    p.on_request_failed(Request(1, 0))  # reported before the driver got to to_abort()
+    assert p.pending_count == 0 and p.to_abort() == [Request(2, 0)]
+    assert p.stats()["dropped"] == 1
+
+
+def test_all_done_without_a_full_batch():
+    p = FCFSPolicy(num_groups=2, n=1, groups_per_unit=1, target_groups=2, replicas=[0])
+    p.admit()
+    finish_group(p, 0, trainable=False)
+    finish_group(p, 1)
+    assert p.all_done and not p.batch_full and p.trained_groups() == [1]
+
+
+def test_group_done_needs_all_responses_and_only_once():
+    p = FCFSPolicy(num_groups=2, n=2, groups_per_unit=1, target_groups=2, replicas=[0])
+    p.admit()
+    p.on_response_done(Request(0, 0))
+    with pytest.raises(RuntimeError, match="1/2"):
+        p.on_group_done(0, True)
+    with pytest.raises(RuntimeError, match="not in flight"):
+        p.on_response_done(Request(0, 0))
+    p.on_response_done(Request(0, 1))
+    p.on_group_done(0, True)
+    with pytest.raises(RuntimeError, match="twice"):
+        p.on_group_done(0, True)
+
+
+# --- FCFS order --------------------------------------------------------------------------------------------------
+
+def test_interleave_order_is_round_robin_over_worker_chunks():
+    p = FCFSPolicy(num_groups=3, n=2, groups_per_unit=1, target_groups=1, replicas=[0], order="interleave:2")
+    # chunks [0.0 0.1 1.0] and [1.1 2.0 2.1]
+    assert [(a.request.group, a.request.index) for a in p.admit()] == [
+        (0, 0), (1, 1), (0, 1), (2, 0), (1, 0), (2, 1)]
+    p = FCFSPolicy(num_groups=2, n=2, groups_per_unit=1, target_groups=1, replicas=[0], order="interleave:3")
+    # numpy.array_split sizes: chunks [0.0 0.1], [1.0], [1.1]
+    assert [(a.request.group, a.request.index) for a in p.admit()] == [(0, 0), (1, 0), (1, 1), (0, 1)]
+
+
+# --- arguments ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(num_groups=0), "num_groups"),
+    (dict(n=0), "n"),
+    (dict(groups_per_unit=0), "groups_per_unit"),
+    (dict(target_groups=5), "target_groups"),
+    (dict(target_groups=0), "target_groups"),
+    (dict(groups_per_unit=3, target_groups=2), "groups_per_unit"),
+    (dict(window=0), "window"),
+    (dict(replicas=[]), "replicas"),
+    (dict(replicas=[0, 0]), "replicas"),
+    (dict(frontier_groups=0), "frontier_groups"),
+    (dict(frontier_groups=True), "frontier_groups"),
+    (dict(slack=-1), "slack"),
+])
+def test_bad_arguments_name_the_argument(kwargs, name):
+    args = dict(num_groups=4, n=2, groups_per_unit=1, target_groups=2, replicas=[0], window=2) | kwargs
+    with pytest.raises(ValueError, match=name):
+        FrontierPolicy(**args)
+
+
+def test_frontier_below_a_unit_is_allowed_and_order_is_checked():
+    assert FrontierPolicy(4, 2, 2, 2, [0], 2, frontier_groups=1).frontier() == [0]
+    assert FrontierPolicy(4, 2, 2, 2, [0], 2, slack=1).frontier_groups == 3
+    with pytest.raises(ValueError, match="order"):
+        FCFSPolicy(4, 2, 1, 2, [0], order="interleave:0")
+
+
+# --- random driver: exactly once, no starvation, work conservation ----------------------------------------------
+
+@st.composite
+def scenarios(draw):
+    num_groups = draw(st.integers(1, 8))
+    target = draw(st.integers(1, num_groups))
+    kind = draw(st.sampled_from(["fcfs", "fcfs_interleave", "fgd", "fgd_noaffinity"]))
+    return dict(num_groups=num_groups, n=draw(st.integers(1, 4)), target_groups=target,
+                groups_per_unit=draw(st.integers(1, target)), replicas=list(range(draw(st.integers(1, 3)))),
+                window=draw(st.one_of(st.none(), st.integers(1, 5))), kind=kind,
+                frontier_groups=draw(st.integers(1, 4)), removal=draw(st.booleans()),
+                seed=draw(st.integers(0, 2**32 - 1)))
+
+
+def make(sc):
+    args = {k: sc[k] for k in ("num_groups", "n", "groups_per_unit", "target_groups", "replicas", "window")}
+    if sc["kind"] == "fcfs":
+        return FCFSPolicy(**args)
+    if sc["kind"] == "fcfs_interleave":
+        return FCFSPolicy(**args, order="interleave:3")
+    return FrontierPolicy(**args, frontier_groups=sc["frontier_groups"], affinity=sc["kind"] == "fgd")
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenarios())
+def test_random_driver_invariants(sc):
+    rng = random.Random(sc["seed"])
+    p = make(sc)
+    G, n = sc["num_groups"], sc["n"]
+    inflight = {}  # request -> replica (our own shadow of the policy)
+    done, aborted = set(), set()
+    completion = []  # (group, trainable) in the order we reported them
+    next_replica = 10
+    removal = sc["removal"]
+
+    homes = defaultdict(set)  # group -> replicas it was admitted to
+    removed = False
+
+    def admit():
+        for a in p.admit():
+            assert a.request not in inflight and a.request not in done
+            assert a.replica in p.replicas
+            if isinstance(p, FrontierPolicy):
+                assert a.priority == a.request.group
+            inflight[a.request] = a.replica
+            homes[a.request.group].add(a.replica)
+        if sc["kind"] == "fgd" and not removed:
+            # affinity: each extra replica a group uses is a recorded tail split (never with unbounded windows)
+            extra = sum(len(h) - 1 for h in homes.values())
+            assert extra <= p.stats()["split_admissions"]
+            assert sc["window"] is not None or extra == 0
+        for r in p.replicas:
+            on_r = sum(1 for x in inflight.values() if x == r)
+            assert on_r == p.inflight_count(r)
+            assert sc["window"] is None or on_r <= sc["window"]
+            # work conserving: no slot idles while anything waits
+            assert p.pending_count == 0 or (sc["window"] is not None and on_r == sc["window"])
+
+    admit()
+    for _ in range(10_000):
+        if not inflight:
+            break
+        roll = rng.random()
+        req = rng.choice(sorted(inflight))
+        if roll < 0.1:
+            del inflight[req]
+            p.on_request_failed(req)
+        elif roll < 0.15 and removal and len(p.replicas) > 1:
+            dead = rng.choice(p.replicas)
+            removed = True
+            lost = p.remove_replica(dead)
+            assert sorted(lost) == sorted(q for q, r in inflight.items() if r == dead)
+            for q in lost:
+                del inflight[q]
+        elif roll < 0.18:
+            p.add_replica(next_replica)
+            next_replica += 1
+        else:
+            del inflight[req]
+            assert req not in done
+            done.add(req)
+            p.on_response_done(req)
+            if all(Request(req.group, i) in done for i in range(n)):
+                trainable = rng.random() < 0.7
+                completion.append((req.group, trainable))
+                p.on_group_done(req.group, trainable)
+        if p.batch_full:
+            to_abort = p.to_abort()
+            assert sorted(to_abort) == sorted(inflight)
+            aborted |= set(to_abort)
+            inflight.clear()
+        admit()
+
+    assert not inflight and p.all_done
+    trainable_order = [g for g, t in completion if t]
+    assert p.trained_groups() == trainable_order[: sc["target_groups"]]
+    assert len(set(p.trained_groups())) == len(p.trained_groups())
+    assert p.batch_full == (len(trainable_order) >= sc["target_groups"])
+    if not p.batch_full:  # no starvation: every request ran to completion
+        assert len(done) == G * n
+    for g in p.trained_groups():
+        assert all(Request(g, i) in done for i in range(n))
+    s = p.stats()
+    assert s["responses_done"] == len(done) and s["pending"] == 0 and s["inflight"] == 0
+    assert s["aborted"] == len(aborted)
+    # exactly one end per request: done, aborted in flight, or dropped (pending when the batch filled)
+    assert s["responses_done"] + s["aborted"] + s["dropped"] == G * n

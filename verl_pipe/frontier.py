@@ -1,0 +1,452 @@
+"""Rollout-side admission policies: the stock FCFS baseline and FGD (frontier-group dispatch).
+
+Pure bookkeeping, stdlib only, so that the real rollout driver (asyncio, vLLM replicas) and the discrete-event
+simulator share one implementation and it can be tested exhaustively.
+
+Why a client-side policy at all: vLLM V1 with ``scheduling_policy="priority"`` only reorders its *waiting* queue;
+a high-priority arrival never preempts a running request when ``max_num_seqs`` binds (vllm#40004). If every
+request goes to the engine at once, whatever got a running slot first keeps it. So FGD keeps a per-replica
+admission ``window`` (about max_num_seqs) on the client and decides itself which request takes a freed slot;
+the engine priority only orders what does queue inside vLLM (and picks KV-pressure preemption victims).
+
+Driver protocol (one step):
+    policy = FrontierPolicy(...)
+    send(policy.admit())                          # and again after every callback below
+    policy.on_response_done(req) / policy.on_request_failed(req)
+    policy.on_group_done(g, trainable)            # after the group's rewards/advantages are computed
+    if policy.batch_full: abort(policy.to_abort())
+    ... until policy.all_done and policy.inflight_count() == 0
+
+Requests the policy cancels (``to_abort`` once the batch is full, and pending ones dropped then) are *closed*:
+late callbacks about them are ignored, because an abort always races with a response that just finished.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass(frozen=True, order=True)
+class Request:
+    group: int
+    index: int  # 0..n-1 within its group
+
+
+@dataclass(frozen=True)
+class Admission:
+    request: Request
+    replica: int
+    priority: int  # vLLM priority: lower runs first
+
+
+def _check_int(name: str, value, low: int) -> None:
+    # bool is an int subclass; True as a count is always a caller bug.
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def auto_frontier(groups_per_unit: int, n: int, window: int | None, num_replicas: int) -> int:
+    """Smallest frontier that is at least one training unit AND can fill every replica's window.
+
+    With fewer than ``window * num_replicas / n`` groups the frontier cannot keep all admission slots busy, so
+    the surplus slots take work beyond it (``stats()["spill_admissions"]``); sized to the slots, the frontier
+    is exactly the set of groups being generated. With unbounded windows everything is admitted at once and
+    only the engine priority orders work, so one unit is enough.
+    """
+    _check_int("groups_per_unit", groups_per_unit, 1)
+    _check_int("n", n, 1)
+    _check_int("num_replicas", num_replicas, 1)
+    if window is None:
+        return groups_per_unit
+    _check_int("window", window, 1)
+    return max(groups_per_unit, math.ceil(window * num_replicas / n))
+
+
+class AdmissionPolicy:
+    """Shared bookkeeping: request states, per-replica slots, group completion, batch fill, abort.
+
+    Every request is in exactly one state: pending, in flight (on one replica), done, or closed (aborted or
+    dropped once the batch is full). Subclasses only decide *which* pending request goes *where*
+    (``_queue_push`` / ``_queue_pop`` and a few hooks) and with what priority.
+    """
+
+    def __init__(self, num_groups: int, n: int, groups_per_unit: int, target_groups: int,
+                 replicas: Sequence[int], window: int | None):
+        _check_int("num_groups", num_groups, 1)
+        _check_int("n", n, 1)
+        _check_int("groups_per_unit", groups_per_unit, 1)
+        _check_int("target_groups", target_groups, 1)
+        if target_groups > num_groups:
+            raise ValueError(f"target_groups ({target_groups}) must be <= num_groups ({num_groups})")
+        if groups_per_unit > target_groups:
+            raise ValueError(f"groups_per_unit ({groups_per_unit}) must be <= target_groups ({target_groups})")
+        if window is not None:
+            _check_int("window", window, 1)
+        replicas = list(replicas)
+        if not replicas:
+            raise ValueError("replicas must not be empty")
+        for r in replicas:
+            _check_int("replicas", r, 0)
+        if len(set(replicas)) != len(replicas):
+            raise ValueError(f"replicas must be unique, got {replicas}")
+
+        self.num_groups, self.n, self.window = num_groups, n, window
+        self.groups_per_unit, self.target_groups = groups_per_unit, target_groups
+        self._inflight: dict[int, set[Request]] = {r: set() for r in sorted(replicas)}
+        self._replica_of: dict[Request, int] = {}
+        self._pending: set[Request] = set()
+        self._closed: set[Request] = set()
+        self._done_in_group = [0] * num_groups
+        self._group_trainable: dict[int, bool] = {}  # completed groups
+        self._trainable_order: list[int] = []  # trainable groups in completion order (the trainer's FIFO)
+        self._stats = dict(admitted=0, responses_done=0, failed=0, requeued_on_replica_loss=0,
+                           aborted=0, dropped=0, late_group_done=0)
+        self._init_queue()
+        for g in range(num_groups):
+            for i in range(n):
+                self._to_pending(Request(g, i))
+
+    # --- what subclasses decide -----------------------------------------------------------------------------
+    def _init_queue(self) -> None:
+        raise NotImplementedError
+
+    def _queue_push(self, req: Request) -> None:
+        raise NotImplementedError
+
+    def _queue_pop(self, open_replicas: list[int]) -> tuple[Request, int] | None:
+        """Remove and return the next pending request and a replica from ``open_replicas`` (all have room)."""
+        raise NotImplementedError
+
+    def _priority(self, req: Request) -> int:
+        return 0
+
+    def _on_admitted(self, req: Request, replica: int) -> None: ...
+
+    def _on_group_closed(self, group: int) -> None: ...
+
+    def _on_replica_removed(self, replica: int) -> None: ...
+
+    def _on_replica_added(self, replica: int) -> None: ...
+
+    # --- admission ------------------------------------------------------------------------------------------
+    def _room(self, replica: int) -> float:
+        return math.inf if self.window is None else self.window - len(self._inflight[replica])
+
+    def _least_loaded(self, replicas: list[int]) -> int:
+        # One window for all replicas, so "most window room" and "fewest in flight" are the same order.
+        return min(replicas, key=lambda r: (len(self._inflight[r]), r))
+
+    def admit(self) -> list[Admission]:
+        if self.all_done:
+            return []
+        out = []
+        while self._pending:
+            open_replicas = [r for r in self._inflight if self._room(r) > 0]
+            if not open_replicas:
+                break
+            pick = self._queue_pop(open_replicas)
+            if pick is None:
+                break
+            req, r = pick
+            self._pending.remove(req)
+            self._inflight[r].add(req)
+            self._replica_of[req] = r
+            self._stats["admitted"] += 1
+            self._on_admitted(req, r)
+            out.append(Admission(req, r, self._priority(req)))
+        return out
+
+    def _to_pending(self, req: Request) -> None:
+        self._pending.add(req)
+        self._queue_push(req)
+
+    def _back_to_pending(self, req: Request) -> None:
+        if self.batch_full:  # nothing of this step is admitted any more
+            self._closed.add(req)
+            self._stats["dropped"] += 1
+        else:
+            self._to_pending(req)
+
+    def _release(self, req: Request, replica: int | None) -> bool:
+        """Take ``req`` out of flight; False means: ignore this callback."""
+        if req in self._closed:
+            return False
+        r = self._replica_of.get(req)
+        if replica is not None and r != replica:
+            return False  # stale: the request was moved off that replica when it was removed
+        if r is None:
+            raise RuntimeError(f"{req} is not in flight")
+        del self._replica_of[req]
+        self._inflight[r].remove(req)
+        return True
+
+    # --- callbacks ------------------------------------------------------------------------------------------
+    def on_response_done(self, request: Request, replica: int | None = None) -> None:
+        """Pass ``replica`` (where it ran) to have stale callbacks from a removed replica ignored."""
+        if self._release(request, replica):
+            self._done_in_group[request.group] += 1
+            self._stats["responses_done"] += 1
+
+    def on_request_failed(self, request: Request, replica: int | None = None) -> None:
+        if self._release(request, replica):
+            self._stats["failed"] += 1
+            self._back_to_pending(request)
+
+    def on_group_done(self, group: int, trainable: bool) -> None:
+        if not 0 <= group < self.num_groups:
+            raise ValueError(f"group {group} out of range")
+        if group in self._group_trainable:
+            raise RuntimeError(f"group {group} reported done twice")
+        if self.batch_full:
+            # It finished while the step's leftovers were being aborted: recorded, never trained.
+            self._stats["late_group_done"] += 1
+        elif self._done_in_group[group] != self.n:
+            raise RuntimeError(f"group {group} reported done with {self._done_in_group[group]}/{self.n} responses")
+        self._group_trainable[group] = bool(trainable)
+        if trainable:
+            self._trainable_order.append(group)
+        self._on_group_closed(group)
+        if self.batch_full and self._pending:  # nothing of this step carries into the next
+            self._stats["dropped"] += len(self._pending)
+            self._closed |= self._pending
+            self._pending.clear()
+
+    # --- replicas -------------------------------------------------------------------------------------------
+    def remove_replica(self, replica: int) -> list[Request]:
+        if replica not in self._inflight:
+            raise ValueError(f"unknown replica {replica}")
+        if len(self._inflight) == 1:
+            raise RuntimeError(f"cannot remove replica {replica}: no replica would be left")
+        lost = sorted(self._inflight.pop(replica))
+        self._on_replica_removed(replica)  # unpin first, so the requeued requests find a new home
+        for req in lost:
+            del self._replica_of[req]
+            self._stats["requeued_on_replica_loss"] += 1
+            self._back_to_pending(req)
+        return lost
+
+    def add_replica(self, replica: int) -> None:
+        _check_int("replica", replica, 0)
+        if replica in self._inflight:
+            raise ValueError(f"replica {replica} already present")
+        self._inflight = dict(sorted({**self._inflight, replica: set()}.items()))
+        self._on_replica_added(replica)
+
+    # --- batch ----------------------------------------------------------------------------------------------
+    @property
+    def batch_full(self) -> bool:
+        return len(self._trainable_order) >= self.target_groups
+
+    @property
+    def all_done(self) -> bool:
+        return self.batch_full or len(self._group_trainable) == self.num_groups
+
+    def trained_groups(self) -> list[int]:
+        return self._trainable_order[: self.target_groups]
+
+    def to_abort(self) -> list[Request]:
+        """Once the batch is full: every request still in flight (none belongs to a trained group, those are
+        complete). They are closed here, so each is returned once and late callbacks are ignored."""
+        if not self.batch_full:
+            return []
+        trained = set(self.trained_groups())
+        out = sorted(q for q in self._replica_of if q.group not in trained)
+        for req in out:
+            self._inflight[self._replica_of.pop(req)].remove(req)
+            self._closed.add(req)
+        self._stats["aborted"] += len(out)
+        return out
+
+    # --- introspection --------------------------------------------------------------------------------------
+    @property
+    def replicas(self) -> list[int]:
+        return list(self._inflight)
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    def inflight_count(self, replica: int | None = None) -> int:
+        if replica is None:
+            return len(self._replica_of)
+        return len(self._inflight[replica])
+
+    def stats(self) -> dict:
+        trainable = len(self._trainable_order)
+        return dict(self._stats, pending=self.pending_count, inflight=self.inflight_count(),
+                    replicas=len(self._inflight), groups_done=len(self._group_trainable),
+                    trainable_groups_done=trainable,
+                    untrainable_groups_done=len(self._group_trainable) - trainable)
+
+
+class FCFSPolicy(AdmissionPolicy):
+    """What verl's stock rollout does: a fixed submission order, priority 0, and a per-request least-loaded
+    replica (verl's GlobalRequestLoadBalancer), so the n requests of a group may land on different replicas.
+
+    order="group_major": requests in (group, index) order.
+    order="interleave:<k>": AgentLoopManager splits the repeated batch into k contiguous chunks, one per agent
+    worker, and the workers submit concurrently; modelled as round robin over the k chunks.
+    """
+
+    def __init__(self, num_groups: int, n: int, groups_per_unit: int, target_groups: int,
+                 replicas: Sequence[int], window: int | None = None, order: str = "group_major"):
+        self._chunks = self._parse_order(order)
+        self.order = order
+        super().__init__(num_groups, n, groups_per_unit, target_groups, replicas, window)
+
+    @staticmethod
+    def _parse_order(order: str) -> int:
+        if order == "group_major":
+            return 1
+        if isinstance(order, str) and order.startswith("interleave:"):
+            k = order.split(":", 1)[1]
+            if k.isdigit() and int(k) >= 1:
+                return int(k)
+        raise ValueError(f"order must be 'group_major' or 'interleave:<k>' with k >= 1, got {order!r}")
+
+    def _init_queue(self) -> None:
+        reqs = [Request(g, i) for g in range(self.num_groups) for i in range(self.n)]
+        k = self._chunks
+        base, extra = divmod(len(reqs), k)  # numpy.array_split sizes: the first `extra` chunks get one more
+        bounds = list(itertools.accumulate([0] + [base + (c < extra) for c in range(k)]))
+        chunks = [reqs[a:b] for a, b in zip(bounds, bounds[1:])]
+        order = [c[j] for j in range(len(chunks[0])) for c in chunks if j < len(c)]
+        self._pos = {req: p for p, req in enumerate(order)}
+        self._heap: list[tuple[int, Request]] = []  # (submission position, request): a retry keeps its place
+
+    def _queue_push(self, req: Request) -> None:
+        heapq.heappush(self._heap, (self._pos[req], req))
+
+    def _queue_pop(self, open_replicas):
+        while self._heap:
+            _, req = heapq.heappop(self._heap)
+            if req in self._pending:
+                return req, self._least_loaded(open_replicas)
+        return None
+
+
+class FrontierPolicy(AdmissionPolicy):
+    """FGD: frontier groups first, one replica per group, priority = dispatch rank.
+
+    The frontier is the first ``frontier_groups`` groups (dispatch order) not yet completed and not dropped.
+    Completing a group advances it; an untrainable group is completed too, so the next group in order simply
+    takes its place (that is what the oversampled extra groups are for).
+
+    Admission takes pending requests in (group rank, index) order. Because the frontier is a prefix of the open
+    groups and ranks never change, "frontier first, then the next groups only to keep slots busy" *is* rank
+    order, so ``frontier_groups`` never changes which request is admitted: it names the prefix (``frontier()``)
+    and counts admissions beyond it (``spill_admissions``: slots the frontier could not fill, see
+    ``auto_frontier``). Any value >= 1 is therefore allowed, also below ``groups_per_unit`` (for the
+    frontier-size sensitivity study). "auto" = ``groups_per_unit + slack``: the groups the next training unit
+    needs, plus a margin for groups that turn out untrainable.
+
+    The priority is the rank itself, not the distance to the frontier: monotone, so an earlier group always
+    outranks a later one in vLLM's waiting queue, and nothing must be re-sent when the frontier advances
+    (vLLM priorities are static; changing one means abort + resubmit).
+
+    Affinity: a group is pinned at its first admission to the open replica with the most window room (ties:
+    fewest in flight, then lowest id), and its requests go only there: prefix-cache hits on the shared prompt,
+    and the group finishes at one replica's pace instead of the slowest of several. Work conservation wins
+    over affinity: if a replica has room and no pending request may go there (every pending group is pinned
+    to a full replica -- only at the tail of a step, once every group has started), it takes the lowest-ranked
+    pending request anyway (``split_admissions``). With unbounded windows that never happens. If the pinned
+    replica dies, the group is re-pinned at its next admission.
+    """
+
+    def __init__(self, num_groups: int, n: int, groups_per_unit: int, target_groups: int,
+                 replicas: Sequence[int], window: int | None = None, frontier_groups: int | str = "auto",
+                 slack: int = 0, affinity: bool = True):
+        _check_int("slack", slack, 0)
+        if frontier_groups == "auto":
+            frontier_groups = groups_per_unit + slack
+        else:
+            _check_int("frontier_groups", frontier_groups, 1)
+        self.frontier_groups, self.affinity = frontier_groups, bool(affinity)
+        super().__init__(num_groups, n, groups_per_unit, target_groups, replicas, window)
+
+    def _init_queue(self) -> None:
+        self._idx: list[list[int]] = [[] for _ in range(self.num_groups)]  # pending indices per group (heaps)
+        self._pin: dict[int, int] = {}  # group -> replica
+        # Heaps of group ranks with pending work: one for unpinned groups, one per replica for pinned ones.
+        # Entries are validated lazily on peek (still has pending work, still lives there); duplicates are
+        # harmless because a valid top is only peeked, never popped.
+        self._unpinned: list[int] = []
+        self._pinned: dict[int, list[int]] = {r: [] for r in self._inflight}
+        self._frontier: list[int] | None = None  # cache, dropped when a group completes
+        self._frontier_set: set[int] = set()
+        self._first_open = 0
+        self._spill = self._split = 0
+
+    def _queue_push(self, req: Request) -> None:
+        g = req.group
+        heapq.heappush(self._idx[g], req.index)
+        r = self._pin.get(g)
+        heapq.heappush(self._unpinned if r is None else self._pinned[r], g)
+
+    def _top(self, heap: list[int], replica: int | None) -> int | None:
+        while heap and not (self._idx[heap[0]] and self._pin.get(heap[0]) == replica):
+            heapq.heappop(heap)
+        return heap[0] if heap else None
+
+    def _queue_pop(self, open_replicas):
+        # Lowest rank among each open replica's pinned groups and the unpinned groups (which fit anywhere).
+        cands = [(g, r) for r in open_replicas if (g := self._top(self._pinned[r], r)) is not None]
+        g = self._top(self._unpinned, None)
+        if g is not None and (not cands or g < min(cands)[0]):
+            r = self._least_loaded(open_replicas)  # most window room
+            if self.affinity:
+                self._pin[g] = r
+                heapq.heappush(self._pinned[r], g)
+            cands = [(g, r)]
+        if not cands:
+            # Every pending group is pinned to a full replica: split the earliest rather than idle a slot.
+            tops = [g for r, h in self._pinned.items() if (g := self._top(h, r)) is not None]
+            if not tops:
+                return None
+            self._split += 1
+            cands = [(min(tops), self._least_loaded(open_replicas))]
+        g, r = min(cands)
+        return Request(g, heapq.heappop(self._idx[g])), r
+
+    def _priority(self, req: Request) -> int:
+        return req.group
+
+    def frontier(self) -> list[int]:
+        if self._frontier is None:
+            if self.batch_full:  # everything not completed is dropped
+                self._frontier = []
+            else:
+                while self._first_open in self._group_trainable:
+                    self._first_open += 1
+                open_groups = (g for g in range(self._first_open, self.num_groups)
+                               if g not in self._group_trainable)
+                self._frontier = list(itertools.islice(open_groups, self.frontier_groups))
+            self._frontier_set = set(self._frontier)
+        return self._frontier
+
+    def _on_admitted(self, req: Request, replica: int) -> None:
+        self.frontier()
+        if req.group not in self._frontier_set:
+            self._spill += 1
+
+    def _on_group_closed(self, group: int) -> None:
+        self._pin.pop(group, None)
+        self._frontier = None
+
+    def _on_replica_removed(self, replica: int) -> None:
+        del self._pinned[replica]
+        for g in [g for g, r in self._pin.items() if r == replica]:
+            del self._pin[g]
+            if self._idx[g]:
+                heapq.heappush(self._unpinned, g)
+
+    def _on_replica_added(self, replica: int) -> None:
+        self._pinned[replica] = []
+
+    def stats(self) -> dict:
+        return dict(super().stats(), spill_admissions=self._spill, split_admissions=self._split,
+                    frontier_groups=self.frontier_groups)
