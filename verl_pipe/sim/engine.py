@@ -1,0 +1,264 @@
+"""One rollout replica with continuous batching, modelled on vLLM V1's scheduler.
+
+What is mirrored, because it decides who finishes when:
+- ``max_num_seqs`` running slots and a per-step token budget (``max_num_batched_tokens``) for prefills;
+- a KV pool in tokens; a running request holds prompt + generated tokens. When the next step does not fit,
+  the engine preempts (recompute) the latest-admitted running request (fcfs) or the one with the largest
+  (priority, arrival) (priority policy) back to waiting, and admits nothing in that step;
+- the waiting queue: fcfs (a preempted request is prepended) or a heap on (priority, arrival). A waiting
+  high-priority request never evicts a running one when ``max_num_seqs`` binds (vLLM V1; vllm#40004).
+
+Decode cost (sim_params.md §3): t_step = t0 + per_seq_s*b + (W + sum ctx_i * kv_bytes) / BW_eff, plus
+prefill FLOPs / FLOP rate for the prompts (or recomputed contexts) admitted in that step; one token per
+running request per step. Between scheduling decisions the batch is fixed, so the engine advances many
+steps at once in closed form (step k of a segment costs a + c*k) instead of looping per token.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class EngineParams:
+    """Defaults: Qwen3-1.7B, TP=1 on an H100-class GPU (sim_params.md §3 and §7; tags in the YAML)."""
+
+    max_num_seqs: int = 256  # verl rollout.yaml [S]
+    max_num_batched_tokens: int = 8192  # verl rollout.yaml [S]
+    kv_capacity_tokens: int = 540_000  # H100 80 GB at util 0.85 [D]
+    kv_bytes_per_token: float = 114_688.0  # 2*28 layers*8 kv heads*128*2 B [D]
+    weight_bytes: float = 4.06e9  # [S]
+    t0_s: float = 3.0e-3  # fixed per-step overhead [D: midpoint of 2.5-3.4 ms]
+    per_seq_s: float = 0.0  # compute per running sequence per step; 0 on GPU (memory-bound), fitted on CPU
+    bw_eff_Bps: float = 0.8 * 3.35e12  # [A: 0.8 x H100 SXM peak]
+    prefill_flops_per_token: float = 2 * 1.72e9  # 2N [D]
+    prefill_flops_per_s: float = 0.4 * 989e12  # MFU 0.4 x H100 bf16 dense [A]/[D]
+    scheduling_policy: str = "fcfs"  # "fcfs" | "priority", as vLLM's --scheduling-policy
+
+    def step_time(self, batch: int, ctx_sum: float, prefill_tokens: float = 0.0) -> float:
+        return (self.t0_s + self.per_seq_s * batch + (self.weight_bytes + ctx_sum * self.kv_bytes_per_token)
+                / self.bw_eff_Bps + prefill_tokens * self.prefill_flops_per_token / self.prefill_flops_per_s)
+
+    def with_(self, **kw) -> "EngineParams":
+        return replace(self, **kw)
+
+
+H100_QWEN3_1P7B = EngineParams()
+
+# The 2-core CPU runs of verl_pipe (tiny Qwen3, vLLM CPU). NOT CALIBRATED: placeholders of the right order
+# of magnitude, to be replaced by fit_engine_params() on measured (batch, step time) pairs.
+CPU_TINY = EngineParams(
+    max_num_seqs=64, max_num_batched_tokens=2048, kv_capacity_tokens=200_000, kv_bytes_per_token=0.0,
+    weight_bytes=0.0, t0_s=5e-3, per_seq_s=2e-4, bw_eff_Bps=1.0, prefill_flops_per_token=1.0,
+    prefill_flops_per_s=2e5,
+)
+
+PRESETS = {"h100_qwen3_1.7b": H100_QWEN3_1P7B, "cpu_tiny": CPU_TINY}
+
+
+def fit_engine_params(measurements, base: EngineParams = CPU_TINY) -> EngineParams:
+    """Least-squares fit of the decode-step cost from measured steps.
+
+    ``measurements``: (batch_size, step_time_s) pairs -> t = t0 + per_seq_s*b; or
+    (batch_size, ctx_sum_tokens, step_time_s) triples -> also a per-context-token cost, stored as
+    kv_bytes_per_token / bw_eff_Bps with bw_eff_Bps = 1 and weight_bytes = 0 (the intercept absorbs them).
+    """
+    m = np.asarray(measurements, dtype=float)
+    if m.ndim != 2 or m.shape[1] not in (2, 3) or len(m) < m.shape[1]:
+        raise ValueError("need >= 2 (batch, time) pairs or >= 3 (batch, ctx_sum, time) triples")
+    cols = [np.ones(len(m)), m[:, 0]] + ([m[:, 1]] if m.shape[1] == 3 else [])
+    coef, *_ = np.linalg.lstsq(np.stack(cols, axis=1), m[:, -1], rcond=None)
+    kw = dict(t0_s=float(coef[0]), per_seq_s=float(coef[1]), weight_bytes=0.0)
+    if m.shape[1] == 3:
+        kw.update(kv_bytes_per_token=float(coef[2]), bw_eff_Bps=1.0)
+    return replace(base, **kw)
+
+
+class Seq:
+    """A request inside an engine. ``done`` is lazy: generated = base + (replica steps since join)."""
+
+    __slots__ = ("rid", "group", "index", "length", "prompt", "priority", "arrival", "order", "base",
+                 "joined_at_step", "running", "aborted", "preemptions")
+
+    def __init__(self, rid, group, index, length, prompt, priority, arrival, order):
+        self.rid, self.group, self.index = rid, group, index
+        self.length, self.prompt, self.priority = length, prompt, priority
+        self.arrival, self.order = arrival, order
+        self.base = 0  # tokens generated before the current run in the batch (kept across preemption)
+        self.joined_at_step = 0
+        self.running = False
+        self.aborted = False
+        self.preemptions = 0
+
+
+@dataclass
+class _Segment:
+    start: float
+    steps: int
+    a: float  # duration of step 0 without prefill
+    c: float  # growth of the step time per step (the batch's KV grows by b tokens per step)
+    prefill_s: float
+
+    def elapsed(self, k: int) -> float:
+        return k * self.a + self.c * k * (k - 1) / 2 + (self.prefill_s if k > 0 else 0.0)
+
+    @property
+    def end(self) -> float:
+        return self.start + self.elapsed(self.steps)
+
+
+class Replica:
+    """State of one engine; the driver (simulate.py) owns the clock and calls plan/finish/interrupt."""
+
+    def __init__(self, idx: int, params: EngineParams):
+        self.idx, self.p = idx, params
+        self.waiting: list = []  # heap of (key, Seq)
+        self.running: dict[int, Seq] = {}  # admission order: the fcfs preemption victim is the last one
+        self.finish_heap: list = []  # (replica step at which it finishes, rid)
+        self.steps = 0  # decode steps run so far
+        self.ctx_sum = 0  # KV tokens held by the running batch
+        self.seg: _Segment | None = None
+        self._prepends = 0
+        self.num_preemptions = 0
+        self.busy_s = 0.0
+        self.peak_kv = 0
+
+    # ---- queueing ---------------------------------------------------------------------------------
+    def _key(self, s: Seq, prepend: bool):
+        if self.p.scheduling_policy == "priority":  # vLLM re-pushes a preempted request with its old key
+            return (s.priority, s.arrival, s.order)
+        if prepend:  # fcfs: preempted requests go to the front, the latest preempted first
+            self._prepends += 1
+            return (0, -self._prepends, 0)
+        return (1, s.arrival, s.order)
+
+    def submit(self, s: Seq) -> None:
+        heapq.heappush(self.waiting, (self._key(s, False), s.order, s))
+
+    def abort(self, s: Seq) -> None:
+        s.aborted = True  # lazily dropped from the queues at the next scheduling point
+
+    def generated(self, s: Seq) -> int:
+        return s.base + (self.steps - s.joined_at_step if s.running else 0)
+
+    def _ctx(self, s: Seq) -> int:
+        return s.prompt + self.generated(s)
+
+    @property
+    def idle(self) -> bool:
+        return self.seg is None
+
+    def _leave(self, s: Seq) -> None:
+        s.base = self.generated(s)
+        s.running = False
+        del self.running[s.rid]
+        self.ctx_sum -= s.prompt + s.base
+
+    # ---- one scheduling decision ------------------------------------------------------------------
+    def plan(self, t: float) -> float | None:
+        """Schedule at time t and start a segment of steps; returns its end, or None if nothing runs."""
+        assert self.seg is None
+        p = self.p
+        for s in [s for s in self.running.values() if s.aborted]:
+            self._leave(s)
+        cap = p.kv_capacity_tokens
+        preempted = False
+        while self.running and self.ctx_sum + len(self.running) > cap:
+            if p.scheduling_policy == "priority":
+                victim = max(self.running.values(), key=lambda r: (r.priority, r.arrival, r.order))
+            else:
+                victim = next(reversed(self.running.values()))
+            self._leave(victim)
+            victim.preemptions += 1
+            self.num_preemptions += 1
+            heapq.heappush(self.waiting, (self._key(victim, True), victim.order, victim))
+            preempted = True
+
+        prefill_tokens = 0
+        budget_bound = False
+        if not preempted:  # vLLM V1 never evicts and admits in the same step
+            budget = p.max_num_batched_tokens - len(self.running)
+            while self.waiting and len(self.running) < p.max_num_seqs:
+                s = self.waiting[0][2]
+                if s.aborted:
+                    heapq.heappop(self.waiting)
+                    continue
+                need = s.prompt + s.base  # prompt prefill, or the recompute of a preempted request
+                if self.ctx_sum + need + len(self.running) + 1 > cap:
+                    break  # head does not fit in KV: vLLM stops admitting (no skipping)
+                if need > budget and (self.running or prefill_tokens):
+                    budget_bound = True  # the rest fits in a later step's budget (approximates chunking)
+                    break
+                heapq.heappop(self.waiting)
+                s.running, s.joined_at_step = True, self.steps
+                self.running[s.rid] = s
+                self.ctx_sum += need
+                budget -= need
+                prefill_tokens += need
+                heapq.heappush(self.finish_heap, (self.steps + s.length - s.base, s.rid))
+        if not self.running:
+            return None
+
+        b = len(self.running)
+        while True:  # the head of finish_heap may be stale (preempted, aborted, finished earlier)
+            step, rid = self.finish_heap[0]
+            s = self.running.get(rid)
+            if s is not None and s.joined_at_step + s.length - s.base == step:
+                break
+            heapq.heappop(self.finish_heap)
+        steps = min(step - self.steps, (cap - self.ctx_sum) // b)
+        if preempted or budget_bound:
+            steps = 1  # the next step may admit again (after preemption / with a fresh token budget)
+        steps = max(1, steps)
+        a = p.step_time(b, self.ctx_sum)
+        self.seg = _Segment(t, steps, a, b * p.kv_bytes_per_token / p.bw_eff_Bps,
+                            prefill_tokens * p.prefill_flops_per_token / p.prefill_flops_per_s)
+        return self.seg.end
+
+    def finish_segment(self) -> list[Seq]:
+        """Apply the segment's steps; returns the requests that generated their last token."""
+        seg, self.seg = self.seg, None
+        self.busy_s += seg.elapsed(seg.steps)
+        b = len(self.running)
+        self.steps += seg.steps
+        self.ctx_sum += seg.steps * b
+        self.peak_kv = max(self.peak_kv, self.ctx_sum)
+        done = []
+        while self.finish_heap and self.finish_heap[0][0] <= self.steps:
+            step, rid = heapq.heappop(self.finish_heap)
+            s = self.running.get(rid)
+            if s is not None and s.joined_at_step + s.length - s.base == step:
+                self._leave(s)
+                done.append(s)
+        return done
+
+    def interrupt(self, t: float) -> float | None:
+        """Something arrived at t mid-segment: end the segment after the step in progress.
+
+        Returns the new end time, or None if the segment end does not move. Only worth it when the new
+        request can actually join (a free slot) or a running one was aborted.
+        """
+        seg = self.seg
+        if seg is None or t >= seg.end:
+            return None
+        dt = t - seg.start
+        # smallest k >= 1 with elapsed(k) >= dt: solve c/2 k^2 + (a - c/2) k + P - dt = 0, then fix rounding
+        a, c, P = seg.a, seg.c, seg.prefill_s
+        if c > 0:
+            bq = a - c / 2
+            k = math.ceil((-bq + math.sqrt(max(0.0, bq * bq + 2 * c * (dt - P)))) / c)
+        else:
+            k = math.ceil((dt - P) / a) if a > 0 else 1
+        k = min(max(k, 1), seg.steps)
+        while k > 1 and seg.elapsed(k - 1) >= dt:
+            k -= 1
+        while k < seg.steps and seg.elapsed(k) < dt:
+            k += 1
+        if k >= seg.steps:
+            return None
+        seg.steps = k
+        return seg.end

@@ -1,0 +1,141 @@
+"""Trainer cost model and the trainer's schedule for each mode.
+
+Cost (sim_params.md §4, §7): a set of sequences costs FLOPs / (GPUs * FLOP rate * eta) plus a fixed overhead
+per micro-batch, where the micro-batches per GPU are ceil(tokens / GPUs / max_tokens_per_microbatch) (verl's
+dynamic batch size packs tokens). FLOPs per sequence of length L = L * linear + attn_coef * L^2 (6N + 2N for
+slime's full recompute, plus 4 x causal attention). old_log_prob = 1/3 of the update [S: verl 2.9-3.25];
+ref = old_log_prob when the KL loss is on [S: verl#7412]. All trainer compute times are multiplied by
+``time_scale``, the knob of the T/R sweep (CPU swaps and polling are not compute and are not scaled).
+
+The rollout never waits for the trainer (separate pools, fixed weights), so the trainer is a single server
+that consumes group completions in order; its schedule is a pure function of the completion times.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+MODES = ("sync", "cgp", "cgp_group", "cgp_fgd", "verl_separate_async")
+
+
+@dataclass(frozen=True)
+class TrainerParams:
+    num_gpus: int = 2
+    flops_per_s_per_gpu: float = 0.3 * 989e12  # MFU 0.3 [A] x H100 bf16 dense [D]
+    efficiency: float = 1.0  # eta: measured small-model learners run 5-20x below the FLOP model [A]
+    linear_flops_per_token: float = 8 * 1.72e9  # 6N + 2N (full recompute) [D]
+    attn_flops_coef: float = 8 * 28 * 2048  # 4 x attn_fwd, attn_fwd/token = 4*layers*(L/2)*hidden [D]
+    microbatch_overhead_s: float = 0.1  # [S: ThunderSyncRL]
+    max_tokens_per_microbatch: int = 9216  # per GPU [S: slime --max-tokens-per-gpu]
+    logprob_ratio: float = 1 / 3  # old_log_prob / update [S]
+    use_ref: bool = True  # KL loss on -> a ref log-prob pass as costly as old_log_prob [A]
+    optimizer_step_s: float = 0.1  # grad reduce + AdamW step per mini-batch [A]
+    time_scale: float = 1.0
+    # verl V1 separate_async only:
+    poll_interval_s: float = 2.0  # ReplayBuffer poll_interval default [S: verl v1/replay_buffer.py]
+    swap_save_s: float = 0.34  # save_model_to_cpu: 8.12 GB fp32 params / 2 GPUs / 12 GB/s [A]
+    swap_restore_s: float = 0.34  # restore_model_from_cpu, same volume [A]
+
+    def with_(self, **kw) -> "TrainerParams":
+        return replace(self, **kw)
+
+    # ---- costs --------------------------------------------------------------------------------------
+    def update_s(self, seq_lens: list[int]) -> float:
+        """Forward + backward over these sequences, without the optimizer step."""
+        if not seq_lens:
+            return 0.0
+        flops = sum(L * self.linear_flops_per_token + self.attn_flops_coef * L * L for L in seq_lens)
+        tokens = sum(seq_lens)
+        g = self.num_gpus
+        microbatches = math.ceil(tokens / g / self.max_tokens_per_microbatch)
+        t = flops / (g * self.flops_per_s_per_gpu * self.efficiency) + microbatches * self.microbatch_overhead_s
+        return t * self.time_scale
+
+    def logprob_s(self, seq_lens: list[int]) -> float:
+        return self.logprob_ratio * self.update_s(seq_lens)
+
+    def ref_s(self, seq_lens: list[int]) -> float:
+        return self.logprob_s(seq_lens) if self.use_ref else 0.0
+
+
+@dataclass
+class TrainPlan:
+    spans: list[tuple[str, float, float, int | None]] = field(default_factory=list)  # kind, start, end, unit
+    units: list[tuple[int, list[int], float]] = field(default_factory=list)  # unit, groups, ready time
+
+    @property
+    def end(self) -> float:
+        return max(e for _, _, e, _ in self.spans)
+
+
+class _Trainer:
+    """A single server: each piece of work starts when both the trainer and its input are free."""
+
+    def __init__(self, plan: TrainPlan, t_free: float = 0.0):
+        self.plan, self.free = plan, t_free
+
+    def run(self, kind: str, ready: float, dur: float, unit: int | None) -> None:
+        start = max(self.free, ready)
+        self.free = start + dur
+        if dur > 0:
+            self.plan.spans.append((kind, start, self.free, unit))
+
+
+def schedule(mode: str, completions: list[tuple[float, int]], seq_lens, p: TrainerParams,
+             groups_per_unit: int, rollout_end: float) -> TrainPlan:
+    """Trainer spans for one step.
+
+    ``completions``: (time, group) of the groups to train, in completion order (the GroupQueue FIFO).
+    ``seq_lens(group)`` -> the group's prompt+response lengths. Units take groups FIFO; a partial last unit
+    is only known complete at ``rollout_end``.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}")
+    plan = TrainPlan()
+    units = [completions[i:i + groups_per_unit] for i in range(0, len(completions), groups_per_unit)]
+    for u, members in enumerate(units):
+        full = len(members) == groups_per_unit
+        plan.units.append((u, [g for _, g in members], members[-1][0] if full else rollout_end))
+    tr = _Trainer(plan)
+    lens = lambda groups: [L for g in groups for L in seq_lens(g)]  # noqa: E731
+
+    if mode == "sync":  # the whole batch first, whole-batch log-probs, then one optimizer step per unit
+        batch_ready = max([t for t, _ in completions] + [rollout_end])
+        all_lens = lens([g for _, g in completions])
+        tr.run("old_log_prob", batch_ready, p.logprob_s(all_lens), None)
+        tr.run("ref", batch_ready, p.ref_s(all_lens), None)
+        for u, groups, _ in plan.units:
+            tr.run("update", batch_ready, p.update_s(lens(groups)), u)
+            tr.run("optimizer_step", batch_ready, p.optimizer_step_s * p.time_scale, u)
+    elif mode in ("cgp", "cgp_fgd"):  # a mini-batch as soon as its groups are in
+        for u, groups, ready in plan.units:
+            x = lens(groups)
+            tr.run("old_log_prob", ready, p.logprob_s(x), u)
+            tr.run("ref", ready, p.ref_s(x), u)
+            tr.run("update", ready, p.update_s(x), u)
+            tr.run("optimizer_step", ready, p.optimizer_step_s * p.time_scale, u)
+    elif mode == "cgp_group":  # each group is a gradient-accumulation micro-batch on arrival
+        for u, groups, ready in plan.units:
+            for t_g, g in units[u]:
+                x = seq_lens(g)
+                tr.run("old_log_prob", t_g, p.logprob_s(x), u)
+                tr.run("ref", t_g, p.ref_s(x), u)
+                tr.run("update", t_g, p.update_s(x), u)
+            tr.run("optimizer_step", ready, p.optimizer_step_s * p.time_scale, u)
+    else:  # verl_separate_async: mini-batches, a polling replay buffer, pi_old kept by a CPU model swap
+        for u, groups, ready in plan.units:
+            # ReplayBuffer.sample checks at once, then every poll_interval after the call
+            polls = max(0, math.ceil((ready - tr.free) / p.poll_interval_s - 1e-9))
+            tr.free += polls * p.poll_interval_s
+            x = lens(groups)
+            # trainer_separate_async._compute_old_log_prob: mini-step 0 saves pi_old; later mini-steps save
+            # the current weights, restore pi_old, compute, restore the current weights
+            swap_in = p.swap_save_s + (p.swap_restore_s if u > 0 else 0.0)
+            tr.run("cpu_swap", ready, swap_in, u)
+            tr.run("old_log_prob", ready, p.logprob_s(x), u)
+            tr.run("cpu_swap", ready, p.swap_restore_s if u > 0 else 0.0, u)
+            tr.run("ref", ready, p.ref_s(x), u)
+            tr.run("update", ready, p.update_s(x), u)
+            tr.run("optimizer_step", ready, p.optimizer_step_s * p.time_scale, u)
+    return plan

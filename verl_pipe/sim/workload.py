@@ -1,0 +1,100 @@
+"""Response lengths of one RL step: who finishes when is what the whole pipeline question hinges on.
+
+Lengths are log-normal with a per-group latent (sim_params.md §7, "Length sampler"):
+
+    log L_ij = mu + sigma * (sqrt(rho) * Z_i + sqrt(1 - rho) * E_ij),   then min(L_ij, cap)
+
+rho is the within-group correlation of log-lengths; it is what makes some *groups* (not just some
+responses) long, which is what CGP and FGD exploit. An equal-length workload has no tail at all and is
+the control where pipelining can only add overhead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Workload:
+    num_groups: int
+    n: int
+    lengths: list[list[int]]  # lengths[group][index], response tokens
+    prompt_len: int
+    name: str = ""
+
+    def __post_init__(self):
+        if len(self.lengths) != self.num_groups or any(len(g) != self.n for g in self.lengths):
+            raise ValueError("lengths must be num_groups lists of n ints")
+        if any(x < 1 for g in self.lengths for x in g):
+            raise ValueError("every response needs at least one token")
+
+    def group_tokens(self, group: int) -> int:
+        """Prompt + response tokens of a whole group: what the trainer processes for it."""
+        return sum(self.lengths[group]) + self.n * self.prompt_len
+
+    def seq_lens(self, group: int) -> list[int]:
+        return [self.prompt_len + x for x in self.lengths[group]]
+
+    @property
+    def response_tokens(self) -> int:
+        return sum(sum(g) for g in self.lengths)
+
+    def truncated_fraction(self, cap: int) -> float:
+        return sum(x >= cap for g in self.lengths for x in g) / (self.num_groups * self.n)
+
+
+def lognormal(num_groups: int, n: int, *, sigma: float, rho: float, cap: int, prompt_len: int,
+              seed: int, mean: float | None = None, median: float | None = None, name: str = "") -> Workload:
+    """Correlated log-normal lengths; give the body's `mean` or `median` (before the cap), not both.
+
+    The mean is that of the uncapped log-normal, as the sources quote it (sim_params.md §1c, §7).
+    """
+    if (mean is None) == (median is None):
+        raise ValueError("give exactly one of mean, median")
+    if not 0.0 <= rho <= 1.0:
+        raise ValueError("rho must be in [0, 1]")
+    mu = math.log(median) if median is not None else math.log(mean) - sigma ** 2 / 2
+    rng = np.random.default_rng(seed)
+    z = rng.standard_normal((num_groups, 1))  # the group latent: shared by all n responses of a prompt
+    e = rng.standard_normal((num_groups, n))
+    logl = mu + sigma * (math.sqrt(rho) * z + math.sqrt(1.0 - rho) * e)
+    lengths = np.clip(np.rint(np.exp(logl)), 1, cap).astype(int)
+    return Workload(num_groups, n, lengths.tolist(), prompt_len, name)
+
+
+def equal_lengths(num_groups: int, n: int, length: int, prompt_len: int, name: str = "equal") -> Workload:
+    """Every response the same length: no tail, the control setting ("notail-")."""
+    return Workload(num_groups, n, [[int(length)] * n for _ in range(num_groups)], prompt_len, name)
+
+
+def from_spec(spec: dict, num_groups: int, n: int, prompt_len: int, seed: int) -> Workload:
+    """Build a workload from a config dict: {kind: lognormal|equal, mean|median, sigma, rho, cap, length}."""
+    kind = spec.get("kind", "lognormal")
+    name = spec.get("name", kind)
+    if kind == "equal":
+        return equal_lengths(num_groups, n, int(spec["length"]), prompt_len, name)
+    if kind == "lognormal":
+        return lognormal(num_groups, n, sigma=float(spec["sigma"]), rho=float(spec["rho"]), cap=int(spec["cap"]),
+                         prompt_len=prompt_len, seed=seed, mean=spec.get("mean"), median=spec.get("median"),
+                         name=name)
+    raise ValueError(f"unknown workload kind {kind!r}")
+
+
+# The four length distributions of sim_params.md §7 (D1..D4); sources are in conf/sim/cluster_grid.yaml.
+SETTINGS: dict[str, dict] = {
+    "D1": {"name": "base-early", "mean": 1000, "sigma": 0.8, "rho": 0.72, "cap": 8192},
+    "D2": {"name": "distill-8k", "mean": 3500, "sigma": 0.64, "rho": 0.72, "cap": 8192},
+    "D3": {"name": "long-cot-24k", "median": 6701, "sigma": 0.742, "rho": 0.54, "cap": 24576},
+    "D4": {"name": "cap-bound-8k", "median": 6701, "sigma": 0.742, "rho": 0.54, "cap": 8192},
+}
+
+
+def named(setting: str, num_groups: int = 128, n: int = 16, prompt_len: int = 300, seed: int = 0) -> Workload:
+    """A named seeded setting: D1..D4, or "equal:<length>"."""
+    if setting.startswith("equal:"):
+        return equal_lengths(num_groups, n, int(setting.split(":", 1)[1]), prompt_len)
+    spec = dict(SETTINGS[setting], kind="lognormal")
+    return from_spec(spec, num_groups, n, prompt_len, seed)
