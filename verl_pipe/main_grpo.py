@@ -1,0 +1,106 @@
+"""Entry point: ``python -m verl_pipe.main_grpo [hydra overrides]``.
+
+With no arguments it trains the embedded tiny CPU default: a 2-layer Qwen3, a
+local tokenizer and a synthetic digit-math set, built and cached on first run,
+with a real vLLM engine on one core and verl's FSDP2 actor on the other.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+def prepare_config(config: DictConfig) -> DictConfig:
+    """Fills what the launcher derives (asset paths, pool sizes) and validates, before Ray starts."""
+    from verl_pipe.config import validate
+
+    rp = config.rolloutpipe
+    with open_dict(config):
+        if rp.tiny_assets.enable and not (config.actor_rollout_ref.model.path and config.data.train_files):
+            from verl_pipe.assets import ensure_assets
+
+            cache = Path(rp.tiny_assets.cache_dir).expanduser() if rp.tiny_assets.cache_dir else None
+            assets = ensure_assets(cache, size=rp.tiny_assets.size)
+            config.actor_rollout_ref.model.path = config.actor_rollout_ref.model.path or str(assets.model_dir)
+            config.data.train_files = config.data.train_files or str(assets.train_file)
+            config.data.val_files = config.data.val_files or str(assets.val_file)
+            if not config.reward.custom_reward_function.path:
+                import verl_pipe.assets.reward as reward_mod
+
+                config.reward.custom_reward_function.path = reward_mod.__file__
+                config.reward.custom_reward_function.name = "compute_score"
+        # verl's one-step-off wiring reads the top-level rollout pool size.
+        config.rollout = {"nnodes": config.actor_rollout_ref.rollout.nnodes,
+                          "n_gpus_per_node": config.actor_rollout_ref.rollout.n_gpus_per_node}
+    validate(config)
+    from verl_pipe.data_check import clean_datasets
+
+    clean_datasets(config)
+    return config
+
+
+def ray_init_kwargs(config: DictConfig) -> dict:
+    env = {}
+    num_gpus = None
+    if config.rolloutpipe.platform == "cpu":
+        from verl_pipe.platform.env import cpu_env
+
+        cpu = config.rolloutpipe.cpu
+        env = cpu_env(str(cpu.rollout_cores), str(cpu.trainer_cores), int(cpu.kv_cache_gib))
+        # One logical GPU per trainer rank and per rollout rank: verl's pools always ask for GPUs.
+        num_gpus = (config.trainer.n_gpus_per_node * config.trainer.nnodes
+                    + config.actor_rollout_ref.rollout.n_gpus_per_node * config.actor_rollout_ref.rollout.nnodes)
+    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+    runtime_env = get_ppo_ray_runtime_env(config)
+    runtime_env.setdefault("env_vars", {}).update(env)
+    kwargs = OmegaConf.to_container(config.ray_kwargs.get("ray_init", {}), resolve=True) or {}
+    kwargs = {k: v for k, v in kwargs.items() if v is not None and k != "runtime_env"}
+    if config.rolloutpipe.platform == "cpu":
+        kwargs.setdefault("num_cpus", int(config.rolloutpipe.cpu.ray_num_cpus))
+        kwargs["num_gpus"] = num_gpus
+    kwargs["runtime_env"] = runtime_env
+    return kwargs, env
+
+
+def start_ray(config: DictConfig) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    kwargs, env = ray_init_kwargs(config)
+    os.environ.update(env)  # the driver and every process Ray starts from it
+    ray.init(**kwargs)
+
+
+def run(config: DictConfig) -> dict:
+    """Runs training in a TaskRunner actor; returns its summary. Ray must be started."""
+    import ray
+
+    from verl_pipe.task_runner import PipeTaskRunner
+
+    runner = PipeTaskRunner.remote()
+    return ray.get(runner.run.remote(config))
+
+
+@hydra.main(config_path=CONF_DIR, config_name="rolloutpipe_trainer", version_base=None)
+def main(config: DictConfig) -> None:
+    t0 = time.perf_counter()
+    config = prepare_config(config)
+    start_ray(config)
+    summary = run(config)
+    print(f"[verl_pipe] done: {summary.get('steps', 0)} steps in {time.perf_counter() - t0:.1f}s "
+          f"(start-up {summary.get('startup_s', float('nan')):.1f}s)")
+
+
+if __name__ == "__main__":
+    main()

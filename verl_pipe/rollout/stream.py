@@ -1,0 +1,186 @@
+"""Run one step's requests through verl's agent loop, one response at a time.
+
+verl's ``AgentLoopManager.generate_sequences`` returns only when the whole batch is
+done. Pipelining needs every response the moment it finishes, so this module
+drives verl's own ``AgentLoopWorker`` per request instead: the same agent loop,
+tokenization, padding and streamed reward (``RewardLoopWorker``) as verl's path,
+but each request is admitted by an admission policy (``verl_pipe.frontier``) and
+handed back as soon as it is done. When all n responses of a group are in, the
+caller's ``on_group`` callback materializes it.
+
+The driver runs an asyncio loop in a background thread, so the trainer's main
+thread can train while the rollout continues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from verl import DataProto
+from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+from verl_pipe.frontier import AdmissionPolicy, Request
+from verl_pipe.rollout.client import CURRENT_ADMISSION, AdmissionRoutedClient
+from verl_pipe.timeline import StepTimeline
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepRequest:
+    """What the trainer asks the rollout for in one step."""
+
+    step: int
+    gen_batch: DataProto  # one row per prompt (group), in dispatch order
+    n: int
+    policy: AdmissionPolicy
+    timeline: StepTimeline
+    # Called in the rollout thread with (group index, its n padded agent-loop outputs).
+    on_group: Callable[[int, DataProto], bool]
+    # Optional per-request sampling overrides (e.g. the benchmark's fixed lengths).
+    sampling_overrides: Callable[[int, int], dict] | None = None
+    max_retries: int = 2
+    request_timeout_s: float | None = None
+
+
+@dataclass
+class StepResult:
+    responses: int = 0
+    failed_attempts: int = 0
+    aborted: int = 0
+    groups_done: int = 0
+    elapsed_s: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+
+class StreamingRollout:
+    def __init__(self, config, servers: list[tuple[str, Any]], reward_loop_worker_handles=None,
+                 load_balancer_handle=None):
+        self.config = config
+        self.client = AdmissionRoutedClient(config, load_balancer_handle=load_balancer_handle, servers=servers)
+        self.worker = AgentLoopWorker(config, self.client, None, reward_loop_worker_handles)
+        rollout_cfg = config.actor_rollout_ref.rollout
+        self.sampling_params = dict(
+            temperature=rollout_cfg.temperature,
+            top_p=rollout_cfg.top_p,
+            top_k=rollout_cfg.top_k,
+            repetition_penalty=1.0,
+            logprobs=rollout_cfg.calculate_log_probs,
+        )
+        self.default_agent = rollout_cfg.agent.default_agent_loop
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="verl-pipe-rollout", daemon=True)
+        self._thread.start()
+
+    @property
+    def num_replicas(self) -> int:
+        return len(self.client._servers)
+
+    def start(self, request: StepRequest) -> Future:
+        """Starts the step's rollout in the background; the future resolves to a StepResult."""
+        return asyncio.run_coroutine_threadsafe(self._run_step(request), self._loop)
+
+    def shutdown(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+    # ------------------------------------------------------------------ internals
+
+    def _row_kwargs(self, gen_batch: DataProto, group: int) -> dict:
+        kwargs = {k: v[group] for k, v in gen_batch.non_tensor_batch.items()}
+        kwargs.setdefault("agent_name", self.default_agent)
+        return kwargs
+
+    async def _one(self, req: StepRequest, adm, attempt: int):
+        group, index = adm.request.group, adm.request.index
+        CURRENT_ADMISSION.set(adm)  # this task's context only: routes the request to adm.replica
+        kwargs = self._row_kwargs(req.gen_batch, group)
+        kwargs["priority"] = adm.priority
+        sampling_params = dict(self.sampling_params)
+        if req.sampling_overrides is not None:
+            sampling_params.update(req.sampling_overrides(group, index))
+        sample_index = kwargs.get("index", group)
+        trajectory = {"step": req.step, "sample_index": sample_index, "rollout_n": index, "validate": False}
+        coro = self.worker._run_agent_loop(sampling_params, trajectory, trace=False, **kwargs)
+        if req.request_timeout_s:
+            return await asyncio.wait_for(coro, timeout=req.request_timeout_s)
+        return await coro
+
+    async def _run_step(self, req: StepRequest) -> StepResult:
+        policy, timeline = req.policy, req.timeline
+        result = StepResult()
+        start = time.perf_counter()
+        tasks: dict[asyncio.Task, tuple[Any, int]] = {}
+        attempts: dict[Request, int] = {}
+        outputs: dict[int, dict[int, Any]] = {}
+
+        def rid(r: Request) -> str:
+            return f"s{req.step}-g{r.group}-r{r.index}"
+
+        def admit() -> None:
+            for adm in policy.admit():
+                n_try = attempts.get(adm.request, 0)
+                timeline.request_submitted(rid(adm.request), adm.request.group, replica=adm.replica)
+                task = asyncio.create_task(self._one(req, adm, n_try))
+                tasks[task] = (adm, n_try)
+
+        admit()
+        while tasks and not policy.all_done:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                adm, n_try = tasks.pop(task)
+                r = adm.request
+                try:
+                    out = task.result()
+                except Exception as e:  # a failed or timed-out request: retry, then give up loudly
+                    result.failed_attempts += 1
+                    attempts[r] = n_try + 1
+                    msg = f"request {rid(r)} failed (attempt {n_try + 1}): {type(e).__name__}: {e}"
+                    logger.warning(msg)
+                    if n_try + 1 > req.max_retries:
+                        result.errors.append(msg)
+                        raise RuntimeError(msg) from e
+                    policy.on_request_failed(r)
+                    continue
+                n_tokens = int(out.response_mask.sum().item())
+                timeline.response_done(rid(r), r.group, n_tokens)
+                policy.on_response_done(r)
+                result.responses += 1
+                outputs.setdefault(r.group, {})[r.index] = out
+                if len(outputs[r.group]) == req.n:
+                    group_outputs = [outputs[r.group][i] for i in range(req.n)]
+                    del outputs[r.group]
+                    gen_out = self.worker._postprocess(group_outputs, validate=False)
+                    trainable = req.on_group(r.group, gen_out)
+                    timeline.group_done(r.group, trainable)
+                    policy.on_group_done(r.group, trainable)
+                    result.groups_done += 1
+            if policy.batch_full:
+                await self._abort(policy, tasks, timeline, rid, result)
+                break
+            admit()
+        result.elapsed_s = time.perf_counter() - start
+        return result
+
+    async def _abort(self, policy, tasks, timeline, rid, result) -> None:
+        """The batch is full: cancel what is left of this step (never carried into the next)."""
+        for task, (adm, _) in list(tasks.items()):
+            task.cancel()
+            timeline.request_aborted(rid(adm.request), adm.request.group)
+            result.aborted += 1
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        tasks.clear()
+
+
+def group_rows(gen_batch: DataProto, group: int) -> DataProto:
+    """The prompt row of one group, as a 1-row DataProto."""
+    return gen_batch.select_idxs(np.array([group]))

@@ -1,0 +1,57 @@
+"""The Ray actor that builds the workers and runs RolloutPipeTrainer (verl's TaskRunner pattern)."""
+
+from __future__ import annotations
+
+import time
+
+import ray
+
+
+@ray.remote(num_cpus=1)
+class PipeTaskRunner:
+    def run(self, config) -> dict:
+        t0 = time.perf_counter()
+        trainer = build_trainer(config)
+        trainer.init_workers()
+        startup_s = time.perf_counter() - t0
+        print(f"[verl_pipe] workers ready in {startup_s:.1f}s", flush=True)
+        trainer.fit()
+        return {"steps": len(trainer.timelines), "startup_s": startup_s,
+                "timelines": [t.to_dict() for t in trainer.timelines]}
+
+
+def build_trainer(config):
+    from omegaconf import OmegaConf
+
+    from verl.experimental.separation.utils import create_resource_pool_manager, create_role_worker_mapping
+    from verl.trainer.ppo.utils import Role, create_rl_dataset, create_rl_sampler, need_critic, need_reference_policy
+    from verl.utils import hf_processor, hf_tokenizer
+    from verl.utils.config import validate_config
+    from verl.utils.dataset.rl_dataset import collate_fn
+    from verl.utils.fs import copy_to_local
+
+    from verl_pipe.trainer import RolloutPipeTrainer
+    from verl_pipe.workers import PipeActorWorker
+
+    OmegaConf.resolve(config)
+    role_worker_mapping, ray_worker_group_cls = create_role_worker_mapping(config)
+    # Our actor worker: verl's DetachActorWorker pinned to the trainer pool's cores.
+    for role in (Role.Actor, Role.RefPolicy):
+        if role in role_worker_mapping:
+            role_worker_mapping[role] = ray.remote(PipeActorWorker)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    local_path = copy_to_local(config.actor_rollout_ref.model.path)
+    tokenizer = hf_tokenizer(local_path, trust_remote_code=config.data.get("trust_remote_code", False))
+    processor = hf_processor(local_path, trust_remote_code=config.data.get("trust_remote_code", False), use_fast=True)
+    resource_pool_manager = create_resource_pool_manager(config, role_worker_mapping.keys())
+    train_dataset = create_rl_dataset(config.data.train_files, config.data, tokenizer, processor,
+                                      max_samples=config.data.get("train_max_samples", -1))
+    val_dataset = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor,
+                                    max_samples=config.data.get("val_max_samples", -1))
+    train_sampler = create_rl_sampler(config.data, train_dataset)
+    return RolloutPipeTrainer(
+        config=config, tokenizer=tokenizer, processor=processor, role_worker_mapping=role_worker_mapping,
+        resource_pool_manager=resource_pool_manager, ray_worker_group_cls=ray_worker_group_cls,
+        train_dataset=train_dataset, val_dataset=val_dataset, collate_fn=collate_fn, train_sampler=train_sampler,
+        device_name=config.trainer.device,
+    )

@@ -1,0 +1,279 @@
+"""RolloutPipeTrainer: on-policy GRPO with rollout and training on separate pools.
+
+One step reads top to bottom like the algorithm:
+
+    admission ─► rollout (fixed θ_k) ─► materialize groups ─► train units ─► sync θ_{k+1}
+
+- ``sync`` mode: the trainer waits for the whole rollout, then trains the units
+  (the Slime-like baseline).
+- ``cgp`` mode: each trainable complete group goes to a FIFO the moment it is
+  materialized, and the trainer trains a unit (one PPO mini-batch) as soon as
+  its groups are in, while later groups are still being generated.
+
+Both modes run the same code: the same admission, the same per-group reward and
+advantage (verl's core_algos), the same per-unit calls into verl's actor worker.
+Only *when* a unit is trained differs. Weights move to the rollout pool only
+after the step's last unit, so every sample trained in step k was generated
+with θ_k (asserted per group).
+
+verl's ``OneStepOffRayTrainer`` is the ``SeparateRayPPOTrainer`` that wires the
+separate pools (actor on the trainer pool, standalone vLLM replicas on their
+own pools, a checkpoint engine between them); we keep that wiring and replace
+its one-step-off-policy loop with this on-policy one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from concurrent.futures import Future
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from verl import DataProto
+from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
+from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
+from verl.trainer.ppo.metric_utils import compute_data_metrics
+from verl.utils.metric import reduce_metrics
+
+from verl_pipe.config import groups_per_unit
+from verl_pipe.frontier import FCFSPolicy, FrontierPolicy
+from verl_pipe.group_queue import Group, GroupQueue
+from verl_pipe.rollout.materialize import is_trainable, materialize_group, weight_versions
+from verl_pipe.rollout.stream import StepRequest, StreamingRollout, group_rows
+from verl_pipe.timeline import StepTimeline, write_chrome_trace
+
+logger = logging.getLogger(__name__)
+
+THETA_K = "theta_k"  # CPU snapshot key of the step's rollout weights
+CURRENT = "current"
+
+
+class RolloutPipeTrainer(OneStepOffRayTrainer):
+    # verl's synchronous driver loop (checkpoint load, initial weight sync, validation,
+    # one fit_step per batch); OneStepOffRayTrainer replaces it with an async one.
+    fit = SeparateRayPPOTrainer.fit
+
+    def init_workers(self):
+        super().init_workers()
+        rp = self.config.rolloutpipe
+        self.mode = rp.mode
+        self.groups_per_unit = groups_per_unit(self.config)
+        self.n = int(self.config.actor_rollout_ref.rollout.n)
+        mgr = self.llm_server_manager
+        servers = list(zip(mgr.server_addresses, mgr.server_handles, strict=True))
+        reward_handles = self.reward_loop_manager.reward_loop_workers
+        self.rollout = StreamingRollout(self.config, servers, reward_handles, mgr.global_load_balancer)
+        self.timelines: list[StepTimeline] = []
+        # Test hook: a function (list[Group]) -> list[Group] that fixes the order groups
+        # are trained in, so sync and CGP can be compared unit for unit.
+        self.unit_order_hook = None
+        self.sampling_overrides = None  # (group, index) -> dict, e.g. the benchmark's lengths
+        self.last_step_record: dict = {}
+
+    # ------------------------------------------------------------------ the step
+
+    def fit_step(self, batch_dict=None):
+        self.metrics = {"training/global_step": self.global_steps, "training/epoch": self.epoch}
+        self.timing_raw = {}
+        self._fit_prepare_step()
+        version = self.global_steps - 1  # θ_k: synced at the end of the previous step
+        t_step = time.perf_counter()
+
+        batch = self._fit_get_batch(batch_dict)
+        timeline = StepTimeline(self.global_steps, self.groups_per_unit)
+        queue = GroupQueue(weight_version=version)
+        rollout = self._start_rollout(batch, timeline, queue, version)        # admission + generation
+        if self.mode == "sync":
+            trained = self._train_after_rollout(queue, timeline)               # baseline
+        else:
+            trained = self._train_while_rollout_runs(queue, timeline)          # CGP
+        rollout_result = rollout.result()
+        self._sync_weights(timeline)                                           # θ_{k+1} → rollout pool
+
+        self.timing_raw["step"] = time.perf_counter() - t_step
+        self._fit_validate()
+        self._fit_save_checkpoint()
+        self._record_step(trained, timeline, rollout_result)
+        self._fit_postprocess_step()
+
+    # ------------------------------------------------------------------ rollout side
+
+    def _make_policy(self, num_groups: int):
+        rp = self.config.rolloutpipe
+        replicas = list(range(self.rollout.num_replicas))
+        target = int(self.config.data.train_batch_size)
+        common = dict(num_groups=num_groups, n=self.n, groups_per_unit=self.groups_per_unit,
+                      target_groups=target, replicas=replicas)
+        if rp.fgd.enable:
+            window = rp.fgd.window or int(self.config.actor_rollout_ref.rollout.max_num_seqs)
+            return FrontierPolicy(**common, window=window, frontier_groups=rp.fgd.frontier_groups,
+                                  slack=int(rp.fgd.slack))
+        return FCFSPolicy(**common, window=None)
+
+    def _start_rollout(self, batch: DataProto, timeline: StepTimeline, queue: GroupQueue, version: int) -> Future:
+        gen_batch = self._get_gen_batch(batch)  # leaves the reward keys and uid in `batch`
+        rp = self.config.rolloutpipe
+        filter_zero = bool(rp.filter_zero_variance)
+
+        def on_group(g: int, gen_out: DataProto) -> bool:
+            piece = materialize_group(group_rows(batch, g), gen_out, self.config)
+            versions = weight_versions(piece)
+            if versions != {version}:
+                raise RuntimeError(f"step {self.global_steps}: group {g} has weight versions {versions}, "
+                                   f"expected exactly {{{version}}} (off-policy sample)")
+            trainable = is_trainable(piece, filter_zero)
+            if trainable:
+                queue.put(Group(g, piece, version, time.perf_counter()))
+            return trainable
+
+        request = StepRequest(step=self.global_steps, gen_batch=gen_batch, n=self.n,
+                              policy=self._make_policy(len(gen_batch)), timeline=timeline, on_group=on_group,
+                              sampling_overrides=self.sampling_overrides,
+                              request_timeout_s=float(rp.request_timeout_s) if rp.request_timeout_s else None)
+        future = self.rollout.start(request)
+
+        def finished(f: Future) -> None:
+            if f.exception() is not None:
+                queue.fail(f.exception())
+            else:
+                queue.close()
+
+        future.add_done_callback(finished)
+        return future
+
+    # ------------------------------------------------------------------ trainer side
+
+    def _train_after_rollout(self, queue: GroupQueue, timeline: StepTimeline) -> list[Group]:
+        """Sync mode: wait for every group, old log-probs for the whole batch, then each unit."""
+        groups = sorted(queue.drain(), key=lambda g: g.index)  # dispatch order, like verl
+        groups = self._ordered(groups)
+        units = [groups[i:i + self.groups_per_unit] for i in range(0, len(groups), self.groups_per_unit)]
+        if not units:
+            return []
+        batch = self._concat(groups)
+        with timeline.span("old_log_prob"):
+            batch = self._fit_compute_log_prob(batch)  # θ_k: nothing has been updated yet
+        if self.use_reference_policy:
+            with timeline.span("ref_log_prob"):
+                batch = self._fit_compute_ref_log_prob(batch)
+        offset = 0
+        for u, unit in enumerate(units):
+            rows = len(unit) * self.n
+            timeline.unit_ready(u, [g.index for g in unit])
+            unit_batch = batch.slice(offset, offset + rows)
+            offset += rows
+            with timeline.span("update", unit=u):
+                self._update_unit(unit_batch)
+        self._trained_batch = batch
+        return groups
+
+    def _train_while_rollout_runs(self, queue: GroupQueue, timeline: StepTimeline) -> list[Group]:
+        """CGP: train each unit as soon as its groups are in the FIFO."""
+        trained: list[Group] = []
+        pieces = []
+        u = 0
+        snapshot = self._units_per_step() > 1
+        while True:
+            unit = queue.take(self.groups_per_unit)
+            if not unit:
+                break
+            unit = self._ordered(unit)
+            timeline.unit_ready(u, [g.index for g in unit])
+            unit_batch = self._concat(unit)
+            with timeline.span("old_log_prob", unit=u):
+                if u == 0:
+                    unit_batch = self._fit_compute_log_prob(unit_batch)  # the actor still holds θ_k
+                else:
+                    unit_batch = self._old_log_prob_at_theta_k(unit_batch)
+            if self.use_reference_policy:
+                with timeline.span("ref_log_prob", unit=u):
+                    unit_batch = self._fit_compute_ref_log_prob(unit_batch)
+            if u == 0 and self._units_per_step() > 1:
+                # Keep θ_k on CPU for later units' old log-probs (verl's DetachActorWorker swap).
+                with timeline.span("snapshot_theta_k", unit=u):
+                    self.actor_wg.save_model_to_cpu(THETA_K)
+            with timeline.span("update", unit=u):
+                self._update_unit(unit_batch)
+            trained.extend(unit)
+            pieces.append(unit_batch)
+            u += 1
+        if snapshot:
+            self.actor_wg.clear_cpu_model(THETA_K)
+        self._trained_batch = DataProto.concat(pieces) if pieces else None
+        return trained
+
+    def _units_per_step(self) -> int:
+        return int(self.config.data.train_batch_size) // self.groups_per_unit
+
+    def _old_log_prob_at_theta_k(self, unit_batch: DataProto) -> DataProto:
+        # Earlier units' optimizer steps moved the actor past θ_k. Swap θ_k in, compute, swap back.
+        # Measured on the tiny CPU model, a swap pair costs a few ms, far less than a log-prob pass;
+        # a frozen second model copy would double the trainer's memory instead.
+        self.actor_wg.save_model_to_cpu(CURRENT)
+        self.actor_wg.restore_model_from_cpu(THETA_K)
+        try:
+            return self._fit_compute_log_prob(unit_batch)
+        finally:
+            self.actor_wg.restore_model_from_cpu(CURRENT)
+            self.actor_wg.clear_cpu_model(CURRENT)
+
+    def _update_unit(self, unit_batch: DataProto) -> None:
+        out = self._update_actor(unit_batch)
+        self.metrics.update(reduce_metrics(out.meta_info["metrics"]))
+
+    def _concat(self, groups: list[Group]) -> DataProto:
+        batch = DataProto.concat([g.data for g in groups])
+        batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
+        batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+        batch.meta_info.setdefault("images_seqlens", [])
+        return batch
+
+    def _ordered(self, groups: list[Group]) -> list[Group]:
+        return self.unit_order_hook(groups) if self.unit_order_hook is not None else groups
+
+    # ------------------------------------------------------------------ weight sync and metrics
+
+    def _sync_weights(self, timeline: StepTimeline) -> None:
+        start = time.perf_counter()
+        sync_metrics = self.checkpoint_manager.update_weights(self.global_steps)
+        end = time.perf_counter()
+        timeline.weight_sync(start, end)
+        if sync_metrics:
+            self.metrics.update(sync_metrics)
+
+    def _record_step(self, trained: list[Group], timeline: StepTimeline, rollout_result) -> None:
+        self.timelines.append(timeline)
+        tm = timeline.metrics()
+        self.metrics.update({f"rolloutpipe/{k}": v for k, v in tm.items()})
+        self.metrics["rolloutpipe/failed_request_attempts"] = rollout_result.failed_attempts
+        self.metrics["rolloutpipe/aborted_requests"] = rollout_result.aborted
+        batch = getattr(self, "_trained_batch", None)
+        if batch is not None:
+            self.metrics.update(compute_data_metrics(batch=batch, use_critic=False))
+        self.metrics["timing_s/step"] = self.timing_raw["step"]
+        self.last_step_record = {
+            "step": self.global_steps,
+            "trained_groups": [g.index for g in trained],
+            "timeline": tm,
+        }
+        trace_dir = self.config.rolloutpipe.trace_dir
+        if trace_dir:
+            Path(trace_dir).mkdir(parents=True, exist_ok=True)
+            write_chrome_trace([timeline], Path(trace_dir) / f"step_{self.global_steps:05d}.json")
+        print(self._summary_line(tm), flush=True)
+
+    def _summary_line(self, tm: dict) -> str:
+        m = self.metrics
+        train_s = tm["trainer_busy_s"]
+        return (f"[verl_pipe] step {self.global_steps} ({self.mode}): "
+                f"reward {m.get('critic/score/mean', float('nan')):.3f} | "
+                f"resp_len {m.get('response_length/mean', float('nan')):.1f} | "
+                f"rollout {tm['rollout_end_s']:.2f}s | train {train_s:.2f}s | "
+                f"weight_sync {tm['weight_sync_s']:.2f}s | step {tm['step_time_s']:.2f}s | "
+                f"rollout→train_end {tm['rollout_to_train_end_s']:.2f}s | "
+                f"trainer_wait {tm['trainer_wait_ratio']:.2f}")
