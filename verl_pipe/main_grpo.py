@@ -48,14 +48,24 @@ def prepare_config(config: DictConfig) -> DictConfig:
     return config
 
 
+def select_platform(config: DictConfig) -> dict:
+    """Sets the platform's environment in this process (before verl resolves its platform); returns it."""
+    if config.rolloutpipe.platform != "cpu":
+        return {}
+    from verl_pipe.platform.env import cpu_env
+    from verl_pipe.platform.plugin import activate_cpu
+
+    cpu = config.rolloutpipe.cpu
+    env = cpu_env(str(cpu.rollout_cores), str(cpu.trainer_cores), int(cpu.kv_cache_gib))
+    os.environ.update(env)  # the driver and every process Ray starts from it
+    activate_cpu()
+    return env
+
+
 def ray_init_kwargs(config: DictConfig) -> dict:
-    env = {}
+    env = select_platform(config)
     num_gpus = None
     if config.rolloutpipe.platform == "cpu":
-        from verl_pipe.platform.env import cpu_env
-
-        cpu = config.rolloutpipe.cpu
-        env = cpu_env(str(cpu.rollout_cores), str(cpu.trainer_cores), int(cpu.kv_cache_gib))
         # One logical GPU per trainer rank and per rollout rank: verl's pools always ask for GPUs.
         num_gpus = (config.trainer.n_gpus_per_node * config.trainer.nnodes
                     + config.actor_rollout_ref.rollout.n_gpus_per_node * config.actor_rollout_ref.rollout.nnodes)
@@ -69,7 +79,7 @@ def ray_init_kwargs(config: DictConfig) -> dict:
         kwargs.setdefault("num_cpus", int(config.rolloutpipe.cpu.ray_num_cpus))
         kwargs["num_gpus"] = num_gpus
     kwargs["runtime_env"] = runtime_env
-    return kwargs, env
+    return kwargs
 
 
 def start_ray(config: DictConfig) -> None:
@@ -77,9 +87,7 @@ def start_ray(config: DictConfig) -> None:
 
     if ray.is_initialized():
         return
-    kwargs, env = ray_init_kwargs(config)
-    os.environ.update(env)  # the driver and every process Ray starts from it
-    ray.init(**kwargs)
+    ray.init(**ray_init_kwargs(config))
 
 
 def run(config: DictConfig) -> dict:

@@ -33,10 +33,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 
 from verl import DataProto
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
-from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
 from verl.trainer.ppo.metric_utils import compute_data_metrics
 from verl.utils.metric import reduce_metrics
 
@@ -54,10 +54,6 @@ CURRENT = "current"
 
 
 class RolloutPipeTrainer(OneStepOffRayTrainer):
-    # verl's synchronous driver loop (checkpoint load, initial weight sync, validation,
-    # one fit_step per batch); OneStepOffRayTrainer replaces it with an async one.
-    fit = SeparateRayPPOTrainer.fit
-
     def init_workers(self):
         super().init_workers()
         rp = self.config.rolloutpipe
@@ -74,6 +70,47 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         self.unit_order_hook = None
         self.sampling_overrides = None  # (group, index) -> dict, e.g. the benchmark's lengths
         self.last_step_record: dict = {}
+
+    # ------------------------------------------------------------------ the run
+
+    def fit(self):
+        self.begin()
+        for epoch in range(self.config.trainer.total_epochs):
+            for batch_dict in self.train_dataloader:
+                self.epoch = epoch
+                self.fit_step(batch_dict)
+                if self.is_last_step:
+                    self.end()
+                    return
+        self.end()
+
+    def begin(self) -> None:
+        """Before the first step: logger, checkpoint, θ_0 into the rollout pool, optional validation."""
+        from tqdm import tqdm
+
+        from verl.utils.tracking import Tracking
+
+        self.logger = Tracking(
+            project_name=self.config.trainer.project_name,
+            experiment_name=self.config.trainer.experiment_name,
+            default_backend=self.config.trainer.logger,
+            config=OmegaConf.to_container(self.config, resolve=True),
+        )
+        self.global_steps = 0
+        self._load_checkpoint()
+        self.checkpoint_manager.update_weights(self.global_steps)
+        if self.config.trainer.get("val_before_train", True):
+            val_metrics = self._validate()
+            self.logger.log(data=val_metrics, step=self.global_steps)
+        self.progress_bar = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training")
+        self.global_steps += 1
+        self.last_val_metrics = None
+        self.max_steps_duration = 0
+
+    def end(self) -> None:
+        if self.progress_bar is not None:
+            self.progress_bar.close()
+        self.rollout.shutdown()
 
     # ------------------------------------------------------------------ the step
 
@@ -165,7 +202,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         for u, unit in enumerate(units):
             rows = len(unit) * self.n
             timeline.unit_ready(u, [g.index for g in unit])
-            unit_batch = batch.slice(offset, offset + rows)
+            unit_batch = self._with_token_counts(batch.slice(offset, offset + rows))
             offset += rows
             with timeline.span("update", unit=u):
                 self._update_unit(unit_batch)
@@ -204,7 +241,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
             u += 1
         if snapshot:
             self.actor_wg.clear_cpu_model(THETA_K)
-        self._trained_batch = DataProto.concat(pieces) if pieces else None
+        self._trained_batch = DataProto.concat([self._without_meta(p) for p in pieces]) if pieces else None
         return trained
 
     def _units_per_step(self) -> int:
@@ -227,11 +264,17 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         self.metrics.update(reduce_metrics(out.meta_info["metrics"]))
 
     def _concat(self, groups: list[Group]) -> DataProto:
-        batch = DataProto.concat([g.data for g in groups])
+        return self._with_token_counts(DataProto.concat([g.data for g in groups]))
+
+    def _with_token_counts(self, batch: DataProto) -> DataProto:
         batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
         batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
         batch.meta_info.setdefault("images_seqlens", [])
         return batch
+
+    @staticmethod
+    def _without_meta(batch: DataProto) -> DataProto:
+        return DataProto(batch=batch.batch, non_tensor_batch=batch.non_tensor_batch, meta_info={})
 
     def _ordered(self, groups: list[Group]) -> list[Group]:
         return self.unit_order_hook(groups) if self.unit_order_hook is not None else groups

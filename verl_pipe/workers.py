@@ -13,6 +13,7 @@ import os
 import torch
 
 from verl.experimental.separation.engine_workers import DetachActorWorker
+from verl.single_controller.base.decorator import Dispatch, register
 
 from verl_pipe.platform.env import pin_current_process
 
@@ -25,3 +26,9 @@ class PipeActorWorker(DetachActorWorker):
             torch.set_num_threads(len(cores))
             os.environ["OMP_NUM_THREADS"] = str(len(cores))
         super().__init__(config, role, **kwargs)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def actor_state(self) -> dict:
+        """The actor's full (unsharded) parameters on CPU, by HF name: for checks and tests."""
+        params, _ = self.actor.engine.get_per_tensor_param()
+        return {name: t.detach().to("cpu", copy=True) for name, t in params}

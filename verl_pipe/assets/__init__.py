@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Bump when anything a build produces changes, so stale caches are never reused.
-ASSET_VERSION = 1
+ASSET_VERSION = 2
 
 
 @dataclass(frozen=True)

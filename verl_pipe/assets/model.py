@@ -46,6 +46,28 @@ def build_config(tokenizer: PreTrainedTokenizerBase, size: str = "tiny") -> Qwen
     )
 
 
+# Average logit boost of the digit tokens at init (see _add_digit_prior).
+DIGIT_PRIOR_LOGIT = 1.0
+
+
+@torch.no_grad()
+def _add_digit_prior(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerBase, boost: float) -> None:
+    """Make a random-init model say digits often enough for GRPO to have a signal.
+
+    A random model picks any of ~1.5k tokens nearly uniformly, so a digit (the answer of
+    our tasks) appears in well under 1% of samples, almost every group gets reward 0 and
+    GRPO's group advantages are all zero. The final hidden states of a random Qwen3 share
+    a mean direction m; adding boost·m/|m|² to the (tied) output rows of the digit tokens
+    raises their logits by about ``boost`` on average, without touching anything else.
+    """
+    ids = tokenizer(["What is 3 + 4 modulo 10? Answer:", "the cat sat on the mat 12 34"],
+                    return_tensors="pt", padding=True)
+    hidden = model.model(input_ids=ids["input_ids"], attention_mask=ids["attention_mask"]).last_hidden_state
+    mean = hidden[ids["attention_mask"].bool()].mean(dim=0)
+    digits = [tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
+    model.get_output_embeddings().weight[digits] += boost * mean / mean.dot(mean)
+
+
 def build_model(out_dir: Path, tokenizer: PreTrainedTokenizerBase, size: str = "tiny", seed: int = 0) -> Path:
     out_dir = Path(out_dir)
     config = build_config(tokenizer, size)
@@ -53,6 +75,7 @@ def build_model(out_dir: Path, tokenizer: PreTrainedTokenizerBase, size: str = "
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config)
+    _add_digit_prior(model, tokenizer, DIGIT_PRIOR_LOGIT)
     model.generation_config = GenerationConfig(
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,

@@ -12,18 +12,36 @@ import os
 logger = logging.getLogger("verl_pipe.platform")
 
 
-def _load() -> None:
+def _register() -> None:
     from verl.plugin.platform.platform_manager import PlatformRegistry
 
     from verl_pipe.platform.cpu_platform import PlatformCPU
 
-    PlatformRegistry.register(platform="cpu")(PlatformCPU)
-    if os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu":
-        from verl_pipe.platform.amx import request_amx_permission
-        from verl_pipe.platform.patches import apply_cpu_patches
+    if PlatformRegistry.get("cpu") is not PlatformCPU:
+        PlatformRegistry.register(platform="cpu")(PlatformCPU)
 
-        request_amx_permission()
-        apply_cpu_patches()
+
+def activate_cpu() -> None:
+    """Select the CPU platform in this process (env already set, or set here) and patch verl."""
+    import verl.plugin.platform.platform_manager as pm
+
+    from verl_pipe.platform.amx import request_amx_permission
+    from verl_pipe.platform.patches import apply_cpu_patches
+
+    os.environ["VERL_PLATFORM"] = "cpu"
+    _register()
+    current = pm._current_platform
+    if current is not None and current.device_name != "cpu":
+        raise RuntimeError(f"verl already resolved its platform to {current.device_name!r} in this process; "
+                           "set VERL_PLATFORM=cpu before anything calls verl.utils.device")
+    request_amx_permission()
+    apply_cpu_patches()
+
+
+def _load() -> None:
+    _register()
+    if os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu":
+        activate_cpu()
 
 
 try:
