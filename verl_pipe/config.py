@@ -69,6 +69,17 @@ def validate(config: DictConfig, check_paths: bool = True) -> None:
     if int(config.actor_rollout_ref.actor.ppo_epochs) != 1 and rp.mode == "cgp":
         raise _err("actor_rollout_ref.actor.ppo_epochs", "CGP streams each unit once; only ppo_epochs=1 is supported")
 
+    wl = rp.get("workload")
+    if wl:
+        kind = wl.get("kind", "lognormal")
+        if kind not in ("lognormal", "equal"):
+            raise _err("rolloutpipe.workload.kind", f"unknown kind {kind!r}; allowed: lognormal, equal")
+        cap = int(wl.get("cap", wl.get("length", 0)))
+        max_resp = int(config.data.max_response_length)
+        if cap < 1 or cap > max_resp:
+            raise _err("rolloutpipe.workload.cap" if kind == "lognormal" else "rolloutpipe.workload.length",
+                       f"must be between 1 and data.max_response_length={max_resp}, got {cap}")
+
     fgd = rp.fgd
     fg = fgd.frontier_groups
     if not (fg == "auto" or (isinstance(fg, int) and fg >= 1)):

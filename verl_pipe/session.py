@@ -32,11 +32,16 @@ class PipeSession:
             for batch_dict in self.trainer.train_dataloader:
                 yield batch_dict
 
-    def step(self, mode: str | None = None, batch_dict=None, **trainer_attrs) -> dict:
-        """Runs one training step (in ``mode`` if given); returns the step's record."""
+    def step(self, mode: str | None = None, batch_dict=None, granularity: str | None = None,
+             fgd: bool | None = None, **trainer_attrs) -> dict:
+        """Runs one training step (in ``mode`` etc. if given); returns the step's record."""
         trainer = self.trainer
         if mode is not None:
             trainer.mode = mode
+        if granularity is not None:
+            trainer.granularity = granularity
+        if fgd is not None:
+            trainer.fgd_enabled = fgd
         for k, v in trainer_attrs.items():
             setattr(trainer, k, v)
         trainer.fit_step(batch_dict if batch_dict is not None else next(self._batches))

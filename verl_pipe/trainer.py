@@ -57,7 +57,10 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
     def init_workers(self):
         super().init_workers()
         rp = self.config.rolloutpipe
+        # Run-time knobs (a session may switch them between steps on the same workers).
         self.mode = rp.mode
+        self.granularity = rp.cgp.granularity
+        self.fgd_enabled = bool(rp.fgd.enable)
         self.groups_per_unit = groups_per_unit(self.config)
         self.n = int(self.config.actor_rollout_ref.rollout.n)
         mgr = self.llm_server_manager
@@ -146,7 +149,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         target = int(self.config.data.train_batch_size)
         common = dict(num_groups=num_groups, n=self.n, groups_per_unit=self.groups_per_unit,
                       target_groups=target, replicas=replicas)
-        if rp.fgd.enable:
+        if self.fgd_enabled:
             window = rp.fgd.window or int(self.config.actor_rollout_ref.rollout.max_num_seqs)
             return FrontierPolicy(**common, window=window, frontier_groups=rp.fgd.frontier_groups,
                                   slack=int(rp.fgd.slack))
@@ -170,7 +173,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
 
         request = StepRequest(step=self.global_steps, gen_batch=gen_batch, n=self.n,
                               policy=self._make_policy(len(gen_batch)), timeline=timeline, on_group=on_group,
-                              sampling_overrides=self.sampling_overrides,
+                              sampling_overrides=self._sampling_overrides(len(gen_batch)),
                               request_timeout_s=float(rp.request_timeout_s) if rp.request_timeout_s else None)
         future = self.rollout.start(request)
 
@@ -182,6 +185,24 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
 
         future.add_done_callback(finished)
         return future
+
+    def _sampling_overrides(self, num_groups: int):
+        """Per-request response lengths of a controlled workload (rolloutpipe.workload), if any."""
+        if self.sampling_overrides is not None:
+            return self.sampling_overrides
+        spec = self.config.rolloutpipe.get("workload")
+        if not spec:
+            return None
+        from verl_pipe.sim.workload import from_spec
+
+        spec = OmegaConf.to_container(spec, resolve=True)
+        workload = from_spec(spec, num_groups, self.n, prompt_len=0, seed=int(spec.get("seed", 0)) + self.global_steps)
+
+        def overrides(group: int, index: int) -> dict:
+            # EOS ignored: the response is exactly this long, the same in every mode.
+            return {"max_tokens": int(workload.lengths[group][index]), "ignore_eos": True}
+
+        return overrides
 
     # ------------------------------------------------------------------ trainer side
 
