@@ -33,7 +33,7 @@ class PipeSession:
                 yield batch_dict
 
     def step(self, mode: str | None = None, batch_dict=None, granularity: str | None = None,
-             fgd: bool | None = None, **trainer_attrs) -> dict:
+             fgd: bool | None = None, workload: dict | None | str = "keep", **trainer_attrs) -> dict:
         """Runs one training step (in ``mode`` etc. if given); returns the step's record."""
         trainer = self.trainer
         if mode is not None:
@@ -42,6 +42,8 @@ class PipeSession:
             trainer.granularity = granularity
         if fgd is not None:
             trainer.fgd_enabled = fgd
+        if workload != "keep":
+            trainer.workload_spec = workload
         for k, v in trainer_attrs.items():
             setattr(trainer, k, v)
         trainer.fit_step(batch_dict if batch_dict is not None else next(self._batches))

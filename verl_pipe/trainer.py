@@ -61,6 +61,8 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         self.mode = rp.mode
         self.granularity = rp.cgp.granularity
         self.fgd_enabled = bool(rp.fgd.enable)
+        wl = rp.get("workload")
+        self.workload_spec = OmegaConf.to_container(wl, resolve=True) if wl else None
         self.groups_per_unit = groups_per_unit(self.config)
         self.n = int(self.config.actor_rollout_ref.rollout.n)
         mgr = self.llm_server_manager
@@ -190,12 +192,11 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         """Per-request response lengths of a controlled workload (rolloutpipe.workload), if any."""
         if self.sampling_overrides is not None:
             return self.sampling_overrides
-        spec = self.config.rolloutpipe.get("workload")
+        spec = self.workload_spec
         if not spec:
             return None
         from verl_pipe.sim.workload import from_spec
 
-        spec = OmegaConf.to_container(spec, resolve=True)
         workload = from_spec(spec, num_groups, self.n, prompt_len=0, seed=int(spec.get("seed", 0)) + self.global_steps)
 
         def overrides(group: int, index: int) -> dict:

@@ -1,0 +1,25 @@
+import pytest
+
+# A long-tailed, group-correlated response-length workload: groups finish at different
+# times, so a pipelined trainer has something to overlap with.
+LONGTAIL = {"kind": "lognormal", "median": 12, "sigma": 0.8, "rho": 0.7, "cap": 32, "seed": 0}
+
+E2E_OVERRIDES = [
+    "trainer.total_training_steps=1000",  # steps are driven one by one
+    "data.train_batch_size=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # 2 units per step
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.actor.optim.lr=3e-3",
+]
+
+
+@pytest.fixture(scope="session")
+def pipe(tmp_path_factory):
+    """One live RolloutPipe stack for all end-to-end tests (one Ray cluster, one vLLM start)."""
+    from verl_pipe.session import PipeSession, compose
+
+    ckpt = tmp_path_factory.mktemp("ckpt")
+    cfg = compose(E2E_OVERRIDES + [f"trainer.default_local_dir={ckpt}"])
+    session = PipeSession(cfg)
+    yield session
+    session.close()

