@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Qwen3-1.7B GSM8K GRPO on one 8-GPU node, 4 rollout + 4 trainer GPUs (recipe qwen3_1p7b_gsm8k_4x4).
+# Prepares the data and the model on first run, then launches. Extra arguments are Hydra overrides:
+#   bash recipes/run_qwen3_1p7b_gsm8k_4x4.sh trainer.logger='[console,wandb]' rolloutpipe.mode=sync
+# Needs: pip install -e .[gpu] (verl 0.9.1 with vLLM, flash-attn), git, network access for the first run.
+set -xeuo pipefail
+
+PYTHON=${PYTHON:-python3}
+DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
+MODEL_DIR=${MODEL_DIR:-$HOME/models/Qwen3-1.7B}
+# A checkout of verl's repository: the data scripts (examples/data_preprocess) are not in the pip package.
+VERL_SRC=${VERL_SRC:-$HOME/verl}
+
+if [ ! -f "$DATA_DIR/train.parquet" ] || [ ! -f "$DATA_DIR/test.parquet" ]; then
+  if [ ! -f "$VERL_SRC/examples/data_preprocess/gsm8k.py" ]; then
+    git clone --depth 1 https://github.com/volcengine/verl "$VERL_SRC"
+  fi
+  "$PYTHON" "$VERL_SRC/examples/data_preprocess/gsm8k.py" --local_save_dir "$DATA_DIR"
+fi
+
+if [ ! -f "$MODEL_DIR/config.json" ]; then
+  if command -v hf >/dev/null; then
+    hf download Qwen/Qwen3-1.7B --local-dir "$MODEL_DIR"
+  else
+    huggingface-cli download Qwen/Qwen3-1.7B --local-dir "$MODEL_DIR"
+  fi
+fi
+
+exec "$PYTHON" -m verl_pipe.main_grpo --config-name qwen3_1p7b_gsm8k_4x4 \
+  data.train_files="$DATA_DIR/train.parquet" \
+  data.val_files="$DATA_DIR/test.parquet" \
+  actor_rollout_ref.model.path="$MODEL_DIR" \
+  "$@"

@@ -1,0 +1,153 @@
+"""recipes/: every recipe composes through the Hydra search path (plugin in hydra_plugins/), passes our
+validation and verl's own config checks, and sets only keys that verl's config already has.
+
+No Ray, no model, no data: the recipes' files are for other machines (GPU clusters), so paths are not checked.
+"""
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from verl_pipe.config import validate
+from verl_pipe.session import compose
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
+# The cluster each GPU recipe is written for: (nodes, GPUs per node), from the recipe's header.
+GPU_CLUSTERS = {
+    "qwen3_1p7b_gsm8k_4x4": (1, 8),
+    "qwen3_1p7b_dapo_math_4x4": (1, 8),
+    "multinode_ray_cluster": (2, 8),
+}
+TINY = ["tiny_cpu", "tiny_cpu_cgp_fgd"]
+# Plain-dict nodes whose keys are free (passed on as keyword arguments), not verl dataclass fields.
+FREE_KEYS = ("ray_kwargs.ray_init.",)
+
+
+@pytest.fixture(scope="module")
+def configs() -> dict[str, DictConfig]:
+    return {name: compose([], config_name=name) for name in RECIPES}
+
+
+@pytest.fixture(scope="module")
+def base() -> DictConfig:
+    return compose([])
+
+
+def test_expected_recipes_exist():
+    assert set(GPU_CLUSTERS) | set(TINY) <= set(RECIPES)
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_composes_and_validates(configs, name):
+    cfg = configs[name].copy()
+    validate(cfg, check_paths=False)
+    OmegaConf.resolve(cfg)  # every interpolation (${oc.env:HOME}, ${oc.select:...}) resolves
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_passes_verl_checks(configs, name):
+    """verl's validate_config (batch divisibility over the trainer's world size, ...) and its dataclasses."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    cfg = configs[name].copy()
+    with open_dict(cfg):  # what main_grpo.prepare_config derives for verl's separate-pool wiring
+        cfg.rollout = {"nnodes": cfg.actor_rollout_ref.rollout.nnodes,
+                       "n_gpus_per_node": cfg.actor_rollout_ref.rollout.n_gpus_per_node}
+    OmegaConf.resolve(cfg)
+    validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    for node in ("actor_rollout_ref.rollout", "actor_rollout_ref.actor", "algorithm",
+                 "actor_rollout_ref.rollout.checkpoint_engine"):
+        omega_conf_to_dataclass(OmegaConf.select(cfg, node))  # raises on a field the dataclass lacks
+
+
+def _leaves(node: dict, prefix: str = ""):
+    for k, v in node.items():
+        if isinstance(v, dict) and v:
+            yield from _leaves(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}"
+
+
+def _exists(cfg: DictConfig, dotted: str) -> bool:
+    node = cfg
+    for part in dotted.split("."):
+        if node is None:  # a null node in the base (e.g. rolloutpipe.workload) takes any value
+            return True
+        if not isinstance(node, DictConfig) or part not in node:
+            return False
+        node = node._get_node(part)
+        node = None if node._is_none() else node
+    return True
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_sets_only_existing_keys(base, name):
+    """A recipe overrides keys; it never invents one under verl's nodes (our own keys live in rolloutpipe:)."""
+    own = OmegaConf.to_container(OmegaConf.load(ROOT / "recipes" / f"{name}.yaml")) or {}
+    own.pop("defaults", None)
+    own.pop("hydra", None)
+    unknown = [k for k in _leaves(own) if not k.startswith(FREE_KEYS) and not _exists(base, k)]
+    assert not unknown, f"recipes/{name}.yaml sets keys that conf/rolloutpipe_trainer.yaml + verl lack: {unknown}"
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_says_what_data_it_expects(name):
+    header = []
+    for line in (ROOT / "recipes" / f"{name}.yaml").read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        header.append(line)
+    assert header and any(line.startswith("# Data:") for line in header), \
+        f"recipes/{name}.yaml must open with a comment block with a '# Data:' line"
+
+
+@pytest.mark.parametrize("name", sorted(GPU_CLUSTERS))
+def test_gpu_recipe_uses_separate_pools_that_fill_the_cluster(configs, name):
+    cfg = configs[name]
+    nodes, gpus_per_node = GPU_CLUSTERS[name]
+    rp, t, r = cfg.rolloutpipe, cfg.trainer, cfg.actor_rollout_ref.rollout
+    assert rp.platform == "gpu" and t.device == "cuda"
+    assert not rp.tiny_assets.enable
+    assert not cfg.actor_rollout_ref.hybrid_engine
+    trainer_gpus = t.nnodes * t.n_gpus_per_node
+    rollout_gpus = r.nnodes * r.n_gpus_per_node
+    assert trainer_gpus > 0 and rollout_gpus > 0
+    assert trainer_gpus + rollout_gpus == nodes * gpus_per_node
+    assert rollout_gpus % (r.tensor_model_parallel_size * r.data_parallel_size) == 0
+    assert r.checkpoint_engine.backend == "nccl"  # GPU-to-GPU weight sync between the pools
+    assert r.max_model_len >= cfg.data.max_prompt_length + cfg.data.max_response_length
+    assert rp.workload is None  # the model decides the lengths on a real run
+    if rp.fgd.enable:
+        assert rp.mode == "cgp" and r.scheduling_policy == "priority"
+
+
+def test_multinode_recipe_joins_a_running_cluster(configs):
+    assert configs["multinode_ray_cluster"].ray_kwargs.ray_init.address == "auto"
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_tiny_recipes_run_on_this_cpu_machine(configs, name):
+    cfg = configs[name]
+    assert cfg.rolloutpipe.platform == "cpu" and cfg.trainer.device == "cpu"
+    assert cfg.rolloutpipe.tiny_assets.enable
+
+
+def test_tiny_cpu_is_the_embedded_default(configs, base):
+    assert OmegaConf.to_container(configs["tiny_cpu"]) == OmegaConf.to_container(base)
+
+
+def test_tiny_cgp_fgd_is_pipelined_with_a_long_tail(configs):
+    rp = configs["tiny_cpu_cgp_fgd"].rolloutpipe
+    assert rp.mode == "cgp" and rp.fgd.enable and rp.workload.kind == "lognormal"
+
+
+@pytest.mark.parametrize("script", sorted((ROOT / "recipes").glob("*.sh")), ids=lambda p: p.name)
+def test_run_scripts_parse_and_name_existing_recipes(script):
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    names = re.findall(r"--config-name\s+(\S+)", script.read_text())
+    assert names and all(n in RECIPES for n in names), f"{script.name}: {names}"
