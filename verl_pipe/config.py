@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 MODES = ("sync", "cgp")
 GRANULARITIES = ("minibatch", "group")
@@ -79,6 +79,15 @@ def validate(config: DictConfig, check_paths: bool = True) -> None:
         if cap < 1 or cap > max_resp:
             raise _err("rolloutpipe.workload.cap" if kind == "lognormal" else "rolloutpipe.workload.length",
                        f"must be between 1 and data.max_response_length={max_resp}, got {cap}")
+
+    if rp.cgp.granularity == "group" and not config.actor_rollout_ref.actor.use_dynamic_bsz:
+        for key in ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+                    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"):
+            node, leaf = key.rsplit(".", 1)
+            micro = OmegaConf.select(config, key)
+            if micro and n % int(micro) != 0:
+                raise _err(key, f"group granularity trains one group (n={n} rows) at a time; the micro-batch "
+                                f"size {micro} must divide n (or set actor_rollout_ref.actor.use_dynamic_bsz=true)")
 
     fgd = rp.fgd
     fg = fgd.frontier_groups

@@ -82,6 +82,20 @@ class GroupQueue:
             self.taken.extend(g.index for g in out)
             return out
 
+    def take_available(self, max_k: int, timeout: float | None = None) -> list[Group]:
+        """Blocks until at least one group is queued; returns up to max_k of them (FIFO), [] at the end."""
+        if max_k < 1:
+            raise ValueError(f"take_available(max_k={max_k}): max_k must be >= 1")
+        with self._cond:
+            ok = self._cond.wait_for(lambda: self._error is not None or self._items or self._closed, timeout=timeout)
+            if self._error is not None:
+                raise RuntimeError("the rollout failed") from self._error
+            if not ok:
+                raise TimeoutError(f"no group within {timeout}s")
+            out = [self._items.popleft() for _ in range(min(max_k, len(self._items)))]
+            self.taken.extend(g.index for g in out)
+            return out
+
     def drain(self) -> list[Group]:
         """Waits for the end of the rollout and returns everything left (sync mode)."""
         with self._cond:

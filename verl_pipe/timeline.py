@@ -111,19 +111,23 @@ class StepTimeline:
     def unit_ready(self, unit: int, groups: list[int], t: float | None = None) -> None:
         self._add("units_ready", t=self._at(t), unit=unit, groups=list(groups))
 
-    def train_span(self, kind: str, start: float, end: float, unit: int | None = None) -> None:
-        self._add("train_spans", kind=kind, start=float(start), end=float(end), unit=unit)
+    def train_span(self, kind: str, start: float, end: float, unit: int | None = None,
+                   group: int | None = None) -> None:
+        """``group``: the last group this span processed, when the trainer works per group (group
+        granularity); the irreducible tail after the rollout is then only that group's work plus the
+        unit's group-less spans (the optimizer step), not the whole last unit."""
+        self._add("train_spans", kind=kind, start=float(start), end=float(end), unit=unit, group=group)
 
     def weight_sync(self, start: float, end: float) -> None:
         self._add("weight_syncs", start=float(start), end=float(end))
 
     @contextmanager
-    def span(self, kind: str, unit: int | None = None) -> Iterator[None]:
+    def span(self, kind: str, unit: int | None = None, group: int | None = None) -> Iterator[None]:
         start = self.now()
         try:
             yield
         finally:  # time spent before an exception was still trainer time
-            self.train_span(kind, start, self.now(), unit)
+            self.train_span(kind, start, self.now(), unit, group)
 
     # ---- derived quantities -------------------------------------------------------------------------
     def _snapshot(self) -> dict[str, list[dict]]:
@@ -196,8 +200,12 @@ class StepTimeline:
         last_unit_cost = 0.0
         if units:
             last = max(units)
-            last_unit_cost = _union_length(
-                ((s["start"], s["end"]) for s in spans if s["unit"] == last), t0, train_end)
+            tail = [s for s in spans if s["unit"] == last]
+            groups = [s.get("group") for s in tail if s.get("group") is not None]
+            if groups:  # per-group work: only the last group's spans and the group-less ones are the tail
+                last_group = groups[-1]
+                tail = [s for s in tail if s.get("group") in (None, last_group)]
+            last_unit_cost = _union_length(((s["start"], s["end"]) for s in tail), t0, train_end)
         first_ready = self._derived_ready(ev, rollout_end)(0) - t0
         rollout_end_s = rollout_end - t0
         ideal = max(rollout_end_s + last_unit_cost, first_ready + busy)

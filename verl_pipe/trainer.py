@@ -53,6 +53,24 @@ THETA_K = "theta_k"  # CPU snapshot key of the step's rollout weights
 CURRENT = "current"
 
 
+class _AccumulateInsteadOfUpdate:
+    """Routes RayPPOTrainer._update_actor's worker call to ``accumulate_group``.
+
+    _update_actor turns a DataProto into the worker's TensorDict (no-padding layout,
+    entropy/loss flags, mini-batch keys); reusing it keeps group granularity on exactly
+    verl's preprocessing instead of a copy of it.
+    """
+
+    def __init__(self, worker_group):
+        self._wg = worker_group
+
+    def update_actor(self, batch_td):
+        return self._wg.accumulate_group(batch_td)
+
+    def __getattr__(self, name):
+        return getattr(self._wg, name)
+
+
 class RolloutPipeTrainer(OneStepOffRayTrainer):
     def init_workers(self):
         super().init_workers()
@@ -132,8 +150,10 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         rollout = self._start_rollout(batch, timeline, queue, version)        # admission + generation
         if self.mode == "sync":
             trained = self._train_after_rollout(queue, timeline)               # baseline
+        elif self.granularity == "group":
+            trained = self._train_each_group_as_it_arrives(queue, timeline)    # CGP, group granularity
         else:
-            trained = self._train_while_rollout_runs(queue, timeline)          # CGP
+            trained = self._train_while_rollout_runs(queue, timeline)          # CGP, mini-batch units
         rollout_result = rollout.result()
         self._sync_weights(timeline)                                           # θ_{k+1} → rollout pool
 
@@ -209,6 +229,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
 
     def _train_after_rollout(self, queue: GroupQueue, timeline: StepTimeline) -> list[Group]:
         """Sync mode: wait for every group, old log-probs for the whole batch, then each unit."""
+        self.unit_metrics: list[dict] = []  # per unit, in training order (grad norm, loss, ...)
         groups = sorted(queue.drain(), key=lambda g: g.index)  # dispatch order, like verl
         groups = self._ordered(groups)
         units = [groups[i:i + self.groups_per_unit] for i in range(0, len(groups), self.groups_per_unit)]
@@ -233,6 +254,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
 
     def _train_while_rollout_runs(self, queue: GroupQueue, timeline: StepTimeline) -> list[Group]:
         """CGP: train each unit as soon as its groups are in the FIFO."""
+        self.unit_metrics: list[dict] = []  # per unit, in training order (grad norm, loss, ...)
         trained: list[Group] = []
         pieces = []
         u = 0
@@ -266,6 +288,60 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         self._trained_batch = DataProto.concat([self._without_meta(p) for p in pieces]) if pieces else None
         return trained
 
+    def _train_each_group_as_it_arrives(self, queue: GroupQueue, timeline: StepTimeline) -> list[Group]:
+        """CGP, group granularity: each arriving group is a micro-batch of the unit's gradient
+        accumulation; the optimizer steps when the unit's last group is in."""
+        self.unit_metrics: list[dict] = []  # per unit, in training order (grad norm, loss, ...)
+        trained: list[Group] = []
+        pieces = []
+        snapshot = self._units_per_step() > 1
+        loss_agg_mode = self.config.actor_rollout_ref.actor.loss_agg_mode
+        for u in range(self._units_per_step()):
+            self.actor_wg.begin_unit()
+            unit: list[Group] = []
+            tokens = 0
+            while len(unit) < self.groups_per_unit:
+                # Whatever has arrived, up to the unit's remainder: one θ_k swap for a burst of groups.
+                got = self._ordered(queue.take_available(self.groups_per_unit - len(unit)))
+                if not got:
+                    break
+                last = got[-1].index
+                batch = self._concat(got)
+                with timeline.span("old_log_prob", unit=u, group=last):
+                    batch = self._fit_compute_log_prob(batch) if u == 0 else self._old_log_prob_at_theta_k(batch)
+                if self.use_reference_policy:
+                    with timeline.span("ref_log_prob", unit=u, group=last):
+                        batch = self._fit_compute_ref_log_prob(batch)
+                with timeline.span("forward_backward", unit=u, group=last):
+                    self._accumulate(batch)
+                tokens += int(batch.batch["response_mask"].sum())
+                unit.extend(got)
+                pieces.append(batch)
+            if not unit:
+                break
+            timeline.unit_ready(u, [g.index for g in unit])
+            if u == 0 and snapshot:
+                with timeline.span("snapshot_theta_k", unit=u):
+                    self.actor_wg.save_model_to_cpu(THETA_K)
+            with timeline.span("optimizer_step", unit=u):
+                out = self.actor_wg.finish_unit(loss_agg_mode, tokens, len(unit) * self.n)[0]
+            self.unit_metrics.append(out)
+            self.metrics.update(out)
+            trained.extend(unit)
+        if snapshot:
+            self.actor_wg.clear_cpu_model(THETA_K)
+        self._trained_batch = DataProto.concat([self._without_meta(p) for p in pieces]) if pieces else None
+        return trained
+
+    def _accumulate(self, batch: DataProto) -> None:
+        """verl's _update_actor preprocessing, sent to accumulate_group instead of update_actor."""
+        real = self.actor_rollout_wg
+        self.actor_rollout_wg = _AccumulateInsteadOfUpdate(real)
+        try:
+            self._update_actor(batch)
+        finally:
+            self.actor_rollout_wg = real
+
     def _units_per_step(self) -> int:
         return int(self.config.data.train_batch_size) // self.groups_per_unit
 
@@ -282,8 +358,9 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
             self.actor_wg.clear_cpu_model(CURRENT)
 
     def _update_unit(self, unit_batch: DataProto) -> None:
-        out = self._update_actor(unit_batch)
-        self.metrics.update(reduce_metrics(out.meta_info["metrics"]))
+        out = reduce_metrics(self._update_actor(unit_batch).meta_info["metrics"])
+        self.unit_metrics.append(out)
+        self.metrics.update(out)
 
     def _concat(self, groups: list[Group]) -> DataProto:
         return self._with_token_counts(DataProto.concat([g.data for g in groups]))

@@ -1,4 +1,4 @@
-"""The trainer-pool worker: verl's DetachActorWorker, pinned to the trainer's cores.
+"""The trainer-pool worker: verl's DetachActorWorker, pinned, plus per-group gradient accumulation.
 
 ``DetachActorWorker`` (verl/experimental/separation) is verl's actor worker for
 separate pools; it adds ``save_model_to_cpu`` / ``restore_model_from_cpu``, which
@@ -6,16 +6,44 @@ CGP uses to compute old log-probs under the step's rollout weights θ_k after
 earlier units already moved the actor. On a CPU machine the worker pins itself
 to ``VERL_PIPE_TRAINER_CORES`` so the trainer pool and the rollout pool run on
 disjoint cores, like separate GPUs.
+
+Group granularity (``rolloutpipe.cgp.granularity=group``) splits verl's
+``train_batch`` (zero_grad → forward/backward → optimizer step) into
+``begin_unit`` → ``accumulate_group`` per arriving group → ``finish_unit``. The
+loss of a mini-batch is normalized by totals of the whole mini-batch (tokens for
+token-mean, sequences for seq-mean), which are unknown while groups still
+arrive. Every verl loss aggregation is linear in that normalizer, so each group
+runs with a provisional normalizer of 1 and ``finish_unit`` scales the
+accumulated gradient by 1/total before clipping and the optimizer step: the
+gradient equals the mini-batch one.
 """
 
 import os
 
 import torch
+from tensordict import NonTensorData, TensorDict
 
 from verl.experimental.separation.engine_workers import DetachActorWorker
-from verl.single_controller.base.decorator import Dispatch, register
+from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
+from verl.utils import tensordict_utils as tu
+from verl.utils.tensordict_utils import maybe_fix_3d_position_ids
 
 from verl_pipe.platform.env import pin_current_process
+
+# Keys of verl's mini-batch iterator that a single accumulated micro-batch does not use.
+_ITERATOR_KEYS = ("mini_batch_size", "num_mini_batch", "epochs", "seed", "dataloader_kwargs",
+                  "disable_auto_offload", "global_batch_size")
+
+
+def unit_loss_scale(loss_agg_mode: str, num_tokens: int, num_seqs: int) -> float:
+    """1 / the normalizer verl's agg_loss uses for a whole mini-batch."""
+    if loss_agg_mode == "token-mean":
+        return 1.0 / num_tokens
+    if loss_agg_mode == "token-sum":
+        return 1.0
+    if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean"):
+        return 1.0 / num_seqs
+    raise ValueError(f"actor_rollout_ref.actor.loss_agg_mode: unknown mode {loss_agg_mode!r}")
 
 
 class PipeActorWorker(DetachActorWorker):
@@ -32,3 +60,58 @@ class PipeActorWorker(DetachActorWorker):
         """The actor's full (unsharded) parameters on CPU, by HF name: for checks and tests."""
         params, _ = self.actor.engine.get_per_tensor_param()
         return {name: t.detach().to("cpu", copy=True) for name, t in params}
+
+    # ------------------------------------------------------------------ group granularity
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def begin_unit(self) -> None:
+        self.actor.engine.optimizer_zero_grad()
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    def accumulate_group(self, data: TensorDict) -> TensorDict:
+        """Forward/backward of one group (or a few) into the unit's gradient; no optimizer step."""
+        actor = self.actor
+        maybe_fix_3d_position_ids(data)
+        for key in _ITERATOR_KEYS:
+            tu.pop(data, key=key, default=None)
+        global_token_num = data["input_ids"].offsets().diff().tolist()
+        gathered = [None] * torch.distributed.get_world_size(actor.engine.get_data_parallel_group())
+        torch.distributed.all_gather_object(gathered, global_token_num, actor.engine.get_data_parallel_group())
+        tu.assign_non_tensor(data, global_token_num=NonTensorData([x for xs in gathered for x in xs]))
+        defaults = dict(
+            use_remove_padding=actor.model_config.get("use_remove_padding", False),
+            use_dynamic_bsz=actor.engine_config.use_dynamic_bsz,
+            max_token_len_per_gpu=actor.engine_config.max_token_len_per_gpu,
+            micro_batch_size_per_gpu=actor.engine_config.micro_batch_size_per_gpu,
+            use_fused_kernels=actor.engine_config.use_fused_kernels,
+        )
+        for key, val in defaults.items():
+            if key not in data.keys():
+                tu.assign_non_tensor(data, **{key: val})
+        loss_fn = actor.loss_fn
+
+        def provisional_loss(model_output, data, dp_group=None):
+            # Normalizer 1 now; finish_unit applies 1/total of the unit (the loss is linear in it).
+            tu.assign_non_tensor(data, batch_num_tokens=1, global_batch_size=1)
+            return loss_fn(model_output=model_output, data=data, dp_group=dp_group)
+
+        # zero_grad_on_exit=False: the gradient must survive until the unit's last group.
+        with actor.engine.train_mode(disable_auto_offload=True, zero_grad_on_exit=False):
+            output = actor.engine.forward_backward_batch(data, loss_function=provisional_loss, forward_only=False)
+        # The per-group loss metrics use the provisional normalizer; the unit's are in finish_unit.
+        # ("mfu" is the one key verl's _update_actor expects from the worker.)
+        return tu.get_tensordict({}, non_tensor_dict={"metrics": {"mfu": 0.0}})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def finish_unit(self, loss_agg_mode: str, num_tokens: int, num_seqs: int) -> dict:
+        """Scale the accumulated gradient to the unit's normalizer, clip, step, advance the LR schedule."""
+        engine = self.actor.engine
+        scale = unit_loss_scale(loss_agg_mode, num_tokens, num_seqs)
+        with torch.no_grad():
+            for p in engine.module.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+        with engine.train_mode(disable_auto_offload=True):  # zero-grads on exit, like train_batch
+            grad_norm = engine.optimizer_step()
+        lr = engine.lr_scheduler_step()
+        return {"actor/grad_norm": float(grad_norm), "actor/lr": float(lr[0] if isinstance(lr, list) else lr)}

@@ -9,6 +9,9 @@ E2E_OVERRIDES = [
     "data.train_batch_size=8",
     "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # 2 units per step
     "actor_rollout_ref.rollout.n=4",
+    # micro-batches of one group, so group granularity can train a group at a time
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
     "actor_rollout_ref.actor.optim.lr=3e-3",
 ]
 

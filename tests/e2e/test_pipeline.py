@@ -101,3 +101,66 @@ def test_cgp_minibatch_streams_units_while_rollout_runs(pipe):
     units = pipe.trainer.timelines[-1].unit_table()
     # FIFO: unit 0 holds the first groups to complete
     assert units[0]["ready_s"] <= units[1]["ready_s"]
+
+
+def test_cgp_group_granularity_step(pipe):
+    rec = pipe.step(mode="cgp", granularity="group", workload=LONGTAIL)
+    tm = rec["timeline"]
+    _check_timeline(tm)
+    assert sorted(rec["trained_groups"]) == list(range(GROUPS))
+    assert tm["num_units"] == 2
+    assert tm["first_unit_start_s"] < tm["rollout_end_s"]
+    kinds = {s["kind"] for s in pipe.trainer.timelines[-1].to_dict()["train_spans"]}
+    assert {"forward_backward", "optimizer_step"} <= kinds
+
+
+def _prefilled(groups, version):
+    from verl_pipe.group_queue import GroupQueue
+
+    q = GroupQueue(weight_version=version)
+    for g in sorted(groups, key=lambda g: g.index):
+        q.put(g)
+    q.close()
+    return q
+
+
+def test_same_responses_same_parameters_in_every_mode(pipe, tmp_path):
+    """Given the same responses, sync, CGP (mini-batch) and CGP (group granularity) produce the
+    same old log-probs under θ_k, the same gradients and the same parameters; the test fixes the
+    unit order (dispatch order) and restores the actor and optimizer between runs."""
+    from verl_pipe.group_queue import GroupQueue
+    from verl_pipe.timeline import StepTimeline
+
+    trainer = pipe.trainer
+    trainer.workload_spec = LONGTAIL
+    version = trainer.global_steps - 1
+    batch = trainer._fit_get_batch(next(pipe._batches))
+    queue = GroupQueue(weight_version=version)
+    trainer._start_rollout(batch, StepTimeline(0, trainer.groups_per_unit), queue, version).result()
+    groups = queue.drain()
+    assert len(groups) == GROUPS
+
+    ckpt = str(tmp_path / "before")
+    trainer.actor_wg.save_checkpoint(ckpt)
+    results = {}
+    try:
+        for name, train in [("sync", trainer._train_after_rollout),
+                            ("cgp", trainer._train_while_rollout_runs),
+                            ("cgp_group", trainer._train_each_group_as_it_arrives)]:
+            trainer.actor_wg.load_checkpoint(ckpt)
+            trained = train(_prefilled(groups, version), StepTimeline(0, trainer.groups_per_unit))
+            assert [g.index for g in trained] == sorted(g.index for g in groups)
+            results[name] = (pipe.actor_state(), trainer._trained_batch.batch["old_log_probs"].clone(),
+                             [m["actor/grad_norm"] for m in trainer.unit_metrics])
+    finally:
+        trainer.actor_wg.load_checkpoint(ckpt)  # leave the actor as the vLLM replica has it
+
+    base_state, base_lp, base_norms = results["sync"]
+    assert len(base_norms) == 2
+    for name in ("cgp", "cgp_group"):
+        state, lp, norms = results[name]
+        # old log-probs of later units come from the θ_k snapshot, not the updated actor
+        torch.testing.assert_close(lp, base_lp, atol=1e-5, rtol=1e-5)
+        assert norms == pytest.approx(base_norms, rel=1e-4), f"{name}: gradient norms differ"
+        for k in base_state:
+            torch.testing.assert_close(state[k], base_state[k], atol=2e-5, rtol=1e-4, msg=f"{name}: {k}")

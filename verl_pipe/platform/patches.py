@@ -31,9 +31,30 @@ def _patch_process_group_backend() -> None:
     dist_utils.initialize_global_process_group_ray = initialize_global_process_group_ray
 
 
+def _patch_cpu_snapshots_copy() -> None:
+    # verl/utils/fsdp_utils.py:fsdp2_sharded_save_to_cpu snapshots each shard with ``.cpu()``,
+    # which copies off a GPU but is a no-op on CPU: the "snapshot" aliases the live parameters
+    # and follows every later optimizer step. DetachActorWorker.save_model_to_cpu (used to keep
+    # θ_k for old log-probs) then restores the updated weights. Clone so it is a real copy.
+    import verl.utils.fsdp_utils as fsdp_utils
+
+    original = fsdp_utils.fsdp2_sharded_save_to_cpu
+    if getattr(original, "_verl_pipe_patched", False):
+        return
+
+    @functools.wraps(original)
+    def fsdp2_sharded_save_to_cpu(model):
+        state, spec = original(model)
+        return {name: (t.clone(), s) for name, (t, s) in state.items()}, spec
+
+    fsdp2_sharded_save_to_cpu._verl_pipe_patched = True
+    fsdp_utils.fsdp2_sharded_save_to_cpu = fsdp2_sharded_save_to_cpu
+
+
 def apply_cpu_patches() -> None:
     global _applied
     if _applied:
         return
     _patch_process_group_backend()
+    _patch_cpu_snapshots_copy()
     _applied = True

@@ -1,0 +1,263 @@
+"""Benchmark logic without Ray or vLLM: summaries, reductions, the JSON schema, tables, the simulator's
+calibration from timelines (checked on timelines the simulator itself produced, where the truth is known)."""
+
+import json
+import math
+
+import pytest
+
+from verl_pipe import bench
+from verl_pipe.bench_calib import (PaddedWorkload, StepShape, engine_intervals, fit_engine, fit_trainer, nonneg_lstsq,
+                                   padded_tokens, sim_validation, simulate_like, trainer_span_samples)
+from verl_pipe.bench_report import (MODES, REPORTED, check_schema, format_setting, format_sim_validation, format_sweep,
+                                    mode_entry, setting_entry, train_to_rollout_ratio)
+from verl_pipe.sim.engine import CPU_TINY
+from verl_pipe.sim.simulate import simulate_step
+from verl_pipe.sim.trainer import TrainerParams
+from verl_pipe.sim.workload import from_spec
+
+
+def fake_metrics(r2t, wait, rollout=4.0, busy=6.0, **kw):
+    m = {"rollout_to_train_end_s": r2t, "trainer_wait_ratio": wait, "first_unit_ready_s": 1.0,
+         "rollout_end_s": rollout, "first_unit_start_s": 1.1, "ideal_lower_bound_s": r2t * 0.9,
+         "pipeline_efficiency": 0.9, "step_time_s": r2t + 1.0, "trainer_busy_s": busy, "weight_sync_s": 1.0}
+    m.update(kw)
+    return m
+
+
+def fake_setting(name="longtail-lognormal-test", skipped=None):
+    per_mode = {
+        "sync": [fake_metrics(10.0, 0.4), fake_metrics(12.0, 0.5)],
+        "cgp": [fake_metrics(8.0, 0.2), fake_metrics(9.0, 0.1)],
+        "cgp_group": [fake_metrics(7.5, 0.1), fake_metrics(8.5, 0.1)],
+        "cgp_fgd": [fake_metrics(7.0, 0.1), fake_metrics(8.0, 0.1)],
+    }
+    if skipped:
+        for m in skipped:
+            per_mode.pop(m, None)
+    return setting_entry(name, per_mode, {m: "not implemented: test" for m in (skipped or [])}
+                         | {"verl_separate_async": "needs TransferQueue"})
+
+
+def fake_result(settings):
+    return {"settings": settings, "sim_validation": {"max_rel_error": 0.05},
+            "env": {"cpu": "AMD EPYC", "versions": {"verl": "0.9.1", "vllm": "0.29", "torch": "2.13", "ray": "2.6"}}}
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def test_mode_entry_means_spread_and_reductions():
+    sync = [fake_metrics(10.0, 0.4), fake_metrics(12.0, 0.5)]
+    cgp = [fake_metrics(8.0, 0.2), fake_metrics(9.0, 0.1)]
+    e = mode_entry(cgp, sync)
+    assert e["rollout_to_train_end_s"] == pytest.approx(8.5)
+    assert e["runs"] == 2
+    assert e["spread"]["rollout_to_train_end_s"] == pytest.approx(1.0)
+    assert e["reduction_vs_sync_pct"] == pytest.approx(100 * (1 - 8.5 / 11.0))
+    assert e["wait_reduction_vs_sync_pct"] == pytest.approx(100 * (1 - 0.15 / 0.45))
+    # paired per-round reductions: 20% and 25% -> spread 5
+    assert e["spread"]["reduction_vs_sync_pct"] == pytest.approx(5.0)
+    assert [r["rollout_to_train_end_s"] for r in e["per_run"]] == [8.0, 9.0]
+    assert "reduction_vs_sync_pct" not in mode_entry(sync)
+
+
+def test_train_to_rollout_ratio_is_busy_over_rollout_makespan():
+    assert train_to_rollout_ratio([fake_metrics(10, 0.4, rollout=4.0, busy=6.0),
+                                   fake_metrics(10, 0.4, rollout=5.0, busy=5.0)]) == pytest.approx(1.25)
+
+
+def test_setting_entry_has_every_mode_and_conforms():
+    s = fake_setting()
+    assert list(s["modes"])[:4] == list(MODES)
+    assert s["modes"]["verl_separate_async"] == {"skipped": "needs TransferQueue"}
+    assert s["sync_train_to_rollout_ratio"] == pytest.approx(1.5)
+    for mode in MODES:
+        for k in REPORTED:
+            assert isinstance(s["modes"][mode][k], float)
+    assert check_schema(fake_result([s])) == []
+    json.dumps(fake_result([s]))  # plain JSON
+
+
+def test_skipped_mode_is_recorded_with_its_reason():
+    s = fake_setting(skipped=["cgp_group"])
+    assert s["modes"]["cgp_group"] == {"skipped": "not implemented: test"}
+    assert check_schema(fake_result([s])) == []
+    assert "skipped: not implemented: test" in format_setting(s)
+
+
+def test_setting_names_and_baseline_are_enforced():
+    with pytest.raises(ValueError, match="longtail-"):
+        setting_entry("balanced", {"sync": [fake_metrics(1, 0.1)]})
+    with pytest.raises(ValueError, match="no sync runs"):
+        setting_entry("notail-x", {"cgp": [fake_metrics(1, 0.1)]})
+
+
+@pytest.mark.parametrize("mutate, problem", [
+    (lambda r: r.pop("env"), "missing top-level key 'env'"),
+    (lambda r: r["settings"][0]["modes"].pop("cgp_fgd"), "mode 'cgp_fgd' missing"),
+    (lambda r: r["settings"][0]["modes"]["cgp"].pop("pipeline_efficiency"), "cgp: pipeline_efficiency missing"),
+    (lambda r: r["settings"][0].update(name="tail-x"), "must start with longtail- or notail-"),
+    (lambda r: r["settings"][0]["modes"].update(cgp_magic={"skipped": "x"}), "unknown mode name 'cgp_magic'"),
+    (lambda r: r["settings"][0]["modes"].update(sync={"skipped": "x"}), "sync baseline cannot be skipped"),
+    (lambda r: r["settings"][0]["modes"].update(cgp={"skipped": ""}), "skipped needs a reason"),
+    (lambda r: r["sim_validation"].pop("max_rel_error"), "sim_validation.max_rel_error"),
+    (lambda r: r["env"]["versions"].pop("vllm"), "env.versions.vllm missing"),
+])
+def test_check_schema_finds_each_problem(mutate, problem):
+    r = fake_result([fake_setting()])
+    mutate(r)
+    assert any(problem in p for p in check_schema(r)), check_schema(r)
+
+
+def test_tables_render():
+    s = fake_setting()
+    s["tr_sweep"] = True
+    txt = format_setting(s)
+    for mode in MODES:
+        assert mode in txt
+    assert "+22.7%" in txt  # cgp: 1 - 8.5/11
+    r = fake_result([s])
+    assert "longtail-lognormal-test" in format_sweep(r)
+    sv = {"max_rel_error": 0.1, "target_rel_error": 0.15, "per_mode": {"sync": {"mean_rel_error": 0.05,
+                                                                                 "max_rel_error": 0.1}},
+          "rows": [{"setting": "notail-x", "mode": "sync", "measured_s": 10.0, "predicted_s": 11.0, "rel_error": 0.1}]}
+    assert "+10.0%" in format_sim_validation(sv)
+
+
+def test_mode_kwargs_and_config_files():
+    assert bench.mode_kwargs("sync") == dict(mode="sync", granularity="minibatch", fgd=False)
+    assert bench.mode_kwargs("cgp_group") == dict(mode="cgp", granularity="group", fgd=False)
+    assert bench.mode_kwargs("cgp_fgd", "group") == dict(mode="cgp", granularity="group", fgd=True)
+    with pytest.raises(ValueError):
+        bench.mode_kwargs("async")
+    for name in ("default.yaml", "quick.yaml"):
+        cfg = bench.load_config(bench.CONF_DIR / name)
+        assert cfg["modes"] == list(MODES)
+        assert any(s.get("role") == "balanced" for s in cfg["settings"])
+        assert all(s["name"].startswith(("longtail-", "notail-")) for s in cfg["settings"])
+        for s in cfg["settings"]:
+            from_spec(dict(s["workload"]), 8, 8, 0, 0)  # every workload builds
+
+
+def test_env_info_names_cpu_and_versions():
+    env = bench.env_info()
+    assert isinstance(env["cpu"], str) and env["cpu"]
+    assert set(env["versions"]) == {"verl", "vllm", "torch", "ray"}
+
+
+# ---------------------------------------------------------------------------------------------- calibration
+
+
+def test_nonneg_lstsq_drops_negative_columns():
+    import numpy as np
+
+    X = np.array([[1.0, 0.0], [1.0, 1.0], [1.0, 2.0]])
+    y = np.array([3.0, 2.0, 1.0])  # slope -1: clamped to 0, intercept = mean
+    c = nonneg_lstsq(X, y)
+    assert c[1] == 0 and c[0] == pytest.approx(2.0)
+
+
+def test_padded_tokens_pads_each_micro_batch_to_its_longest_row():
+    lengths = [[1, 5], [2, 2]]
+    assert padded_tokens([0, 1], lengths, prompt_len=10, micro_rows=2) == 2 * 15 + 2 * 12
+    assert padded_tokens([0, 1], lengths, prompt_len=10, micro_rows=4) == 4 * 15
+    wl = PaddedWorkload(2, 2, lengths, 10)
+    assert wl.seq_lens(0) == [15, 15] and wl.lengths == lengths
+
+
+def test_engine_intervals_reconstructs_fcfs_slots():
+    # 3 requests submitted at once, 2 slots: the third starts when the first finishes.
+    tl = {"requests": [{"t": 100.0, "request_id": f"r{i}", "group": 0, "replica": 0} for i in range(3)],
+          "responses": [{"t": 101.0, "request_id": "r0", "group": 0, "num_tokens": 10},
+                        {"t": 102.0, "request_id": "r1", "group": 0, "num_tokens": 20},
+                        {"t": 103.0, "request_id": "r2", "group": 0, "num_tokens": 10}]}
+    iv = {x["request_id"]: x for x in engine_intervals(tl, max_num_seqs=2)}
+    assert iv["r0"]["a"] == 0.0 and iv["r1"]["a"] == 0.0
+    assert iv["r2"]["a"] == pytest.approx(1.0) and iv["r2"]["f"] == pytest.approx(3.0)
+
+
+SHAPE = StepShape(n=4, groups_per_unit=2, micro_rows=4, max_num_seqs=8, max_num_batched_tokens=2048,
+                  kv_capacity_tokens=1 << 20)
+TRUE_ENGINE = CPU_TINY.with_(max_num_seqs=8, t0_s=4e-3, per_seq_s=8e-4, prefill_flops_per_token=1.0,
+                             prefill_flops_per_s=2000.0, kv_capacity_tokens=1 << 20)
+TRUE_TRAINER = TrainerParams(num_gpus=1, flops_per_s_per_gpu=1 / 7e-4, linear_flops_per_token=1.0, attn_flops_coef=0.0,
+                             microbatch_overhead_s=0.1, max_tokens_per_microbatch=1 << 40, logprob_ratio=0.35,
+                             use_ref=False, optimizer_step_s=0.05)
+
+
+def simulated_steps():
+    """'Measured' steps produced by the simulator with known parameters (padded trainer, one replica)."""
+    steps = []
+    specs = {"longtail-a": {"kind": "lognormal", "median": 24, "sigma": 1.0, "rho": 0.7, "cap": 128},
+             "notail-b": {"kind": "equal", "length": 40}}
+    for name, spec in specs.items():
+        for r in range(2):
+            wl0 = from_spec(spec, 8, 4, 0, seed=r)
+            wl = PaddedWorkload(8, 4, wl0.lengths, 30)
+            for mode in ("sync", "cgp", "cgp_fgd"):
+                tl = simulate_step(wl, TRUE_ENGINE, TRUE_TRAINER, mode, 1,
+                                   window=8 if mode == "cgp_fgd" else None, groups_per_unit=2, weight_sync_s=0.5)
+                steps.append({"setting": name, "mode": mode, "granularity": "minibatch", "round": r,
+                              "timeline": tl.to_dict(), "lengths": wl.lengths, "prompt_len": 30.0,
+                              "weight_sync_s": 0.5, "metrics": tl.metrics()})
+    return steps
+
+
+def test_fit_recovers_known_simulator_parameters():
+    steps = simulated_steps()
+    eng = fit_engine(steps, SHAPE.max_num_seqs, TRUE_ENGINE.with_(t0_s=1.0, per_seq_s=1.0))
+    # The batch is full (8) most of the time, so t0 and per_seq are only jointly identified: check the step
+    # time where the runs spend their time, and the prefill cost.
+    for b in (6, 8):
+        assert eng.params.step_time(b, 0) == pytest.approx(TRUE_ENGINE.step_time(b, 0), rel=0.1)
+    assert eng.prefill_s_per_token == pytest.approx(1 / 2000.0, rel=0.1)
+    tr = fit_trainer(steps, SHAPE.micro_rows)
+    assert tr.update_line[1] == pytest.approx(7e-4, rel=0.05)
+    assert tr.params.logprob_ratio == pytest.approx(0.35, abs=0.02)
+    assert tr.update_line[0] == pytest.approx(0.15, abs=0.02)  # h + o
+
+
+def test_trainer_span_samples_cover_units_and_whole_batch():
+    steps = simulated_steps()
+    sync = next(s for s in steps if s["mode"] == "sync")
+    smp = trainer_span_samples(sync, SHAPE.micro_rows)
+    # the simulator records the optimizer step apart, so its update spans count as forward_backward
+    assert len(smp["forward_backward"]) == 4 and len(smp["optimizer_step"]) == 4  # 8 groups / 2 per unit
+    whole = padded_tokens(list(range(8)), sync["lengths"], 30, 4)
+    assert any(x == pytest.approx(whole) for x, _ in smp["old_log_prob"])
+
+
+def test_sim_validation_on_simulated_runs_is_nearly_exact():
+    steps = simulated_steps()
+    sv, (eng, tr) = sim_validation(steps, SHAPE)
+    assert sv["max_rel_error"] < 0.05, sv["rows"]
+    assert sv["holdout_max_rel_error"] < 0.1
+    assert set(sv["per_mode"]) == {"sync", "cgp", "cgp_fgd"}
+    assert sv["within_target"]
+    json.dumps(sv)
+    m = simulate_like(steps[0], "verl_separate_async", "minibatch", eng.params, tr.params, SHAPE)
+    assert m["rollout_to_train_end_s"] > 0
+
+
+def test_build_result_end_to_end_from_simulated_steps(tmp_path):
+    steps = simulated_steps()
+    settings = [{"name": "longtail-a", "workload": {"kind": "lognormal"}, "role": "balanced", "tr_sweep": True},
+                {"name": "notail-b", "workload": {"kind": "equal"}, "tr_sweep": True}]
+    res = bench.build_result({}, settings, steps, {"cgp_group": "not implemented: test"}, {"longtail-a": "minibatch"},
+                             SHAPE, bench.env_info(), "needs TransferQueue", [0.5, 1.0])
+    assert check_schema(res) == []
+    s = res["settings"][0]
+    assert s["modes"]["cgp_fgd"]["granularity"] == "minibatch"
+    assert s["modes"]["verl_separate_async"]["skipped"] == "needs TransferQueue"
+    assert "verl_separate_async" in res["sim"]["settings"][0]["modes"]
+    assert [p["target_tr"] for p in res["sim"]["tr_sweep"]] == [0.5, 1.0]
+    for p in res["sim"]["tr_sweep"]:
+        assert p["sync_train_to_rollout_ratio"] == pytest.approx(p["target_tr"], rel=0.05)
+    assert not math.isnan(res["sim_validation"]["max_rel_error"])
+    json.dumps(res)
+    pytest.importorskip("matplotlib")
+    paths = bench.write_charts(res, steps, tmp_path, SHAPE, None)
+    assert all(p.exists() and p.stat().st_size > 1000 for p in paths)
+    assert any(p.name.startswith("group_cdf_") for p in paths)
+    assert sum(p.name.startswith("timeline_") for p in paths) == 3

@@ -1,0 +1,408 @@
+"""Calibrate the simulator from measured steps and check it against them (the bench's ``sim_validation``).
+
+Pure Python + numpy (no Ray, vLLM or torch): it reads recorded ``StepTimeline`` dicts only.
+
+Engine (``verl_pipe.sim.engine``). The client timeline knows when each request was submitted and finished
+and how many tokens it generated, not when vLLM scheduled it. On one replica with FCFS admission, the engine
+start of a request is its submission, or, if ``max_num_seqs`` requests were already running, the moment a
+slot freed (``engine_intervals``). A request that ran from ``a`` to ``f`` generated L tokens in L decode
+steps, each costing ``t0 + per_seq * b`` for the batch ``b`` running then, plus the prefills the engine did in
+that time (prompt tokens of requests that started meanwhile, its own included):
+
+    f - a = t0 * L + per_seq * (L * b_mean) + prefill_s_per_token * prefill_tokens
+
+A non-negative least-squares fit over all requests gives the prefill cost; each request then yields a
+decode-step sample ``(b_mean, (f - a - prefill share) / L)`` and ``fit_engine_params`` fits t0 and per_seq
+on those samples.
+
+Trainer (``verl_pipe.sim.trainer``). verl's FSDP engine without remove-padding pads every micro-batch to its
+longest row, so a unit costs by *padded* tokens (``padded_tokens``). The simulator's cost model, with one
+"micro-batch" per call, is update = beta*tok + h + o and old_log_prob = lambda*(beta*tok + h) (h: per-call
+overhead, o: optimizer step per unit); it is fitted by least squares to the measured spans.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from verl_pipe.sim.engine import CPU_TINY, EngineParams, fit_engine_params
+from verl_pipe.sim.trainer import TrainerParams
+from verl_pipe.sim.workload import Workload
+
+# Requests shorter than this say more about per-request latency than about decode steps.
+MIN_TOKENS_FOR_STEP_SAMPLE = 4
+
+
+# ---------------------------------------------------------------------------------------------- engine
+
+
+def engine_intervals(tl: dict, max_num_seqs: int) -> list[dict]:
+    """Per finished request: engine start ``a``, finish ``f`` (seconds since t0), tokens, replica.
+
+    Assumes FCFS admission in submission order per replica and that KV never binds (true for the bench).
+    """
+    reqs = sorted(tl["requests"], key=lambda r: r["t"])
+    if not reqs:
+        return []
+    t0 = reqs[0]["t"]
+    first_sub: dict[str, dict] = {}
+    for r in reqs:
+        first_sub.setdefault(r["request_id"], r)
+    ends: dict[str, tuple[float, int | None]] = {}
+    for r in tl["responses"]:
+        ends.setdefault(r["request_id"], (r["t"] - t0, int(r["num_tokens"])))
+    for r in tl.get("aborts", []):
+        ends.setdefault(r["request_id"], (r["t"] - t0, None))
+    events = [(r["t"] - t0, 1, rid, r.get("replica") or 0) for rid, r in first_sub.items()]
+    events += [(t, 0, rid, first_sub[rid].get("replica") or 0) for rid, (t, _) in ends.items() if rid in first_sub]
+    events.sort(key=lambda e: (e[0], e[1]))  # at equal times a finish frees its slot before a submission
+    queues: dict[int, list[str]] = {}
+    running: dict[int, set[str]] = {}
+    start: dict[str, float] = {}
+    for t, kind, rid, rep in events:
+        q, run = queues.setdefault(rep, []), running.setdefault(rep, set())
+        if kind == 1:
+            q.append(rid)
+        else:
+            run.discard(rid)
+        while q and len(run) < max_num_seqs:
+            nxt = q.pop(0)
+            run.add(nxt)
+            start[nxt] = t
+    out = []
+    for rid, a in start.items():
+        if rid in ends and ends[rid][1] is not None:
+            f, n_tok = ends[rid]
+            out.append({"request_id": rid, "a": a, "f": f, "tokens": n_tok, "replica": first_sub[rid].get("replica") or 0,
+                        "group": first_sub[rid]["group"]})
+    return out
+
+
+def _running_average(intervals: list[dict], a: float, f: float) -> float:
+    """Time-average number of requests running on the engine over [a, f]."""
+    if f <= a:
+        return float(sum(1 for x in intervals if x["a"] <= a < x["f"]) or 1)
+    total = sum(max(0.0, min(f, x["f"]) - max(a, x["a"])) for x in intervals)
+    return total / (f - a)
+
+
+def nonneg_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with coefficients >= 0: drop the most negative column until none is negative."""
+    active = list(range(X.shape[1]))
+    coef = np.zeros(X.shape[1])
+    while active:
+        c, *_ = np.linalg.lstsq(X[:, active], y, rcond=None)
+        if (c >= 0).all():
+            coef[active] = c
+            return coef
+        active.pop(int(np.argmin(c)))
+    return coef
+
+
+@dataclass
+class EngineFit:
+    params: EngineParams
+    prefill_s_per_token: float
+    samples: list[tuple[float, float]]  # (mean running batch, decode step seconds)
+    num_requests: int
+    rms_residual_s: float  # of the per-request regression
+
+
+def engine_regression_rows(tl: dict, max_num_seqs: int, prompt_len: float) -> list[tuple[float, float, float, float]]:
+    """(f - a, L, L * b_mean, prefill tokens during [a, f]) per request of one step, per replica."""
+    rows = []
+    ivs = engine_intervals(tl, max_num_seqs)
+    by_rep: dict[int, list[dict]] = {}
+    for x in ivs:
+        by_rep.setdefault(x["replica"], []).append(x)
+    for reps in by_rep.values():
+        starts = np.array(sorted(x["a"] for x in reps))
+        for x in reps:
+            L = x["tokens"]
+            if L < 1:
+                continue
+            b = _running_average(reps, x["a"], x["f"])
+            n_adm = int(((starts >= x["a"] - 1e-9) & (starts < x["f"])).sum()) or 1
+            rows.append((x["f"] - x["a"], float(L), L * b, n_adm * prompt_len))
+    return rows
+
+
+def fit_engine(steps: list[dict], max_num_seqs: int, base: EngineParams) -> EngineFit:
+    """``steps``: [{"timeline": tl_dict, "prompt_len": P}, ...] from the real runs."""
+    rows = []
+    for s in steps:
+        rows += engine_regression_rows(s["timeline"], max_num_seqs, s["prompt_len"])
+    if len(rows) < 3:
+        raise ValueError("need at least 3 finished requests to fit the engine")
+    R = np.asarray(rows, dtype=float)
+    y, X = R[:, 0], R[:, 1:]
+    coef = nonneg_lstsq(X, y)
+    rms = float(np.sqrt(np.mean((X @ coef - y) ** 2)))
+    p = float(coef[2])
+    samples = [(r[2] / r[1], (r[0] - p * r[3]) / r[1]) for r in rows if r[1] >= MIN_TOKENS_FOR_STEP_SAMPLE]
+    if len(samples) < 2:
+        samples = [(r[2] / r[1], (r[0] - p * r[3]) / r[1]) for r in rows]
+    params = fit_engine_params(samples, base=base)
+    if params.t0_s < 0 or params.per_seq_s < 0:  # keep a physical model: fall back to the joint nnls fit
+        params = params.with_(t0_s=float(coef[0]), per_seq_s=float(coef[1]))
+    if p > 0:
+        params = params.with_(prefill_flops_per_token=1.0, prefill_flops_per_s=1.0 / p)
+    else:
+        params = params.with_(prefill_flops_per_token=0.0, prefill_flops_per_s=1.0)
+    return EngineFit(params, p, samples, len(rows), rms)
+
+
+# --------------------------------------------------------------------------------------------- trainer
+
+
+def padded_tokens(groups: list[int], lengths: list[list[int]], prompt_len: float, micro_rows: int) -> float:
+    """Tokens the trainer actually processes: each micro-batch (rows in group order) padded to its longest row."""
+    rows = [L for g in groups for L in lengths[g]]
+    total = 0.0
+    for i in range(0, len(rows), micro_rows):
+        mb = rows[i:i + micro_rows]
+        total += len(mb) * (prompt_len + max(mb))
+    return total
+
+
+@dataclass
+class TrainerFit:
+    params: TrainerParams
+    update_line: tuple[float, float]  # fitted (intercept s, s per padded token) of an update call
+    logprob_line: tuple[float, float]  # of an old_log_prob call
+    swap_s: float
+    num_spans: dict
+
+
+def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    X = np.stack([np.ones(len(xs)), np.asarray(xs, dtype=float)], axis=1)
+    c = nonneg_lstsq(X, np.asarray(ys, dtype=float))
+    return float(c[0]), float(c[1])
+
+
+def trainer_span_samples(step: dict, micro_rows: int) -> dict[str, list[tuple[float, float]]]:
+    """(padded tokens, seconds) of each trainer span of one step, by kind.
+
+    ``step``: {"timeline": tl_dict, "lengths": [[...]], "prompt_len": P}. A span's groups: those the trainer
+    recorded as ready for its unit; with group granularity a span names the last group of the burst it
+    processed, and the burst is the unit's groups after the previous burst up to that one; a span without a
+    unit covers every trained group (sync's whole-batch log-prob).
+    """
+    tl, lengths, P = step["timeline"], step["lengths"], step["prompt_len"]
+    unit_groups = {u["unit"]: list(u["groups"]) for u in tl["units_ready"]}
+    all_groups = [g for u in sorted(unit_groups) for g in unit_groups[u]]
+    out: dict[str, list[tuple[float, float]]] = {"update": [], "old_log_prob": [], "forward_backward": [],
+                                                 "optimizer_step": [], "swap": []}
+    # A unit with its own optimizer_step span (group granularity, or the simulator's timelines) has update
+    # spans without the optimizer step: they cost like forward_backward.
+    own_opt = {s["unit"] for s in tl["train_spans"] if s["kind"] == "optimizer_step"}
+    burst_start: dict[tuple[int, str], int] = {}  # (unit, kind) -> index in the unit's groups where the next burst starts
+    for s in sorted(tl["train_spans"], key=lambda s: s["start"]):
+        kind, dur, unit = s["kind"], s["end"] - s["start"], s["unit"]
+        if kind == "snapshot_theta_k":
+            out["swap"].append((0.0, dur))
+            continue
+        if kind == "optimizer_step":
+            out["optimizer_step"].append((0.0, dur))
+            continue
+        if kind not in out:
+            continue
+        if unit is None:
+            groups = all_groups
+        elif s.get("group") is not None and unit in unit_groups and s["group"] in unit_groups[unit]:
+            ug = unit_groups[unit]
+            lo = burst_start.get((unit, kind), 0)
+            hi = ug.index(s["group"]) + 1
+            groups = ug[lo:hi]
+            burst_start[(unit, kind)] = hi
+        else:
+            groups = unit_groups.get(unit, [])
+        if groups:
+            key = "forward_backward" if kind == "update" and unit in own_opt else kind
+            out[key].append((padded_tokens(groups, lengths, P, micro_rows), dur))
+    return out
+
+
+def fit_trainer(steps: list[dict], micro_rows: int, base: TrainerParams | None = None) -> TrainerFit:
+    """Least squares of the simulator's trainer cost model on the measured spans.
+
+    Model (TrainerParams with one micro-batch per call): update = beta*tok + h + o, old_log_prob =
+    lambda*(beta*tok + h); group granularity: forward_backward = beta*tok + h, optimizer_step = o.
+    lambda is scanned on a grid; for each, (beta, h, o) >= 0 is a linear fit.
+    """
+    upd, fb, opt, lp, swap = [], [], [], [], []
+    for s in steps:
+        smp = trainer_span_samples(s, micro_rows)
+        upd += smp["update"]
+        fb += smp["forward_backward"]
+        opt += [d for _, d in smp["optimizer_step"]]
+        lp += smp["old_log_prob"]
+        swap += [d for _, d in smp["swap"]]
+    if len(upd) + len(fb) < 2 or not lp:
+        raise ValueError("need update (or forward_backward) and old_log_prob spans to fit the trainer")
+    y = np.asarray([d for _, d in upd] + [d for _, d in fb] + opt + [d for _, d in lp], dtype=float)
+    best = None
+    for lam in np.linspace(0.05, 1.5, 146):
+        X = np.asarray([[x, 1.0, 1.0] for x, _ in upd] + [[x, 1.0, 0.0] for x, _ in fb] + [[0.0, 0.0, 1.0]] * len(opt)
+                       + [[lam * x, lam, 0.0] for x, _ in lp], dtype=float)
+        c = nonneg_lstsq(X, y)
+        sse = float(np.sum((X @ c - y) ** 2))
+        if best is None or sse < best[0]:
+            best = (sse, float(lam), c)
+    _, lam, (beta, h, o) = best
+    beta = max(float(beta), 1e-12)
+    swap_s = float(np.mean(swap)) if swap else 0.0
+    params = (base or TrainerParams()).with_(
+        num_gpus=1, flops_per_s_per_gpu=1.0 / beta, efficiency=1.0, linear_flops_per_token=1.0,
+        attn_flops_coef=0.0, microbatch_overhead_s=float(h), max_tokens_per_microbatch=1 << 40,
+        logprob_ratio=lam, use_ref=False, optimizer_step_s=float(o), time_scale=1.0,
+        swap_save_s=swap_s, swap_restore_s=swap_s)
+    return TrainerFit(params, (float(h + o), beta), (lam * float(h), lam * beta), swap_s,
+                      {"update": len(upd), "forward_backward": len(fb), "optimizer_step": len(opt),
+                       "old_log_prob": len(lp), "swap": len(swap)})
+
+
+class PaddedWorkload(Workload):
+    """A workload whose trainer-side sequences are padded per group (micro-batch = one group of n rows).
+
+    The rollout still generates ``lengths``; only ``seq_lens`` (what the simulated trainer pays for) changes.
+    """
+
+    def seq_lens(self, group: int) -> list[int]:
+        return [self.prompt_len + max(self.lengths[group])] * self.n
+
+
+# ------------------------------------------------------------------------------------------ validation
+
+
+def rel_error(pred: float, meas: float) -> float:
+    return abs(pred - meas) / meas if meas else math.inf
+
+
+SIM_MODE = {"sync": "sync", "cgp": "cgp", "cgp_group": "cgp_group", "cgp_fgd": "cgp_fgd"}
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What the simulator needs to know about the measured setup."""
+
+    n: int
+    groups_per_unit: int
+    micro_rows: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    kv_capacity_tokens: int
+    num_replicas: int = 1
+
+
+def base_engine(shape: StepShape) -> EngineParams:
+    return CPU_TINY.with_(max_num_seqs=shape.max_num_seqs, max_num_batched_tokens=shape.max_num_batched_tokens,
+                          kv_capacity_tokens=shape.kv_capacity_tokens)
+
+
+def calibrate(steps: list[dict], shape: StepShape) -> tuple[EngineFit, TrainerFit]:
+    eng = fit_engine(steps, shape.max_num_seqs, base_engine(shape))
+    tr = fit_trainer(steps, shape.micro_rows)
+    return eng, tr
+
+
+def simulate_like(step: dict, mode: str, granularity: str, engine: EngineParams, trainer: TrainerParams,
+                  shape: StepShape) -> dict:
+    """Simulated metrics of one measured step's workload in ``mode`` (any simulator mode)."""
+    from verl_pipe.sim.simulate import simulate_step
+
+    lengths = step["lengths"]
+    wl = PaddedWorkload(len(lengths), shape.n, [list(map(int, g)) for g in lengths], int(round(step["prompt_len"])))
+    fgd = mode == "cgp_fgd"
+    tl = simulate_step(wl, engine, trainer, mode, shape.num_replicas, window=shape.max_num_seqs if fgd else None,
+                       groups_per_unit=shape.groups_per_unit, granularity=granularity,
+                       weight_sync_s=float(step.get("weight_sync_s", 0.0)))
+    return tl.metrics()
+
+
+def _validation_table(steps: list[dict], fits_for, shape: StepShape) -> dict:
+    """Per setting and mode: measured vs predicted mean rollout_to_train_end_s and the relative error."""
+    per: dict[tuple[str, str], dict] = {}
+    for s in steps:
+        eng, tr = fits_for(s)
+        pred = simulate_like(s, SIM_MODE[s["mode"]], s["granularity"], eng.params, tr.params, shape)
+        d = per.setdefault((s["setting"], s["mode"]), {"measured": [], "predicted": [], "meas_rollout": [],
+                                                      "pred_rollout": []})
+        d["measured"].append(s["metrics"]["rollout_to_train_end_s"])
+        d["predicted"].append(pred["rollout_to_train_end_s"])
+        d["meas_rollout"].append(s["metrics"]["rollout_end_s"])
+        d["pred_rollout"].append(pred["rollout_end_s"])
+    rows = []
+    for (setting, mode), d in per.items():
+        m, p = float(np.mean(d["measured"])), float(np.mean(d["predicted"]))
+        rows.append({"setting": setting, "mode": mode, "measured_s": m, "predicted_s": p,
+                     "rel_error": rel_error(p, m),
+                     "rollout_end_measured_s": float(np.mean(d["meas_rollout"])),
+                     "rollout_end_predicted_s": float(np.mean(d["pred_rollout"])),
+                     "runs": len(d["measured"])})
+    per_mode: dict[str, dict] = {}
+    for r in rows:
+        pm = per_mode.setdefault(r["mode"], {"errors": []})
+        pm["errors"].append(r["rel_error"])
+    for pm in per_mode.values():
+        errs = pm.pop("errors")
+        pm.update(mean_rel_error=float(np.mean(errs)), max_rel_error=float(np.max(errs)), settings=len(errs))
+    return {"rows": rows, "per_mode": per_mode,
+            "max_rel_error": float(max(r["rel_error"] for r in rows)) if rows else math.nan}
+
+
+def sim_validation(steps: list[dict], shape: StepShape, target: float = 0.15) -> dict:
+    """Calibrate on every measured step, re-simulate each one, compare rollout_to_train_end_s.
+
+    Also a leave-one-setting-out check: each setting predicted by a fit on the other settings only.
+    ``steps``: measured steps, each {"setting", "mode", "granularity", "timeline", "lengths", "prompt_len",
+    "weight_sync_s", "metrics"}.
+    """
+    eng, tr = calibrate(steps, shape)
+    in_sample = _validation_table(steps, lambda s: (eng, tr), shape)
+    settings = sorted({s["setting"] for s in steps})
+    holdout = None
+    if len(settings) >= 2:
+        fits = {}
+        for name in settings:
+            others = [s for s in steps if s["setting"] != name]
+            try:
+                fits[name] = calibrate(others, shape)
+            except ValueError:
+                fits = None
+                break
+        if fits:
+            holdout = _validation_table(steps, lambda s: fits[s["setting"]], shape)
+    out = {
+        "metric": "rollout_to_train_end_s",
+        "target_rel_error": target,
+        "max_rel_error": in_sample["max_rel_error"],
+        "within_target": bool(in_sample["max_rel_error"] <= target),
+        "per_mode": in_sample["per_mode"],
+        "rows": in_sample["rows"],
+        "calibration": calibration_summary(eng, tr),
+        "note": ("in-sample: the simulator is calibrated on all measured steps of this run, then re-simulates "
+                 "each one; holdout: each setting predicted from a calibration on the other settings only"),
+    }
+    if holdout is not None:
+        out["holdout_max_rel_error"] = holdout["max_rel_error"]
+        out["holdout_per_mode"] = holdout["per_mode"]
+    return out, (eng, tr)
+
+
+def calibration_summary(eng: EngineFit, tr: TrainerFit) -> dict:
+    e, t = eng.params, tr.params
+    return {
+        "engine": {"t0_s": e.t0_s, "per_seq_s": e.per_seq_s, "prefill_s_per_token": eng.prefill_s_per_token,
+                   "max_num_seqs": e.max_num_seqs, "kv_capacity_tokens": e.kv_capacity_tokens,
+                   "step_samples": len(eng.samples), "requests": eng.num_requests,
+                   "request_fit_rms_s": eng.rms_residual_s},
+        "trainer": {"update_intercept_s": tr.update_line[0], "update_s_per_padded_token": tr.update_line[1],
+                    "logprob_intercept_s": tr.logprob_line[0], "logprob_s_per_padded_token": tr.logprob_line[1],
+                    "logprob_ratio": t.logprob_ratio, "per_call_overhead_s": t.microbatch_overhead_s,
+                    "optimizer_step_s": t.optimizer_step_s, "theta_k_snapshot_s": tr.swap_s,
+                    "spans": tr.num_spans},
+    }
