@@ -89,6 +89,13 @@ def validate(config: DictConfig, check_paths: bool = True) -> None:
                 raise _err(key, f"group granularity trains one group (n={n} rows) at a time; the micro-batch "
                                 f"size {micro} must divide n (or set actor_rollout_ref.actor.use_dynamic_bsz=true)")
 
+    order = rp.dispatch.order
+    if order is not None and not (order == "group_major" or (str(order).startswith("interleave:")
+                                                             and str(order).split(":", 1)[1].isdigit())):
+        raise _err("rolloutpipe.dispatch.order", f"must be null, group_major or interleave:<k>, got {order!r}")
+    if rp.dispatch.window is not None and (not isinstance(rp.dispatch.window, int) or rp.dispatch.window < 1):
+        raise _err("rolloutpipe.dispatch.window", f"must be null or an integer >= 1, got {rp.dispatch.window!r}")
+
     fgd = rp.fgd
     fg = fgd.frontier_groups
     if not (fg == "auto" or (isinstance(fg, int) and fg >= 1)):

@@ -53,6 +53,11 @@ THETA_K = "theta_k"  # CPU snapshot key of the step's rollout weights
 CURRENT = "current"
 
 
+def _verl_dispatch_order(config) -> str:
+    workers = int(config.actor_rollout_ref.rollout.agent.num_workers)
+    return f"interleave:{workers}" if workers > 1 else "group_major"
+
+
 class _AccumulateInsteadOfUpdate:
     """Routes RayPPOTrainer._update_actor's worker call to ``accumulate_group``.
 
@@ -79,6 +84,12 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         self.mode = rp.mode
         self.granularity = rp.cgp.granularity
         self.fgd_enabled = bool(rp.fgd.enable)
+        self.fgd_window = rp.fgd.window
+        # Without FGD, requests reach vLLM the way verl's own rollout sends them: the batch is
+        # chunked over rollout.agent.num_workers agent-loop workers that submit concurrently, so
+        # the engine sees the chunks interleaved ("interleave:k"); all at once, no client window.
+        self.baseline_order = rp.dispatch.order or _verl_dispatch_order(self.config)
+        self.baseline_window = rp.dispatch.window
         wl = rp.get("workload")
         self.workload_spec = OmegaConf.to_container(wl, resolve=True) if wl else None
         self.groups_per_unit = groups_per_unit(self.config)
@@ -172,10 +183,10 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         common = dict(num_groups=num_groups, n=self.n, groups_per_unit=self.groups_per_unit,
                       target_groups=target, replicas=replicas)
         if self.fgd_enabled:
-            window = rp.fgd.window or int(self.config.actor_rollout_ref.rollout.max_num_seqs)
+            window = self.fgd_window or int(self.config.actor_rollout_ref.rollout.max_num_seqs)
             return FrontierPolicy(**common, window=window, frontier_groups=rp.fgd.frontier_groups,
                                   slack=int(rp.fgd.slack))
-        return FCFSPolicy(**common, window=None)
+        return FCFSPolicy(**common, window=self.baseline_window, order=self.baseline_order)
 
     def _start_rollout(self, batch: DataProto, timeline: StepTimeline, queue: GroupQueue, version: int) -> Future:
         gen_batch = self._get_gen_batch(batch)  # leaves the reward keys and uid in `batch`
