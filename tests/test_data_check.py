@@ -1,8 +1,6 @@
 """Bad data records are reported by name and skipped; the original file is never modified."""
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from verl_pipe.data_check import clean_file, record_problem

@@ -8,8 +8,6 @@ with a real vLLM engine on one core and verl's FSDP2 actor on the other.
 from __future__ import annotations
 
 import os
-import socket
-import sys
 import time
 from pathlib import Path
 
@@ -38,6 +36,10 @@ def prepare_config(config: DictConfig) -> DictConfig:
 
                 config.reward.custom_reward_function.path = reward_mod.__file__
                 config.reward.custom_reward_function.name = "compute_score"
+        # Oversampling (with the zero-variance filter): the loader yields the extra prompts too;
+        # the step trains the first train_batch_size trainable groups and aborts the rest.
+        if int(rp.oversample) > 0:
+            config.data.gen_batch_size = int(config.data.train_batch_size) + int(rp.oversample)
         # verl's one-step-off wiring reads the top-level rollout pool size.
         config.rollout = {"nnodes": config.actor_rollout_ref.rollout.nnodes,
                           "n_gpus_per_node": config.actor_rollout_ref.rollout.n_gpus_per_node}

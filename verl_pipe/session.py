@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
 
 class PipeSession:

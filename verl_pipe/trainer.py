@@ -24,16 +24,14 @@ its one-step-off-policy loop with this on-policy one.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 import torch
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from verl import DataProto
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
@@ -85,6 +83,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         self.granularity = rp.cgp.granularity
         self.fgd_enabled = bool(rp.fgd.enable)
         self.fgd_window = rp.fgd.window
+        self.filter_zero_variance = bool(rp.filter_zero_variance)
         # Without FGD, requests reach vLLM the way verl's own rollout sends them: the batch is
         # chunked over rollout.agent.num_workers agent-loop workers that submit concurrently, so
         # the engine sees the chunks interleaved ("interleave:k"); all at once, no client window.
@@ -191,7 +190,6 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
     def _start_rollout(self, batch: DataProto, timeline: StepTimeline, queue: GroupQueue, version: int) -> Future:
         gen_batch = self._get_gen_batch(batch)  # leaves the reward keys and uid in `batch`
         rp = self.config.rolloutpipe
-        filter_zero = bool(rp.filter_zero_variance)
 
         def on_group(g: int, gen_out: DataProto) -> bool:
             piece = materialize_group(group_rows(batch, g), gen_out, self.config)
@@ -199,7 +197,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
             if versions != {version}:
                 raise RuntimeError(f"step {self.global_steps}: group {g} has weight versions {versions}, "
                                    f"expected exactly {{{version}}} (off-policy sample)")
-            trainable = is_trainable(piece, filter_zero)
+            trainable = self.group_is_trainable(g, piece)
             if trainable:
                 queue.put(Group(g, piece, version, time.perf_counter()))
             return trainable
@@ -218,6 +216,14 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
 
         future.add_done_callback(finished)
         return future
+
+    def group_is_trainable(self, group: int, piece: DataProto) -> bool:
+        """Extension hook: whether a materialized group enters the trainer's FIFO.
+
+        Default: DAPO dynamic sampling when rolloutpipe.filter_zero_variance is on (a group whose
+        rewards are all equal has zero advantages and carries no signal). An untrainable group is
+        replaced by the next one (oversampled prompts, rolloutpipe.oversample)."""
+        return is_trainable(piece, self.filter_zero_variance)
 
     def _sampling_overrides(self, num_groups: int):
         """Per-request response lengths of a controlled workload (rolloutpipe.workload), if any."""
@@ -369,9 +375,26 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
             self.actor_wg.clear_cpu_model(CURRENT)
 
     def _update_unit(self, unit_batch: DataProto) -> None:
-        out = reduce_metrics(self._update_actor(unit_batch).meta_info["metrics"])
+        with self._mini_batch_of(len(unit_batch) // self.n):
+            out = reduce_metrics(self._update_actor(unit_batch).meta_info["metrics"])
         self.unit_metrics.append(out)
         self.metrics.update(out)
+
+    @contextmanager
+    def _mini_batch_of(self, groups: int):
+        """A short last unit (the zero-variance filter left fewer trainable groups than the batch
+        needs) is still one optimizer step: verl's _update_actor reads the mini-batch size from
+        the config, so it is set to the unit's size for that call only."""
+        actor = self.config.actor_rollout_ref.actor
+        if groups == self.groups_per_unit:
+            yield
+            return
+        with open_dict(actor):
+            actor.ppo_mini_batch_size = groups
+            try:
+                yield
+            finally:
+                actor.ppo_mini_batch_size = self.groups_per_unit
 
     def _concat(self, groups: list[Group]) -> DataProto:
         return self._with_token_counts(DataProto.concat([g.data for g in groups]))
@@ -405,6 +428,9 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         self.metrics.update({f"rolloutpipe/{k}": v for k, v in tm.items()})
         self.metrics["rolloutpipe/failed_request_attempts"] = rollout_result.failed_attempts
         self.metrics["rolloutpipe/aborted_requests"] = rollout_result.aborted
+        self.metrics["rolloutpipe/untrainable_groups"] = rollout_result.untrainable
+        self.metrics["rolloutpipe/late_groups_dropped"] = rollout_result.late_groups
+        self.metrics["rolloutpipe/trained_groups"] = len(trained)
         batch = getattr(self, "_trained_batch", None)
         if batch is not None:
             self.metrics.update(compute_data_metrics(batch=batch, use_critic=False))

@@ -97,7 +97,7 @@ class PipeActorWorker(DetachActorWorker):
 
         # zero_grad_on_exit=False: the gradient must survive until the unit's last group.
         with actor.engine.train_mode(disable_auto_offload=True, zero_grad_on_exit=False):
-            output = actor.engine.forward_backward_batch(data, loss_function=provisional_loss, forward_only=False)
+            actor.engine.forward_backward_batch(data, loss_function=provisional_loss, forward_only=False)
         # The per-group loss metrics use the provisional normalizer; the unit's are in finish_unit.
         # ("mfu" is the one key verl's _update_actor expects from the worker.)
         return tu.get_tensordict({}, non_tensor_dict={"metrics": {"mfu": 0.0}})

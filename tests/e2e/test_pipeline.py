@@ -3,7 +3,6 @@
 The tests share one live stack (the ``pipe`` fixture) and run in file order.
 """
 
-import math
 
 import numpy as np
 import pytest
@@ -187,3 +186,37 @@ def test_fgd_makes_the_first_unit_ready_earlier(pipe):
     assert sorted(base["trained_groups"]) == sorted(fgd["trained_groups"]) == list(range(GROUPS))
     assert base["timeline"]["response_tokens"] == fgd["timeline"]["response_tokens"] == sum(map(sum, lengths))
     assert fgd["timeline"]["first_unit_ready_s"] < base["timeline"]["first_unit_ready_s"]
+
+
+def _merged_batch(pipe, prompts: int) -> dict:
+    """A loader batch with `prompts` prompts (train_batch_size + oversampled ones)."""
+    a, b = next(pipe._batches), next(pipe._batches)
+    out = {}
+    for k in a:
+        if isinstance(a[k], torch.Tensor):
+            out[k] = torch.cat([a[k], b[k]])[:prompts]
+        else:
+            out[k] = np.concatenate([a[k], b[k]])[:prompts]
+    return out
+
+
+def test_untrainable_groups_are_replaced_and_leftovers_aborted(pipe):
+    """With oversampling, the step trains the first train_batch_size trainable groups (FIFO) and
+    aborts what is left; the next step starts clean with the next weight version."""
+    trainer = pipe.trainer
+    trainer.group_is_trainable = lambda group, piece: group != 0  # group 0 carries no signal
+    try:
+        rec = pipe.step(mode="cgp", granularity="minibatch", fgd=True, fgd_window=2 * N,
+                        batch_dict=_merged_batch(pipe, GROUPS + 4), workload=LONGTAIL)
+    finally:
+        del trainer.group_is_trainable
+    trained = rec["trained_groups"]
+    assert len(trained) == GROUPS and len(set(trained)) == GROUPS and 0 not in trained
+    tm = rec["timeline"]
+    assert tm["num_groups"] < GROUPS + 4 or rec["metrics"]["rolloutpipe/late_groups_dropped"] > 0
+    assert tm["num_aborted"] + rec["metrics"]["rolloutpipe/late_groups_dropped"] > 0, "leftovers aborted"
+    # nothing leaks into the next step: its responses all carry the next weight version
+    nxt = pipe.step(mode="cgp", fgd=False, workload=LONGTAIL)
+    assert sorted(nxt["trained_groups"]) == list(range(GROUPS))
+    versions = set(_trained_batch(pipe).non_tensor_batch["min_global_steps"])
+    assert versions == {pipe.trainer.global_steps - 2}

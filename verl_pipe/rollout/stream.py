@@ -57,6 +57,8 @@ class StepResult:
     failed_attempts: int = 0
     aborted: int = 0
     groups_done: int = 0
+    untrainable: int = 0
+    late_groups: int = 0  # completed after the batch was full: dropped, never trained
     elapsed_s: float = 0.0
     errors: list[str] = field(default_factory=list)
 
@@ -158,11 +160,17 @@ class StreamingRollout:
                 if len(outputs[r.group]) == req.n:
                     group_outputs = [outputs[r.group][i] for i in range(req.n)]
                     del outputs[r.group]
+                    if policy.batch_full:  # completed in the same wake-up as the batch's last group
+                        timeline.group_done(r.group, False)
+                        policy.on_group_done(r.group, False)
+                        result.late_groups += 1
+                        continue
                     gen_out = self.worker._postprocess(group_outputs, validate=False)
                     trainable = req.on_group(r.group, gen_out)
                     timeline.group_done(r.group, trainable)
                     policy.on_group_done(r.group, trainable)
                     result.groups_done += 1
+                    result.untrainable += 0 if trainable else 1
             if policy.batch_full:
                 await self._abort(policy, tasks, timeline, rid, result)
                 break
@@ -171,7 +179,12 @@ class StreamingRollout:
         return result
 
     async def _abort(self, policy, tasks, timeline, rid, result) -> None:
-        """The batch is full: cancel what is left of this step (never carried into the next)."""
+        """The batch is full: cancel what is left of this step (never carried into the next).
+
+        Our tasks stop waiting now; the requests still running inside vLLM are aborted by the
+        weight sync that ends the step (verl's CheckpointEngineManager aborts every replica's
+        in-flight requests before loading new weights), so none of them outlives the step.
+        """
         for task, (adm, _) in list(tasks.items()):
             task.cancel()
             timeline.request_aborted(rid(adm.request), adm.request.group)
