@@ -230,13 +230,15 @@ def test_trainer_span_samples_cover_units_and_whole_batch():
 
 def test_sim_validation_on_simulated_runs_is_nearly_exact():
     steps = simulated_steps()
-    sv, (eng, tr) = sim_validation(steps, SHAPE)
+    sv, cal = sim_validation(steps, SHAPE)
     assert sv["max_rel_error"] < 0.05, sv["rows"]
     assert sv["holdout_max_rel_error"] < 0.1
     assert set(sv["per_mode"]) == {"sync", "cgp", "cgp_fgd"}
     assert sv["within_target"]
     json.dumps(sv)
-    m = simulate_like(steps[0], "verl_separate_async", "minibatch", eng.params, tr.params, SHAPE)
+    # the simulated rollout has no driver contention: both engine fits describe the same engine
+    assert sv["calibration"]["rollout_slowdown_when_overlapped"] == pytest.approx(1.0, abs=0.1)
+    m = simulate_like(steps[0], "verl_separate_async", "minibatch", cal.engine_for("cgp"), cal.trainer.params, SHAPE)
     assert m["rollout_to_train_end_s"] > 0
 
 
@@ -245,7 +247,7 @@ def test_build_result_end_to_end_from_simulated_steps(tmp_path):
     settings = [{"name": "longtail-a", "workload": {"kind": "lognormal"}, "role": "balanced", "tr_sweep": True},
                 {"name": "notail-b", "workload": {"kind": "equal"}, "tr_sweep": True}]
     res = bench.build_result({}, settings, steps, {"cgp_group": "not implemented: test"}, {"longtail-a": "minibatch"},
-                             SHAPE, bench.env_info(), "needs TransferQueue", [0.5, 1.0])
+                             {"bench": SHAPE}, bench.env_info(), "needs TransferQueue", [0.5, 1.0])
     assert check_schema(res) == []
     s = res["settings"][0]
     assert s["modes"]["cgp_fgd"]["granularity"] == "minibatch"
@@ -257,7 +259,28 @@ def test_build_result_end_to_end_from_simulated_steps(tmp_path):
     assert not math.isnan(res["sim_validation"]["max_rel_error"])
     json.dumps(res)
     pytest.importorskip("matplotlib")
-    paths = bench.write_charts(res, steps, tmp_path, SHAPE, None)
+    paths = bench.write_charts(res, steps, tmp_path, {"bench": SHAPE}, None)
     assert all(p.exists() and p.stat().st_size > 1000 for p in paths)
     assert any(p.name.startswith("group_cdf_") for p in paths)
     assert sum(p.name.startswith("timeline_") for p in paths) == 3
+
+
+def test_simulator_is_calibrated_per_model_size():
+    fast = TRUE_TRAINER.with_(time_scale=0.3)  # a cheaper trainer on the "tiny" size
+    steps = simulated_steps()
+    tiny = []
+    for s in simulated_steps():
+        if s["mode"] == "cgp_fgd":
+            continue
+        wl = PaddedWorkload(8, 4, s["lengths"], 30)
+        tl = simulate_step(wl, TRUE_ENGINE, fast, s["mode"], 1, groups_per_unit=2, weight_sync_s=0.5)
+        tiny.append(dict(s, setting=s["setting"] + "-tiny", model_size="tiny", timeline=tl.to_dict(),
+                         metrics=tl.metrics()))
+    for s in steps:
+        s["model_size"] = "bench"
+    sv, fits = bench.validate_per_size(steps + tiny, {"bench": SHAPE, "tiny": SHAPE})
+    assert set(fits) == {"bench", "tiny"} and set(sv["calibration"]) == {"bench", "tiny"}
+    assert sv["max_rel_error"] < 0.05, sv["rows"]
+    ratio = fits["tiny"].trainer.update_line[1] / fits["bench"].trainer.update_line[1]
+    assert ratio == pytest.approx(0.3, rel=0.1)
+    assert {r["model_size"] for r in sv["rows"]} == {"bench", "tiny"}

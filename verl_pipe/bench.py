@@ -32,7 +32,6 @@ from verl_pipe.bench_report import BASE, MODES, check_schema, format_setting, fo
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf" / "bench"
 
-# Why verl's own V1 separate_async trainer is not measured here (see ``peer_status``).
 SEPARATE_ASYNC = "verl_separate_async"
 
 
@@ -94,16 +93,27 @@ def env_info() -> dict:
 # ---------------------------------------------------------------------------------------------- peer
 
 
-def peer_status() -> str | None:
-    """None if verl's V1 separate_async trainer could run here; else why not (one exact sentence)."""
+# What running the peer took when it was tried by hand (TransferQueue 0.1.11's wheel on PYTHONPATH, not
+# installed): 2 steps of verl's V1 separate_async ran on this CPU platform once verl 0.9.1's
+# ``logger.info(..., flush=True)`` in PPOTrainerSeparateAsync._setup (hybrid_engine=False) was patched out.
+_PEER_NOT_COMPARABLE = (
+    "it is not driven by this bench: verl's V1 task runner records none of our StepTimeline events (only its own "
+    "timing_s/*), runs its actor unpinned instead of on the trainer core, and trains one step off-policy "
+    "(partial rollout), so its figures would not be comparable; a trial with TransferQueue 0.1.11 on PYTHONPATH "
+    "ran 2 steps here after patching verl 0.9.1's logger.info(..., flush=True) TypeError in "
+    "PPOTrainerSeparateAsync._setup (hybrid_engine=False). Simulated figures: sim.settings[*].modes."
+    "verl_separate_async")
+
+
+def peer_status() -> str:
+    """Why verl's V1 separate_async trainer is not measured here (one exact statement)."""
     import importlib.util
 
     if importlib.util.find_spec("transfer_queue") is None:
-        return ("verl 0.9.1's V1 separate_async trainer (verl/trainer/ppo/v1/trainer_separate_async.py) imports "
-                "transfer_queue (PyPI TransferQueue), which is not installed in this environment; the figures "
-                "below under sim.verl_separate_async are the simulator's model of it, calibrated on these runs")
-    return ("TransferQueue is importable, but running verl's V1 separate_async trainer needs verl's V1 task "
-            "runner and DetachActorWorker on our CPU platform, which verl_pipe does not wire; see the report")
+        return ("not measured: verl 0.9.1's V1 separate_async trainer (verl/trainer/ppo/v1/trainer_separate_async.py) "
+                "imports transfer_queue (PyPI TransferQueue), which is not installed in this environment; besides, "
+                + _PEER_NOT_COMPARABLE)
+    return "not measured: TransferQueue is importable, but " + _PEER_NOT_COMPARABLE
 
 
 # ---------------------------------------------------------------------------------------------- runs
@@ -119,8 +129,21 @@ class BenchRunner:
         self.steps: list[dict] = []  # every measured step (not the warm-up)
         self.skipped: dict[str, str] = {}  # mode -> reason, for the whole session
         self.granularity: dict[str, str] = {}  # setting -> cgp_fgd granularity
-        self.shape = None
+        self.shapes: dict = {}  # model size -> bench_calib.StepShape
         self.startup_s = 0.0
+
+    def dump(self) -> dict:
+        """Everything the analysis needs, to rebuild the results later (``--reanalyze``)."""
+        return {"shapes": {k: v.__dict__ for k, v in self.shapes.items()}, "skipped": self.skipped,
+                "granularity": self.granularity, "startup_s": self.startup_s, "steps": self.steps}
+
+    def load(self, path: str | Path) -> None:
+        from verl_pipe.bench_calib import StepShape
+
+        with open(path) as f:
+            d = json.load(f)
+        self.shapes = {k: StepShape(**v) for k, v in d["shapes"].items()}
+        self.skipped, self.granularity, self.steps = d["skipped"], d["granularity"], d["steps"]
 
     def overrides(self, size: str) -> list[str]:
         return list(self.cfg.get("overrides", [])) + [f"rolloutpipe.tiny_assets.size={size}"]
@@ -142,7 +165,7 @@ class BenchRunner:
         self.startup_s += time.perf_counter() - t0
         self.log(f"[bench] model size {size}: stack up in {time.perf_counter() - t0:.1f}s")
         try:
-            self.shape = self._shape(session)
+            self.shapes[size] = self._shape(session)
             self._warmup(session, settings[0])
             for s in settings:
                 self._run_setting(session, s, size)
@@ -189,7 +212,8 @@ class BenchRunner:
         tl = session.trainer.timelines[-1]
         m = dict(rec["timeline"])
         m["wall_s"] = wall
-        return {"metrics": m, "timeline": tl.to_dict(), "prompt_len": float(rec["metrics"].get("prompt_length/mean", 0.0)),
+        return {"metrics": m, "timeline": tl.to_dict(),
+                "prompt_len": float(rec["metrics"].get("prompt_length/mean", 0.0)),
                 "trained_groups": len(rec.get("trained_groups", []))}
 
     def _warmup(self, session, setting: dict) -> None:
@@ -255,9 +279,13 @@ class BenchRunner:
 
 
 def build_result(cfg: dict, settings: list[dict], steps: list[dict], skipped_modes: dict[str, str],
-                 granularity: dict[str, str], shape, env: dict, peer_reason: str | None,
+                 granularity: dict[str, str], shapes: dict, env: dict, peer_reason: str | None,
                  tr_sim_points: list[float] | None = None) -> dict:
-    """The benchmark JSON from the measured steps (pure, apart from running the simulator)."""
+    """The benchmark JSON from the measured steps (pure, apart from running the simulator).
+
+    ``shapes``: model size -> StepShape; the simulator is calibrated per model size (each size has its own
+    engine and trainer costs).
+    """
     result_settings = []
     for s in settings:
         name = s["name"]
@@ -271,6 +299,7 @@ def build_result(cfg: dict, settings: list[dict], steps: list[dict], skipped_mod
         if peer_reason:
             skip[SEPARATE_ASYNC] = peer_reason
         entry = setting_entry(name, per_mode, skip, workload=dict(s["workload"]),
+                              model_size=mine[0].get("model_size", cfg.get("model_size", "bench")),
                               role=s.get("role", "sweep"), tr_sweep=bool(s.get("tr_sweep", False)),
                               prompt_len_mean=sum(st["prompt_len"] for st in mine) / len(mine))
         if "cgp_fgd" in entry["modes"] and "skipped" not in entry["modes"]["cgp_fgd"]:
@@ -279,71 +308,115 @@ def build_result(cfg: dict, settings: list[dict], steps: list[dict], skipped_mod
             entry["modes"]["cgp_group"]["granularity"] = "group"
         result_settings.append(entry)
 
-    from verl_pipe.bench_calib import sim_validation
-
-    try:
-        sv, (eng, tr) = sim_validation(steps, shape)
-    except ValueError as e:  # too little data to calibrate: say so, keep the schema
-        sv, eng, tr = {"max_rel_error": math.nan, "error": str(e)}, None, None
-    sim = simulated_section(settings, steps, granularity, shape, eng, tr, tr_sim_points) if eng else {}
+    sv, fits = validate_per_size(steps, shapes)
+    sim = simulated_section(settings, steps, granularity, shapes, fits, tr_sim_points) if fits else {}
     return {"settings": result_settings, "sim_validation": sv, "sim": sim, "env": env,
             "config": {"overrides": cfg.get("overrides", []), "modes": cfg.get("modes", list(MODES)),
                        "warmup_steps": cfg.get("warmup_steps", 1), "interleaved": True,
-                       "shape": shape.__dict__ if shape is not None else None}}
+                       "shapes": {k: v.__dict__ for k, v in shapes.items()}}}
 
 
-def simulated_section(settings, steps, granularity, shape, eng, tr, tr_points) -> dict:
+def _size(st: dict) -> str:
+    return st.get("model_size", "bench")
+
+
+def validate_per_size(steps: list[dict], shapes: dict) -> tuple[dict, dict]:
+    """``sim_validation`` over every model size (each calibrated on its own runs); returns it and the fits."""
+    from verl_pipe.bench_calib import sim_validation
+
+    per_size, fits, rows, errors = {}, {}, [], []
+    for size, shape in shapes.items():
+        mine = [st for st in steps if _size(st) == size]
+        if not mine:
+            continue
+        try:
+            sv, fit = sim_validation(mine, shape)
+        except ValueError as e:  # too little data to calibrate: say so, keep the schema
+            errors.append(f"{size}: {e}")
+            continue
+        fits[size] = fit
+        per_size[size] = sv
+        rows += [dict(r, model_size=size) for r in sv["rows"]]
+    if not per_size:
+        return {"max_rel_error": math.nan, "error": "; ".join(errors) or "no measured steps"}, {}
+    per_mode: dict[str, dict] = {}
+    for r in rows:
+        per_mode.setdefault(r["mode"], []).append(r["rel_error"])
+    first = next(iter(per_size.values()))
+    out = {
+        "metric": first["metric"], "target_rel_error": first["target_rel_error"],
+        "max_rel_error": max(r["rel_error"] for r in rows),
+        "per_mode": {m: {"mean_rel_error": sum(e) / len(e), "max_rel_error": max(e), "settings": len(e)}
+                     for m, e in per_mode.items()},
+        "rows": rows,
+        "calibration": {size: sv["calibration"] for size, sv in per_size.items()},
+        "note": first["note"] + "; the simulator is calibrated separately per model size",
+    }
+    out["within_target"] = bool(out["max_rel_error"] <= out["target_rel_error"])
+    holdouts = [sv["holdout_max_rel_error"] for sv in per_size.values() if "holdout_max_rel_error" in sv]
+    if holdouts:
+        out["holdout_max_rel_error"] = max(holdouts)
+    if errors:
+        out["errors"] = errors
+    return out, fits
+
+
+def simulated_section(settings, steps, granularity, shapes, fits, tr_points) -> dict:
     """The calibrated simulator on each measured setting's workloads, for every mode (peers included), and a
     T/R sweep on the balanced setting's workloads by scaling the trainer's cost."""
     from verl_pipe.bench_calib import simulate_like
     from verl_pipe.sim.trainer import MODES as SIM_MODES
     from verl_pipe.timeline import summarize
 
-    out = {"note": ("simulated with the engine and trainer calibrated on this run (sim_validation.calibration); "
-                    "verl_separate_async = the simulator's model of verl's V1 separate_async trainer: mini-batches, "
-                    "a ReplayBuffer polled every poll_interval_s (verl default 2.0 s), pi_old kept by CPU model "
-                    "swaps (measured theta_k snapshot cost), FCFS dispatch"),
-           "poll_interval_s": tr.params.poll_interval_s, "settings": []}
-    for s in settings:
-        name = s["name"]
-        rounds = {}
-        for st in steps:
-            if st["setting"] == name and st["mode"] == BASE:
-                rounds[st["round"]] = st
-        if not rounds:
-            continue
-        modes = {}
+    any_fit = next(iter(fits.values()))
+    out = {"note": ("simulated with the engine and trainer calibrated on this run, per model size "
+                    "(sim_validation.calibration); verl_separate_async = the simulator's model of verl's V1 "
+                    "separate_async trainer: mini-batches, a ReplayBuffer polled every poll_interval_s (verl's "
+                    "default), pi_old kept by CPU model swaps (cost = the measured theta_k snapshot), FCFS dispatch; "
+                    "every mode but sync uses the rollout engine fitted beside a busy trainer"),
+           "poll_interval_s": any_fit.trainer.params.poll_interval_s, "settings": []}
+
+    def sim_modes(rounds, size, trainer_params, name):
+        cal = fits[size]
+        ms = {}
         for mode in SIM_MODES:
             gran = granularity.get(name, "minibatch") if mode == "cgp_fgd" else "minibatch"
-            ms = [simulate_like(st, mode, gran, eng.params, tr.params, shape) for st in rounds.values()]
-            modes[mode] = summarize(ms)
+            ms[mode] = summarize([simulate_like(st, mode, gran, cal.engine_for(mode), trainer_params, shapes[size])
+                                  for st in rounds])
+        return ms
+
+    for s in settings:
+        name = s["name"]
+        rounds = [st for st in steps if st["setting"] == name and st["mode"] == BASE]
+        if not rounds or _size(rounds[0]) not in fits:
+            continue
+        size = _size(rounds[0])
+        modes = sim_modes(rounds, size, fits[size].trainer.params, name)
         base = modes[BASE]["rollout_to_train_end_s"]
         for mode, e in modes.items():
             if mode != BASE:
                 e["reduction_vs_sync_pct"] = 100 * (1 - e["rollout_to_train_end_s"] / base)
-        out["settings"].append({"name": name, "sync_train_to_rollout_ratio":
+        out["settings"].append({"name": name, "model_size": size, "sync_train_to_rollout_ratio":
                                 modes[BASE]["trainer_busy_s"] / modes[BASE]["rollout_end_s"], "modes": modes})
     balanced = next((s for s in settings if s.get("role") == "balanced"), settings[0] if settings else None)
-    if tr_points and balanced is not None:
-        rounds = [st for st in steps if st["setting"] == balanced["name"] and st["mode"] == BASE]
-        if rounds:
-            base_sync = summarize([simulate_like(st, BASE, "minibatch", eng.params, tr.params, shape) for st in rounds])
-            tr0 = base_sync["trainer_busy_s"] / base_sync["rollout_end_s"]
-            sweep = []
-            for target in tr_points:
-                p = tr.params.with_(time_scale=target / tr0)
-                ms = {mode: summarize([simulate_like(st, mode, granularity.get(balanced["name"], "minibatch")
-                                                     if mode == "cgp_fgd" else "minibatch", eng.params, p, shape)
-                                       for st in rounds]) for mode in SIM_MODES}
-                b = ms[BASE]["rollout_to_train_end_s"]
-                sweep.append({"target_tr": target, "time_scale": target / tr0,
-                              "sync_train_to_rollout_ratio": ms[BASE]["trainer_busy_s"] / ms[BASE]["rollout_end_s"],
-                              "rollout_to_train_end_s": {m: e["rollout_to_train_end_s"] for m, e in ms.items()},
-                              "trainer_wait_ratio": {m: e["trainer_wait_ratio"] for m, e in ms.items()},
-                              "reduction_vs_sync_pct": {m: 100 * (1 - e["rollout_to_train_end_s"] / b)
-                                                        for m, e in ms.items() if m != BASE}})
-            out["tr_sweep_setting"] = balanced["name"]
-            out["tr_sweep"] = sweep
+    rounds = [st for st in steps if balanced and st["setting"] == balanced["name"] and st["mode"] == BASE]
+    if tr_points and rounds and _size(rounds[0]) in fits:
+        size = _size(rounds[0])
+        tp = fits[size].trainer.params
+        base_sync = sim_modes(rounds, size, tp, balanced["name"])[BASE]
+        tr0 = base_sync["trainer_busy_s"] / base_sync["rollout_end_s"]
+        sweep = []
+        for target in tr_points:
+            ms = sim_modes(rounds, size, tp.with_(time_scale=target / tr0), balanced["name"])
+            b = ms[BASE]["rollout_to_train_end_s"]
+            sweep.append({"target_tr": target, "time_scale": target / tr0,
+                          "sync_train_to_rollout_ratio": ms[BASE]["trainer_busy_s"] / ms[BASE]["rollout_end_s"],
+                          "rollout_to_train_end_s": {m: e["rollout_to_train_end_s"] for m, e in ms.items()},
+                          "trainer_wait_ratio": {m: e["trainer_wait_ratio"] for m, e in ms.items()},
+                          "reduction_vs_sync_pct": {m: 100 * (1 - e["rollout_to_train_end_s"] / b)
+                                                    for m, e in ms.items() if m != BASE}})
+        out["tr_sweep_setting"] = balanced["name"]
+        out["tr_sweep"] = sweep
     return out
 
 
@@ -363,7 +436,8 @@ def format_sim_section(sim: dict) -> str:
     return "\n".join(lines)
 
 
-def write_charts(result: dict, steps: list[dict], charts_dir: Path, shape, chart_setting: str | None) -> list[Path]:
+def write_charts(result: dict, steps: list[dict], charts_dir: Path, shapes: dict,
+                 chart_setting: str | None) -> list[Path]:
     from verl_pipe.bench_charts import cdf_chart, sweep_chart, timeline_charts
 
     names = [s["name"] for s in result["settings"]]
@@ -371,12 +445,11 @@ def write_charts(result: dict, steps: list[dict], charts_dir: Path, shape, chart
         return []
     target = chart_setting if chart_setting in names else next(
         (s["name"] for s in result["settings"] if s.get("role") == "balanced"), names[0])
-    last_round = max(st["round"] for st in steps if st["setting"] == target)
-    chosen = {}
-    for mode in list(MODES):
-        for st in steps:
-            if st["setting"] == target and st["mode"] == mode and st["round"] == last_round:
-                chosen[mode] = st
+    mine = [st for st in steps if st["setting"] == target]
+    last_round = max(st["round"] for st in mine)
+    chosen = {st["mode"]: st for st in mine if st["round"] == last_round}
+    chosen = {m: chosen[m] for m in MODES if m in chosen}
+    shape = shapes.get(_size(mine[0]))
     paths = timeline_charts(chosen, charts_dir, target, shape.max_num_seqs if shape else None)
     paths.append(cdf_chart(chosen, charts_dir, target))
     p = sweep_chart(result, charts_dir)
@@ -396,6 +469,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, help="rounds of the interleaved modes per setting")
     ap.add_argument("--out", required=True, help="write the results JSON here")
     ap.add_argument("--charts", help="write PNG charts into this folder")
+    ap.add_argument("--reanalyze", metavar="STEPS_JSON",
+                    help="no runs: rebuild the results from a saved *_steps.json (tables, JSON, sim, charts)")
     args = ap.parse_args(argv)
 
     t_start = time.perf_counter()
@@ -415,9 +490,13 @@ def main(argv=None) -> int:
 
     peer_reason = peer_status()
     runner = BenchRunner(cfg, repeats)
-    runner.run(settings)
+    if args.reanalyze:
+        runner.load(args.reanalyze)
+        settings = [s for s in settings if any(st["setting"] == s["name"] for st in runner.steps)]
+    else:
+        runner.run(settings)
     t_runs = time.perf_counter()
-    result = build_result(cfg, settings, runner.steps, runner.skipped, runner.granularity, runner.shape,
+    result = build_result(cfg, settings, runner.steps, runner.skipped, runner.granularity, runner.shapes,
                           env_info(), peer_reason, cfg.get("sim_tr_sweep"))
     for s in result["settings"]:
         print(format_setting(s), end="\n\n")
@@ -433,20 +512,21 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     steps_path = out.with_name(out.stem + "_steps.json")
     if args.charts:
-        paths = write_charts(result, runner.steps, Path(args.charts), runner.shape, cfg.get("chart_setting"))
+        paths = write_charts(result, runner.steps, Path(args.charts), runner.shapes, cfg.get("chart_setting"))
         result["charts"] = [str(p) for p in paths]
         print(f"[bench] charts: {', '.join(str(p) for p in paths)}")
     elapsed = time.perf_counter() - t_start
     result["elapsed_s"] = {"total": elapsed, "startup": runner.startup_s, "steps": t_runs - t_start - runner.startup_s,
                            "analysis": time.perf_counter() - t_runs, "measured_steps": len(runner.steps)}
-    result["steps_file"] = str(steps_path)
+    result["steps_file"] = str(args.reanalyze or steps_path)
     problems = check_schema(result)
     if problems:
         print("[bench] schema problems:\n  " + "\n  ".join(problems), file=sys.stderr)
     with open(out, "w") as f:
         json.dump(result, f, indent=1, default=_json_default)
-    with open(steps_path, "w") as f:
-        json.dump(runner.steps, f, default=_json_default)
+    if not args.reanalyze:
+        with open(steps_path, "w") as f:
+            json.dump(runner.dump(), f, default=_json_default)
     print(f"[bench] wrote {out} and {steps_path}; elapsed {elapsed:.1f}s "
           f"(stack start-up {runner.startup_s:.1f}s, {len(runner.steps)} measured steps)")
     return 1 if problems else 0

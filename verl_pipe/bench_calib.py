@@ -2,7 +2,8 @@
 
 Pure Python + numpy (no Ray, vLLM or torch): it reads recorded ``StepTimeline`` dicts only.
 
-Engine (``verl_pipe.sim.engine``). The client timeline knows when each request was submitted and finished
+Engine (``verl_pipe.sim.engine``), fitted twice: on sync steps (the rollout runs alone) and on pipelined
+steps (the trainer works at the same time; ``Calibration``). The client timeline knows when each request was submitted and finished
 and how many tokens it generated, not when vLLM scheduled it. On one replica with FCFS admission, the engine
 start of a request is its submission, or, if ``max_num_seqs`` requests were already running, the moment a
 slot freed (``engine_intervals``). A request that ran from ``a`` to ``f`` generated L tokens in L decode
@@ -76,8 +77,8 @@ def engine_intervals(tl: dict, max_num_seqs: int) -> list[dict]:
     for rid, a in start.items():
         if rid in ends and ends[rid][1] is not None:
             f, n_tok = ends[rid]
-            out.append({"request_id": rid, "a": a, "f": f, "tokens": n_tok, "replica": first_sub[rid].get("replica") or 0,
-                        "group": first_sub[rid]["group"]})
+            out.append({"request_id": rid, "a": a, "f": f, "tokens": n_tok, "group": first_sub[rid]["group"],
+                        "replica": first_sub[rid].get("replica") or 0})
     return out
 
 
@@ -199,7 +200,7 @@ def trainer_span_samples(step: dict, micro_rows: int) -> dict[str, list[tuple[fl
     # A unit with its own optimizer_step span (group granularity, or the simulator's timelines) has update
     # spans without the optimizer step: they cost like forward_backward.
     own_opt = {s["unit"] for s in tl["train_spans"] if s["kind"] == "optimizer_step"}
-    burst_start: dict[tuple[int, str], int] = {}  # (unit, kind) -> index in the unit's groups where the next burst starts
+    burst_start: dict[tuple[int, str], int] = {}  # (unit, kind) -> where the next burst starts in the unit's groups
     for s in sorted(tl["train_spans"], key=lambda s: s["start"]):
         kind, dur, unit = s["kind"], s["end"] - s["start"], s["unit"]
         if kind == "snapshot_theta_k":
@@ -303,10 +304,31 @@ def base_engine(shape: StepShape) -> EngineParams:
                           kv_capacity_tokens=shape.kv_capacity_tokens)
 
 
-def calibrate(steps: list[dict], shape: StepShape) -> tuple[EngineFit, TrainerFit]:
-    eng = fit_engine(steps, shape.max_num_seqs, base_engine(shape))
-    tr = fit_trainer(steps, shape.micro_rows)
-    return eng, tr
+@dataclass
+class Calibration:
+    """Engine fits for a rollout running alone (sync) and beside a busy trainer (pipelined modes), and the
+    trainer fit. On a small machine the rollout's client lives in the trainer's driver process and helper
+    processes are unpinned, so the rollout is measurably slower while the trainer works; the simulator has no
+    such coupling, so each case gets its own engine constants (the same model, refit)."""
+
+    alone: EngineFit
+    overlapped: EngineFit
+    trainer: TrainerFit
+
+    def engine_for(self, mode: str) -> EngineParams:
+        return (self.alone if mode == "sync" else self.overlapped).params
+
+
+def calibrate(steps: list[dict], shape: StepShape) -> Calibration:
+    base = base_engine(shape)
+    alone = [s for s in steps if s["mode"] == "sync"]
+    overlapped = [s for s in steps if s["mode"] != "sync"]
+    joint = None
+    if not alone or not overlapped:
+        joint = fit_engine(steps, shape.max_num_seqs, base)
+    return Calibration(alone=fit_engine(alone, shape.max_num_seqs, base) if alone and overlapped else joint,
+                       overlapped=fit_engine(overlapped, shape.max_num_seqs, base) if alone and overlapped else joint,
+                       trainer=fit_trainer(steps, shape.micro_rows))
 
 
 def simulate_like(step: dict, mode: str, granularity: str, engine: EngineParams, trainer: TrainerParams,
@@ -327,8 +349,9 @@ def _validation_table(steps: list[dict], fits_for, shape: StepShape) -> dict:
     """Per setting and mode: measured vs predicted mean rollout_to_train_end_s and the relative error."""
     per: dict[tuple[str, str], dict] = {}
     for s in steps:
-        eng, tr = fits_for(s)
-        pred = simulate_like(s, SIM_MODE[s["mode"]], s["granularity"], eng.params, tr.params, shape)
+        cal = fits_for(s)
+        mode = SIM_MODE[s["mode"]]
+        pred = simulate_like(s, mode, s["granularity"], cal.engine_for(mode), cal.trainer.params, shape)
         d = per.setdefault((s["setting"], s["mode"]), {"measured": [], "predicted": [], "meas_rollout": [],
                                                       "pred_rollout": []})
         d["measured"].append(s["metrics"]["rollout_to_train_end_s"])
@@ -361,8 +384,8 @@ def sim_validation(steps: list[dict], shape: StepShape, target: float = 0.15) ->
     ``steps``: measured steps, each {"setting", "mode", "granularity", "timeline", "lengths", "prompt_len",
     "weight_sync_s", "metrics"}.
     """
-    eng, tr = calibrate(steps, shape)
-    in_sample = _validation_table(steps, lambda s: (eng, tr), shape)
+    cal = calibrate(steps, shape)
+    in_sample = _validation_table(steps, lambda s: cal, shape)
     settings = sorted({s["setting"] for s in steps})
     holdout = None
     if len(settings) >= 2:
@@ -383,23 +406,31 @@ def sim_validation(steps: list[dict], shape: StepShape, target: float = 0.15) ->
         "within_target": bool(in_sample["max_rel_error"] <= target),
         "per_mode": in_sample["per_mode"],
         "rows": in_sample["rows"],
-        "calibration": calibration_summary(eng, tr),
+        "calibration": calibration_summary(cal),
         "note": ("in-sample: the simulator is calibrated on all measured steps of this run, then re-simulates "
                  "each one; holdout: each setting predicted from a calibration on the other settings only"),
     }
     if holdout is not None:
         out["holdout_max_rel_error"] = holdout["max_rel_error"]
         out["holdout_per_mode"] = holdout["per_mode"]
-    return out, (eng, tr)
+    return out, cal
 
 
-def calibration_summary(eng: EngineFit, tr: TrainerFit) -> dict:
-    e, t = eng.params, tr.params
+def _engine_summary(eng: EngineFit) -> dict:
+    e = eng.params
+    return {"t0_s": e.t0_s, "per_seq_s": e.per_seq_s, "prefill_s_per_token": eng.prefill_s_per_token,
+            "max_num_seqs": e.max_num_seqs, "kv_capacity_tokens": e.kv_capacity_tokens,
+            "step_samples": len(eng.samples), "requests": eng.num_requests, "request_fit_rms_s": eng.rms_residual_s}
+
+
+def calibration_summary(cal: Calibration) -> dict:
+    tr, t = cal.trainer, cal.trainer.params
+    b = cal.alone.params.max_num_seqs
     return {
-        "engine": {"t0_s": e.t0_s, "per_seq_s": e.per_seq_s, "prefill_s_per_token": eng.prefill_s_per_token,
-                   "max_num_seqs": e.max_num_seqs, "kv_capacity_tokens": e.kv_capacity_tokens,
-                   "step_samples": len(eng.samples), "requests": eng.num_requests,
-                   "request_fit_rms_s": eng.rms_residual_s},
+        "engine_alone": _engine_summary(cal.alone),
+        "engine_overlapped": _engine_summary(cal.overlapped),
+        # decode-step time at a full batch, beside a busy trainer vs alone
+        "rollout_slowdown_when_overlapped": cal.overlapped.params.step_time(b, 0) / cal.alone.params.step_time(b, 0),
         "trainer": {"update_intercept_s": tr.update_line[0], "update_s_per_padded_token": tr.update_line[1],
                     "logprob_intercept_s": tr.logprob_line[0], "logprob_s_per_padded_token": tr.logprob_line[1],
                     "logprob_ratio": t.logprob_ratio, "per_call_overhead_s": t.microbatch_overhead_s,

@@ -188,6 +188,12 @@ def sweep_chart(result: dict, out_dir: Path) -> Path | None:
             if pts:
                 ax.plot([x for x, _ in pts], [y for _, y in pts], linestyle="--", marker=".",
                         label=f"{mode} (sim)", color=f"C{i}", alpha=0.6)
+    for s in rows:  # which stack each measured point comes from
+        ax.annotate(s.get("model_size", ""), (s["sync_train_to_rollout_ratio"], s["modes"]["cgp"].get(
+            "reduction_vs_sync_pct", 0.0) if "cgp" in s["modes"] else 0.0), fontsize=6, alpha=0.6,
+            textcoords="offset points", xytext=(3, -8))
+    ax.set_title("measured: one point per setting (model size noted); sim: the balanced setting's workloads "
+                 "with the trainer's cost scaled", fontsize=7)
     ax.set_xscale("log")
     ax.set_xlabel("sync T_train / T_rollout")
     ax.set_ylabel("rollout→train end reduction vs sync (%)")

@@ -61,8 +61,7 @@ def setting_entry(name: str, per_mode: dict[str, list[dict]], skipped_modes: dic
     modes: dict[str, dict] = {}
     for mode in list(MODES) + [m for m in per_mode if m not in MODES]:
         if mode in per_mode and per_mode[mode]:
-            extra_mode = {}
-            modes[mode] = mode_entry(per_mode[mode], None if mode == BASE else sync, **extra_mode)
+            modes[mode] = mode_entry(per_mode[mode], None if mode == BASE else sync)
         elif skipped_modes and mode in skipped_modes:
             modes[mode] = skipped(skipped_modes[mode])
     for mode, reason in (skipped_modes or {}).items():
@@ -141,9 +140,9 @@ def format_setting(s: dict) -> str:
     cols = [("mode", 20), ("r2t_end s", 14), ("vs sync", 8), ("wait", 12), ("wait vs", 8), ("1st ready", 9),
             ("1st start", 9), ("rollout", 8), ("ideal", 8), ("eff", 6), ("step s", 8), ("runs", 4)]
     head = " ".join(f"{c:>{w}}" if i else f"{c:<{w}}" for i, (c, w) in enumerate(cols))
-    extra = [f"{k}={v}" for k, v in s.items() if k in ("workload_desc",) and v]
-    lines = [f"== {s['name']}  (sync T/R = {_fmt(s.get('sync_train_to_rollout_ratio'), '.2f')})"
-             + (f"  {' '.join(extra)}" if extra else ""), head, "-" * len(head)]
+    size = f", model {s['model_size']}" if s.get("model_size") else ""
+    lines = [f"== {s['name']}  (sync T/R = {_fmt(s.get('sync_train_to_rollout_ratio'), '.2f')}{size})",
+             head, "-" * len(head)]
     for mode, e in s["modes"].items():
         label = mode + (f"[{e['granularity']}]" if e.get("granularity") else "")
         if "skipped" in e:
@@ -187,5 +186,5 @@ def format_sim_validation(sv: dict) -> str:
         lines.append(f"  {mode:<12} mean {pm['mean_rel_error']:.1%}  max {pm['max_rel_error']:.1%}")
     for r in sv.get("rows", []):
         lines.append(f"  {r['setting']:<40} {r['mode']:<10} measured {r['measured_s']:7.2f}s  "
-                     f"predicted {r['predicted_s']:7.2f}s  ({(r['predicted_s'] - r['measured_s']) / r['measured_s']:+.1%})")
+                     f"predicted {r['predicted_s']:7.2f}s  ({r['predicted_s'] / r['measured_s'] - 1:+.1%})")
     return "\n".join(lines)
