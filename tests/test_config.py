@@ -23,6 +23,8 @@ BAD = [
     (["actor_rollout_ref.hybrid_engine=true"], "actor_rollout_ref.hybrid_engine"),
     (["+rolloutpipe.workload={kind: lognormal, median: 8, sigma: 1, rho: 0.5, cap: 4096}"], "rolloutpipe.workload.cap"),
     (["trainer.device=cuda"], "trainer.device"),
+    (["rolloutpipe.mode=cgp", "rolloutpipe.fgd.enable=true", "actor_rollout_ref.rollout.scheduling_policy=fcfs"],
+     "scheduling_policy"),
     (["rolloutpipe.mode=cgp", "rolloutpipe.cgp.granularity=group", "actor_rollout_ref.rollout.n=4",
       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"], "ppo_micro_batch_size_per_gpu"),
 ]

@@ -102,6 +102,9 @@ def validate(config: DictConfig, check_paths: bool = True) -> None:
         raise _err("rolloutpipe.fgd.frontier_groups", f"must be 'auto' or an integer >= 1, got {fg!r}")
     if fgd.window is not None and (not isinstance(fgd.window, int) or fgd.window < 1):
         raise _err("rolloutpipe.fgd.window", f"must be null or an integer >= 1, got {fgd.window!r}")
+    if fgd.enable and config.actor_rollout_ref.rollout.get("scheduling_policy", "fcfs") != "priority":
+        raise _err("actor_rollout_ref.rollout.scheduling_policy",
+                   "frontier-group dispatch sends per-request priorities; set it to 'priority'")
     if fgd.enable and rp.mode != "cgp":
         raise _err("rolloutpipe.fgd.enable", "frontier-group dispatch feeds the CGP pipeline; set rolloutpipe.mode=cgp")
 
