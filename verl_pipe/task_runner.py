@@ -49,7 +49,15 @@ def build_trainer(config):
     val_dataset = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor,
                                     max_samples=config.data.get("val_max_samples", -1))
     train_sampler = create_rl_sampler(config.data, train_dataset)
-    return RolloutPipeTrainer(
+    trainer_cls = RolloutPipeTrainer
+    if config.rolloutpipe.get("trainer_class"):
+        from verl.utils.import_utils import load_class_from_fqn
+
+        trainer_cls = load_class_from_fqn(config.rolloutpipe.trainer_class, "rolloutpipe.trainer_class")
+        if not issubclass(trainer_cls, RolloutPipeTrainer):
+            raise TypeError(f"rolloutpipe.trainer_class: {config.rolloutpipe.trainer_class} must subclass "
+                            "verl_pipe.trainer.RolloutPipeTrainer")
+    return trainer_cls(
         config=config, tokenizer=tokenizer, processor=processor, role_worker_mapping=role_worker_mapping,
         resource_pool_manager=resource_pool_manager, ray_worker_group_cls=ray_worker_group_cls,
         train_dataset=train_dataset, val_dataset=val_dataset, collate_fn=collate_fn, train_sampler=train_sampler,
