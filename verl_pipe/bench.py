@@ -183,9 +183,14 @@ class BenchRunner:
             self.log(f"[bench] note: actor micro-batch {micro} rows != n={n}; the simulator pads per group")
         kv_tokens = self._kv_capacity_tokens(session)
         replicas = int(roll.nnodes) * int(roll.n_gpus_per_node) // int(roll.tensor_model_parallel_size)
+        trainer = session.trainer
+        fgd_window = c.rolloutpipe.fgd.get("window")
         return StepShape(n=n, groups_per_unit=int(c.actor_rollout_ref.actor.ppo_mini_batch_size), micro_rows=micro,
                          max_num_seqs=int(roll.max_num_seqs), max_num_batched_tokens=int(roll.max_num_batched_tokens),
-                         kv_capacity_tokens=kv_tokens, num_replicas=max(1, replicas))
+                         kv_capacity_tokens=kv_tokens, num_replicas=max(1, replicas),
+                         baseline_order=str(getattr(trainer, "baseline_order", "group_major")),
+                         baseline_window=getattr(trainer, "baseline_window", None),
+                         fgd_window=int(fgd_window) if fgd_window else None)
 
     @staticmethod
     def _kv_capacity_tokens(session) -> int:

@@ -297,6 +297,11 @@ class StepShape:
     max_num_batched_tokens: int
     kv_capacity_tokens: int
     num_replicas: int = 1
+    # The rollout's admission, as the trainer configures it: the stock dispatch of sync/cgp/cgp_group
+    # (order, per-replica window) and FGD's window (None: max_num_seqs).
+    baseline_order: str = "group_major"
+    baseline_window: int | None = None
+    fgd_window: int | None = None
 
 
 def base_engine(shape: StepShape) -> EngineParams:
@@ -338,9 +343,9 @@ def simulate_like(step: dict, mode: str, granularity: str, engine: EngineParams,
 
     lengths = step["lengths"]
     wl = PaddedWorkload(len(lengths), shape.n, [list(map(int, g)) for g in lengths], int(round(step["prompt_len"])))
-    fgd = mode == "cgp_fgd"
-    tl = simulate_step(wl, engine, trainer, mode, shape.num_replicas, window=shape.max_num_seqs if fgd else None,
-                       groups_per_unit=shape.groups_per_unit, granularity=granularity,
+    window = (shape.fgd_window or shape.max_num_seqs) if mode == "cgp_fgd" else shape.baseline_window
+    tl = simulate_step(wl, engine, trainer, mode, shape.num_replicas, window=window,
+                       groups_per_unit=shape.groups_per_unit, order=shape.baseline_order, granularity=granularity,
                        weight_sync_s=float(step.get("weight_sync_s", 0.0)))
     return tl.metrics()
 

@@ -49,12 +49,16 @@ class EngineParams:
 
 H100_QWEN3_1P7B = EngineParams()
 
-# The 2-core CPU runs of verl_pipe (tiny Qwen3, vLLM CPU). NOT CALIBRATED: placeholders of the right order
-# of magnitude, to be replaced by fit_engine_params() on measured (batch, step time) pairs.
+# The 2-core CPU runs of verl_pipe (tiny Qwen3, vLLM CPU on one AMD EPYC core). Calibrated by
+# `python -m verl_pipe.bench` (bench_calib.fit_engine: fit_engine_params on decode-step samples of the tiny-model
+# sync runs, rollout alone, batches <= 16): t ~ 0.14 ms + 0.39 ms per running sequence, prefill ~0.16 ms per
+# prompt token; t0/per_seq are only jointly identified near b = 16 (larger batches are an extrapolation).
+# KV: 1 GiB (rolloutpipe.cpu.kv_cache_gib) / 1 KiB per token (2 layers x 1 KV head x 64 x 2 x fp32).
+# A live bench run recalibrates per model size and reports its constants in sim_validation.calibration.
 CPU_TINY = EngineParams(
-    max_num_seqs=64, max_num_batched_tokens=2048, kv_capacity_tokens=200_000, kv_bytes_per_token=0.0,
-    weight_bytes=0.0, t0_s=5e-3, per_seq_s=2e-4, bw_eff_Bps=1.0, prefill_flops_per_token=1.0,
-    prefill_flops_per_s=2e5,
+    max_num_seqs=64, max_num_batched_tokens=2048, kv_capacity_tokens=1_048_576, kv_bytes_per_token=0.0,
+    weight_bytes=0.0, t0_s=1.4e-4, per_seq_s=3.9e-4, bw_eff_Bps=1.0, prefill_flops_per_token=1.0,
+    prefill_flops_per_s=6.2e3,
 )
 
 PRESETS = {"h100_qwen3_1.7b": H100_QWEN3_1P7B, "cpu_tiny": CPU_TINY}
