@@ -21,6 +21,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -171,6 +172,7 @@ class BenchRunner:
                 self._run_setting(session, s, size)
         finally:
             session.close()
+            shutil.rmtree(ckpt, ignore_errors=True)
 
     def _shape(self, session):
         from verl_pipe.bench_calib import StepShape
