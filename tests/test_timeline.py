@@ -338,3 +338,22 @@ def test_chrome_trace_many_concurrent_requests_keep_replicas_apart():
     assert tid_b not in {e["tid"] for e in xs if e["name"] != "b"}
     group_tid = next(e["tid"] for e in ev if e["ph"] == "i")
     assert group_tid not in {e["tid"] for e in xs}
+
+
+def test_group_granularity_ideal_bound_uses_first_group_and_last_group_tail():
+    from verl_pipe.timeline import StepTimeline
+
+    tl = StepTimeline(step=1, groups_per_unit=2)
+    for g, done in enumerate([1.0, 2.0, 3.0, 4.0]):
+        tl.request_submitted(f"r{g}", g, t=0.0)
+        tl.response_done(f"r{g}", g, 10, t=done)
+        tl.group_done(g, True, t=done)
+    # per-group forward/backward right after each group, optimizer step per unit
+    for g, (s, e) in enumerate([(1.0, 1.5), (2.0, 2.5), (3.0, 3.5), (4.0, 4.5)]):
+        tl.train_span("forward_backward", s, e, unit=g // 2, group=g)
+    tl.train_span("optimizer_step", 2.5, 2.7, unit=0)
+    tl.train_span("optimizer_step", 4.5, 4.7, unit=1)
+    m = tl.metrics()
+    assert m["last_unit_cost_s"] == pytest.approx(0.5 + 0.2)  # last group's fwd/bwd + the step
+    assert m["ideal_lower_bound_s"] == pytest.approx(max(4.0 + 0.7, 1.0 + 2.4))
+    assert m["pipeline_efficiency"] <= 1.0 + 1e-9

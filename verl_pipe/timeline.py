@@ -208,7 +208,13 @@ class StepTimeline:
             last_unit_cost = _union_length(((s["start"], s["end"]) for s in tail), t0, train_end)
         first_ready = self._derived_ready(ev, rollout_end)(0) - t0
         rollout_end_s = rollout_end - t0
-        ideal = max(rollout_end_s + last_unit_cost, first_ready + busy)
+        # A trainer that works per group (spans tagged with a group) can start at the first
+        # trainable group, not the first full unit.
+        first_work = first_ready
+        if any(s.get("group") is not None for s in spans):
+            trainable = [g["t"] for g in self._group_completions(ev) if g["trainable"]]
+            first_work = (min(trainable) - t0) if trainable else first_ready
+        ideal = max(rollout_end_s + last_unit_cost, first_work + busy)
 
         sync_total = sum(max(0.0, w["end"] - w["start"]) for w in ev["weight_syncs"])
         # A step is over when the trainer, the rollout and the weight sync are all done: a trainer that
