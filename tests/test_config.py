@@ -19,6 +19,7 @@ BAD = [
     (["rolloutpipe.fgd.frontier_groups=0"], "rolloutpipe.fgd.frontier_groups"),
     (["rolloutpipe.oversample=-1"], "rolloutpipe.oversample"),
     (["rolloutpipe.mode=cgp", "algorithm.adv_estimator=gae"], "algorithm.adv_estimator"),
+    (["rolloutpipe.mode=cgp", "algorithm.adv_estimator=reinforce_plus_plus_baseline"], "algorithm.adv_estimator"),
     (["rolloutpipe.mode=cgp", "actor_rollout_ref.actor.ppo_epochs=2"], "ppo_epochs"),
     (["actor_rollout_ref.hybrid_engine=true"], "actor_rollout_ref.hybrid_engine"),
     (["+rolloutpipe.workload={kind: lognormal, median: 8, sigma: 1, rho: 0.5, cap: 4096}"], "rolloutpipe.workload.cap"),

@@ -14,9 +14,15 @@ from omegaconf import DictConfig, OmegaConf
 MODES = ("sync", "cgp")
 GRANULARITIES = ("minibatch", "group")
 PLATFORMS = ("cpu", "gpu")
-# verl estimators that normalize within a group of n responses of one prompt.
-GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "grpo_passk", "opo", "gpg",
-                    "grpo_vectorized", "optimal_token_baseline", "tir_optimal_token_baseline")
+# verl estimators whose advantage of a response depends only on its own group (uid): a group's
+# advantages are final the moment it completes, so CGP can stream it.
+STREAMABLE_ESTIMATORS = ("grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "grpo_passk", "opo")
+# Group-based estimators that also normalize across the whole batch (masked_whiten over the batch
+# in reinforce_plus_plus_baseline, the batch's non-zero share in gpg, ...): exact only when the
+# batch is complete, so sync mode only.
+BATCH_NORMALIZED_ESTIMATORS = ("reinforce_plus_plus_baseline", "gpg", "optimal_token_baseline",
+                               "tir_optimal_token_baseline")
+GROUP_ESTIMATORS = STREAMABLE_ESTIMATORS + BATCH_NORMALIZED_ESTIMATORS
 
 
 class ConfigError(ValueError):
@@ -54,10 +60,12 @@ def validate(config: DictConfig, check_paths: bool = True) -> None:
     if est in GROUP_ESTIMATORS and n < 2:
         raise _err("actor_rollout_ref.rollout.n",
                    f"the group-based estimator {est!r} needs at least 2 responses per prompt, got n={n}")
-    if est not in GROUP_ESTIMATORS and rp.mode == "cgp":
+    if est not in STREAMABLE_ESTIMATORS and rp.mode == "cgp":
+        why = ("normalizes across the whole batch, so a group's advantages are not final when it completes"
+               if est in BATCH_NORMALIZED_ESTIMATORS else "is not a group-based estimator")
         raise _err("algorithm.adv_estimator",
-                   f"{est!r} is not a group-based estimator; CGP streams complete groups and supports: "
-                   f"{', '.join(GROUP_ESTIMATORS)} (use rolloutpipe.mode=sync for others)")
+                   f"{est!r} {why}; CGP streams complete groups and supports: "
+                   f"{', '.join(STREAMABLE_ESTIMATORS)} (use rolloutpipe.mode=sync for others)")
     if config.algorithm.get("use_kl_in_reward", False) and rp.mode == "cgp":
         raise _err("algorithm.use_kl_in_reward",
                    "KL in the reward needs reference log-probs before advantages; with CGP use "

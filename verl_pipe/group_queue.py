@@ -71,27 +71,22 @@ class GroupQueue:
         """
         if k < 1:
             raise ValueError(f"take(k={k}): k must be >= 1")
-        with self._cond:
-            ok = self._cond.wait_for(lambda: self._error is not None or len(self._items) >= k or self._closed,
-                                     timeout=timeout)
-            if self._error is not None:
-                raise RuntimeError("the rollout failed") from self._error
-            if not ok:
-                raise TimeoutError(f"no unit of {k} groups within {timeout}s ({len(self._items)} queued)")
-            out = [self._items.popleft() for _ in range(min(k, len(self._items)))]
-            self.taken.extend(g.index for g in out)
-            return out
+        return self._pop(k, need=k, timeout=timeout)
 
     def take_available(self, max_k: int, timeout: float | None = None) -> list[Group]:
         """Blocks until at least one group is queued; returns up to max_k of them (FIFO), [] at the end."""
         if max_k < 1:
             raise ValueError(f"take_available(max_k={max_k}): max_k must be >= 1")
+        return self._pop(max_k, need=1, timeout=timeout)
+
+    def _pop(self, max_k: int, need: int, timeout: float | None) -> list[Group]:
         with self._cond:
-            ok = self._cond.wait_for(lambda: self._error is not None or self._items or self._closed, timeout=timeout)
+            ok = self._cond.wait_for(lambda: self._error is not None or len(self._items) >= need or self._closed,
+                                     timeout=timeout)
             if self._error is not None:
                 raise RuntimeError("the rollout failed") from self._error
             if not ok:
-                raise TimeoutError(f"no group within {timeout}s")
+                raise TimeoutError(f"fewer than {need} groups within {timeout}s ({len(self._items)} queued)")
             out = [self._items.popleft() for _ in range(min(max_k, len(self._items)))]
             self.taken.extend(g.index for g in out)
             return out

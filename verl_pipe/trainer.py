@@ -38,10 +38,10 @@ from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrain
 from verl.trainer.ppo.metric_utils import compute_data_metrics
 from verl.utils.metric import reduce_metrics
 
-from verl_pipe.config import groups_per_unit
+from verl_pipe.config import BATCH_NORMALIZED_ESTIMATORS, groups_per_unit
 from verl_pipe.frontier import FCFSPolicy, FrontierPolicy
 from verl_pipe.group_queue import Group, GroupQueue
-from verl_pipe.rollout.materialize import is_trainable, materialize_group, weight_versions
+from verl_pipe.rollout.materialize import advantages, is_trainable, materialize_group, weight_versions
 from verl_pipe.rollout.stream import StepRequest, StreamingRollout, group_rows
 from verl_pipe.timeline import StepTimeline, write_chrome_trace
 
@@ -253,6 +253,8 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         if not units:
             return []
         batch = self._concat(groups)
+        if str(self.config.algorithm.adv_estimator) in BATCH_NORMALIZED_ESTIMATORS:
+            batch = advantages(batch, self.config, self.n)  # normalized across the whole batch, as verl
         with timeline.span("old_log_prob"):
             batch = self._fit_compute_log_prob(batch)  # θ_k: nothing has been updated yet
         if self.use_reference_policy:

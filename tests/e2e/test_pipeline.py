@@ -220,3 +220,32 @@ def test_untrainable_groups_are_replaced_and_leftovers_aborted(pipe):
     assert sorted(nxt["trained_groups"]) == list(range(GROUPS))
     versions = set(_trained_batch(pipe).non_tensor_batch["min_global_steps"])
     assert versions == {pipe.trainer.global_steps - 2}
+
+
+@pytest.mark.parametrize("estimator,mode", [("grpo", "cgp"), ("rloo", "cgp"),
+                                            ("reinforce_plus_plus_baseline", "sync")])
+def test_estimators_match_verls_own_function(pipe, estimator, mode):
+    """Per-group advantages (streamed) equal verl's compute_advantage over the whole batch on the
+    same rewards; batch-normalized estimators run in sync mode, where the batch is complete."""
+    from omegaconf import open_dict
+
+    from verl import DataProto
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    algo = pipe.trainer.config.algorithm
+    before = algo.adv_estimator
+    with open_dict(algo):
+        algo.adv_estimator = estimator
+    try:
+        pipe.step(mode=mode, granularity="minibatch", fgd=(mode == "cgp"), workload=LONGTAIL)
+        batch = _trained_batch(pipe)
+        fresh = DataProto.from_dict(
+            tensors={"token_level_rewards": batch.batch["token_level_rewards"].clone(),
+                     "response_mask": batch.batch["response_mask"].clone()},
+            non_tensors={"uid": batch.non_tensor_batch["uid"]})
+        expected = compute_advantage(fresh, adv_estimator=estimator, num_repeat=N, config=algo,
+                                     norm_adv_by_std_in_grpo=algo.get("norm_adv_by_std_in_grpo", True))
+    finally:
+        with open_dict(algo):
+            algo.adv_estimator = before
+    torch.testing.assert_close(batch.batch["advantages"], expected.batch["advantages"], atol=1e-5, rtol=1e-5)

@@ -18,6 +18,20 @@ from verl.trainer.ppo.ray_trainer import compute_advantage, compute_response_mas
 from verl.trainer.ppo.reward import extract_reward
 
 
+def advantages(piece: DataProto, config, n: int) -> DataProto:
+    """verl's compute_advantage with the run's algorithm settings (on a group or a whole batch)."""
+    algo = config.algorithm
+    return compute_advantage(
+        piece,
+        adv_estimator=algo.adv_estimator,
+        gamma=algo.gamma,
+        lam=algo.lam,
+        num_repeat=n,
+        norm_adv_by_std_in_grpo=algo.get("norm_adv_by_std_in_grpo", True),
+        config=algo,
+    )
+
+
 def materialize_group(prompt_row: DataProto, gen_out: DataProto, config) -> DataProto:
     n = len(gen_out)
     # Per-sample agent-loop timings; verl's AgentLoopManager pops them before the union too.
@@ -30,17 +44,7 @@ def materialize_group(prompt_row: DataProto, gen_out: DataProto, config) -> Data
     if reward_extra:
         piece.non_tensor_batch.update({k: np.array(v) for k, v in reward_extra.items()})
     piece.batch["token_level_rewards"] = piece.batch["token_level_scores"]
-    algo = config.algorithm
-    piece = compute_advantage(
-        piece,
-        adv_estimator=algo.adv_estimator,
-        gamma=algo.gamma,
-        lam=algo.lam,
-        num_repeat=n,
-        norm_adv_by_std_in_grpo=algo.get("norm_adv_by_std_in_grpo", True),
-        config=algo,
-    )
-    return piece
+    return advantages(piece, config, n)
 
 
 def sequence_scores(piece: DataProto) -> torch.Tensor:
