@@ -84,8 +84,23 @@ def test_sync_mode_two_steps(pipe):
     _check_timeline(rec2["timeline"])
 
 
-def test_cgp_minibatch_streams_units_while_rollout_runs(pipe):
-    rec = pipe.step(mode="cgp", granularity="minibatch", workload=LONGTAIL)
+def test_cgp_minibatch_streams_units_while_rollout_runs(pipe, tmp_path):
+    import json
+
+    from omegaconf import open_dict
+
+    rp = pipe.trainer.config.rolloutpipe
+    with open_dict(rp):
+        rp.trace_dir = str(tmp_path / "traces")
+    try:
+        rec = pipe.step(mode="cgp", granularity="minibatch", workload=LONGTAIL)
+    finally:
+        with open_dict(rp):
+            rp.trace_dir = None
+    trace = json.loads(next((tmp_path / "traces").glob("step_*.json")).read_text())
+    names = {e.get("args", {}).get("name") for e in trace["traceEvents"] if e.get("ph") == "M"}
+    assert {"rollout", "trainer"} <= names, "one time axis: rollout requests and trainer units"
+    assert sum(e.get("ph") == "X" and e.get("name") == "update" for e in trace["traceEvents"]) == 2
     tm = rec["timeline"]
     _check_timeline(tm)
     trained = rec["trained_groups"]
