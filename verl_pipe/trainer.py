@@ -39,6 +39,7 @@ from verl.trainer.ppo.metric_utils import compute_data_metrics
 from verl.utils.metric import reduce_metrics
 
 from verl_pipe.config import BATCH_NORMALIZED_ESTIMATORS, groups_per_unit
+from verl_pipe.deadline import call_with_deadline
 from verl_pipe.frontier import FCFSPolicy, FrontierPolicy
 from verl_pipe.group_queue import Group, GroupQueue
 from verl_pipe.rollout.materialize import advantages, is_trainable, materialize_group, weight_versions
@@ -422,7 +423,10 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
 
     def _sync_weights(self, timeline: StepTimeline) -> None:
         start = time.perf_counter()
-        sync_metrics = self.checkpoint_manager.update_weights(self.global_steps)
+        sync_metrics = call_with_deadline(
+            lambda: self.checkpoint_manager.update_weights(self.global_steps),
+            self.config.rolloutpipe.get("weight_sync_timeout_s"), f"step {self.global_steps}'s weight sync",
+            "rolloutpipe.weight_sync_timeout_s")
         end = time.perf_counter()
         timeline.weight_sync(start, end)
         if sync_metrics:
