@@ -16,9 +16,10 @@ E2E_OVERRIDES = [
 ]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def pipe(tmp_path_factory):
-    """One live RolloutPipe stack for all end-to-end tests (one Ray cluster, one vLLM start)."""
+    """One live RolloutPipe stack for the end-to-end tests of a module (one Ray cluster, one vLLM
+    start); torn down with the module so the next module's stack gets the machine's cores."""
     from verl_pipe.session import PipeSession, compose
 
     ckpt = tmp_path_factory.mktemp("ckpt")

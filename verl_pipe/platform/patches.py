@@ -51,10 +51,28 @@ def _patch_cpu_snapshots_copy() -> None:
     fsdp_utils.fsdp2_sharded_save_to_cpu = fsdp2_sharded_save_to_cpu
 
 
+def _patch_ref_offload_policy() -> None:
+    # verl/workers/engine/fsdp/transformer_impl.py hard-codes CPUOffloadPolicy(pin_memory=True) for
+    # forward-only models (the reference policy). Pinned memory needs an accelerator; on CPU the
+    # parameters already live in host memory, so "offload to CPU" is FSDP2's no-offload policy.
+    import verl.workers.engine.fsdp.transformer_impl as impl
+    from torch.distributed.fsdp import OffloadPolicy
+
+    if getattr(impl.CPUOffloadPolicy, "_verl_pipe_patched", False):
+        return
+
+    def host_memory_policy(*args, **kwargs):
+        return OffloadPolicy()
+
+    host_memory_policy._verl_pipe_patched = True
+    impl.CPUOffloadPolicy = host_memory_policy
+
+
 def apply_cpu_patches() -> None:
     global _applied
     if _applied:
         return
     _patch_process_group_backend()
     _patch_cpu_snapshots_copy()
+    _patch_ref_offload_policy()
     _applied = True
