@@ -19,13 +19,9 @@ if [ ! -f "$TEST_FILE" ]; then
   wget -O "$TEST_FILE" "https://huggingface.co/datasets/BytedTsinghua-SIA/AIME-2024/resolve/main/data/aime-2024.parquet?download=true"
 fi
 
-if [ ! -f "$MODEL_DIR/config.json" ]; then
-  if command -v hf >/dev/null; then
-    hf download Qwen/Qwen3-1.7B --local-dir "$MODEL_DIR"
-  else
-    huggingface-cli download Qwen/Qwen3-1.7B --local-dir "$MODEL_DIR"
-  fi
-fi
+# shellcheck source=lib/fetch_model.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/fetch_model.sh"
+fetch_model Qwen/Qwen3-1.7B "$MODEL_DIR"
 
 exec "$PYTHON" -m verl_pipe.main_grpo --config-name qwen3_1p7b_dapo_math_4x4 \
   data.train_files="$TRAIN_FILE" \

@@ -18,13 +18,9 @@ if [ ! -f "$DATA_DIR/train.parquet" ] || [ ! -f "$DATA_DIR/test.parquet" ]; then
   "$PYTHON" "$VERL_SRC/examples/data_preprocess/gsm8k.py" --local_save_dir "$DATA_DIR"
 fi
 
-if [ ! -f "$MODEL_DIR/config.json" ]; then
-  if command -v hf >/dev/null; then
-    hf download Qwen/Qwen3-1.7B --local-dir "$MODEL_DIR"
-  else
-    huggingface-cli download Qwen/Qwen3-1.7B --local-dir "$MODEL_DIR"
-  fi
-fi
+# shellcheck source=lib/fetch_model.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/fetch_model.sh"
+fetch_model Qwen/Qwen3-1.7B "$MODEL_DIR"
 
 exec "$PYTHON" -m verl_pipe.main_grpo --config-name qwen3_1p7b_gsm8k_4x4 \
   data.train_files="$DATA_DIR/train.parquet" \
