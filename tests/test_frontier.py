@@ -347,3 +347,54 @@ def test_random_driver_invariants(sc):
     assert s["aborted"] == len(aborted)
     # exactly one end per request: done, aborted in flight, or dropped (pending when the batch filled)
     assert s["responses_done"] + s["aborted"] + s["dropped"] == G * n
+
+
+# --- faults: a dropped group, the last replica restarted ---------------------------------------------------------
+
+@pytest.mark.parametrize("make", [
+    lambda: FCFSPolicy(num_groups=4, n=2, groups_per_unit=1, target_groups=2, replicas=[0], window=3),
+    lambda: FrontierPolicy(num_groups=4, n=2, groups_per_unit=1, target_groups=2, replicas=[0], window=3),
+])
+def test_dropped_group_is_replaced_by_the_next(make):
+    p = make()
+    first = p.admit()
+    assert [a.request for a in first] == [Request(0, 0), Request(0, 1), Request(1, 0)]
+    cancelled = p.drop_group(0)
+    assert cancelled == [Request(0, 0), Request(0, 1)]
+    assert not p.on_response_done(Request(0, 0), 0)  # late callback of a cancelled request: ignored
+    p.on_request_failed(Request(0, 1), 0)  # ignored too, nothing goes back to pending
+    nxt = p.admit()
+    assert {a.request.group for a in nxt} <= {1, 2}
+    for a in first[2:] + nxt:
+        assert p.on_response_done(a.request, a.replica)
+    for a in p.admit():
+        assert p.on_response_done(a.request, a.replica)
+    for g in (1, 2):
+        p.on_group_done(g, True)
+    assert p.batch_full and p.trained_groups() == [1, 2]
+    assert p.stats()["dropped_groups"] == 1
+    with pytest.raises(RuntimeError, match="already completed"):
+        p.drop_group(1)
+
+
+@pytest.mark.parametrize("cls", [FCFSPolicy, FrontierPolicy])
+def test_last_replica_removed_for_restart_and_added_back(cls):
+    p = cls(num_groups=2, n=2, groups_per_unit=1, target_groups=2, replicas=[0], window=None)
+    adm = p.admit()
+    assert len(adm) == 4
+    with pytest.raises(RuntimeError, match="no replica would be left"):
+        p.remove_replica(0)
+    done = adm[0]
+    assert p.on_response_done(done.request, 0)
+    lost = p.remove_replica(0, allow_none_left=True)
+    assert lost == [a.request for a in adm[1:]]
+    assert p.admit() == []  # nowhere to go until the replica is back
+    assert not p.on_response_done(adm[1].request, 0)  # stale: it ran on the dead replica
+    p.add_replica(0)
+    again = p.admit()
+    assert sorted(a.request for a in again) == sorted(lost)  # resubmitted, the finished one is not
+    for a in again:
+        assert p.on_response_done(a.request, a.replica)
+    p.on_group_done(0, True)
+    p.on_group_done(1, True)
+    assert p.all_done and p.stats()["requeued_on_replica_loss"] == 3

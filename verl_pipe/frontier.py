@@ -104,7 +104,7 @@ class AdmissionPolicy:
         self._group_trainable: dict[int, bool] = {}  # completed groups
         self._trainable_order: list[int] = []  # trainable groups in completion order (the trainer's FIFO)
         self._stats = dict(admitted=0, responses_done=0, failed=0, requeued_on_replica_loss=0,
-                           aborted=0, dropped=0, late_group_done=0)
+                           aborted=0, dropped=0, late_group_done=0, dropped_groups=0)
         self._init_queue()
         for g in range(num_groups):
             for i in range(n):
@@ -131,6 +131,8 @@ class AdmissionPolicy:
     def _on_replica_removed(self, replica: int) -> None: ...
 
     def _on_replica_added(self, replica: int) -> None: ...
+
+    def _on_group_dropped(self, group: int) -> None: ...
 
     # --- admission ------------------------------------------------------------------------------------------
     def _room(self, replica: int) -> float:
@@ -185,11 +187,14 @@ class AdmissionPolicy:
         return True
 
     # --- callbacks ------------------------------------------------------------------------------------------
-    def on_response_done(self, request: Request, replica: int | None = None) -> None:
-        """Pass ``replica`` (where it ran) to have stale callbacks from a removed replica ignored."""
+    def on_response_done(self, request: Request, replica: int | None = None) -> bool:
+        """Pass ``replica`` (where it ran) to have stale callbacks from a removed replica ignored.
+        False: the response is stale (its request was requeued or closed) and must not be used."""
         if self._release(request, replica):
             self._done_in_group[request.group] += 1
             self._stats["responses_done"] += 1
+            return True
+        return False
 
     def on_request_failed(self, request: Request, replica: int | None = None) -> None:
         if self._release(request, replica):
@@ -215,11 +220,34 @@ class AdmissionPolicy:
             self._closed |= self._pending
             self._pending.clear()
 
+    def drop_group(self, group: int) -> list[Request]:
+        """Give up on ``group`` (a request of it failed too often): its pending requests are closed and the ones
+        in flight returned (closed too: the caller cancels them, their late callbacks are ignored). The group
+        counts as completed and untrainable, so the next group in order takes its place, like a group the
+        zero-variance filter drops (the oversampled groups are the replacements)."""
+        if not 0 <= group < self.num_groups:
+            raise ValueError(f"group {group} out of range")
+        if group in self._group_trainable:
+            raise RuntimeError(f"group {group} is already completed")
+        inflight = sorted(q for q in self._replica_of if q.group == group)
+        for q in inflight:
+            self._inflight[self._replica_of.pop(q)].remove(q)
+        pending = [q for q in self._pending if q.group == group]
+        self._pending.difference_update(pending)
+        self._closed.update(inflight, pending)
+        self._on_group_dropped(group)
+        self._stats["dropped_groups"] += 1
+        self._group_trainable[group] = False
+        self._on_group_closed(group)
+        return inflight
+
     # --- replicas -------------------------------------------------------------------------------------------
-    def remove_replica(self, replica: int) -> list[Request]:
+    def remove_replica(self, replica: int, allow_none_left: bool = False) -> list[Request]:
+        """Requests in flight there go back to pending. ``allow_none_left``: the last replica may go too (it is
+        being restarted); nothing is admitted until ``add_replica``."""
         if replica not in self._inflight:
             raise ValueError(f"unknown replica {replica}")
-        if len(self._inflight) == 1:
+        if len(self._inflight) == 1 and not allow_none_left:
             raise RuntimeError(f"cannot remove replica {replica}: no replica would be left")
         lost = sorted(self._inflight.pop(replica))
         self._on_replica_removed(replica)  # unpin first, so the requeued requests find a new home
@@ -446,6 +474,9 @@ class FrontierPolicy(AdmissionPolicy):
 
     def _on_replica_added(self, replica: int) -> None:
         self._pinned[replica] = []
+
+    def _on_group_dropped(self, group: int) -> None:
+        self._idx[group].clear()  # its heap entries are skipped lazily by _top
 
     def stats(self) -> dict:
         return dict(super().stats(), spill_admissions=self._spill, split_admissions=self._split,

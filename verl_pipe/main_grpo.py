@@ -8,6 +8,7 @@ with a real vLLM engine on one core and verl's FSDP2 actor on the other.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -102,12 +103,41 @@ def run(config: DictConfig) -> dict:
     return ray.get(runner.run.remote(config))
 
 
+_SIGNALS: list[int] = []  # what stopped the run (Ray's ray.get re-raises a plain KeyboardInterrupt)
+
+
+def _stop_on(signum, frame):
+    """SIGTERM (e.g. a preemption): stop like Ctrl-C and tear everything down."""
+    _SIGNALS.append(signum)
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def stop(reason: str) -> None:
+    """Tears down what this run started: the Ray cluster (if this process started it) with every
+    actor in it, and the vLLM engines under the server actors."""
+    import ray
+
+    print(f"[verl_pipe] stopping ({reason}): shutting down Ray and the rollout engines", flush=True)
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 @hydra.main(config_path=CONF_DIR, config_name="rolloutpipe_trainer", version_base=None)
 def main(config: DictConfig) -> None:
     t0 = time.perf_counter()
     config = prepare_config(config)
-    start_ray(config)
-    summary = run(config)
+    try:
+        start_ray(config)
+        # After ray.init, which installs its own fatal-signal handler (it aborts the driver with a dump).
+        signal.signal(signal.SIGTERM, _stop_on)  # Ctrl-C already raises KeyboardInterrupt
+        summary = run(config)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut the teardown short
+        signum = _SIGNALS[0] if _SIGNALS else signal.SIGINT
+        stop(signal.Signals(signum).name)
+        print("[verl_pipe] stopped; the latest completed checkpoint (if any) is in "
+              f"{config.trainer.default_local_dir}; resume with trainer.resume_mode=auto", flush=True)
+        raise SystemExit(128 + signum) from None
     print(f"[verl_pipe] done: {summary.get('steps', 0)} steps in {time.perf_counter() - t0:.1f}s "
           f"(start-up {summary.get('startup_s', float('nan')):.1f}s)")
 

@@ -25,6 +25,8 @@ its one-step-off-policy loop with this on-policy one.
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -43,6 +45,7 @@ from verl_pipe.deadline import call_with_deadline
 from verl_pipe.frontier import FCFSPolicy, FrontierPolicy
 from verl_pipe.group_queue import Group, GroupQueue
 from verl_pipe.rollout.materialize import advantages, is_trainable, materialize_group, weight_versions
+from verl_pipe.rollout.replicas import ReplicaSupervisor
 from verl_pipe.rollout.stream import StepRequest, StreamingRollout, group_rows
 from verl_pipe.timeline import StepTimeline, write_chrome_trace
 
@@ -75,6 +78,23 @@ class _AccumulateInsteadOfUpdate:
         return getattr(self._wg, name)
 
 
+class StepFailedError(RuntimeError):
+    """A step failed for good; the message says which checkpoint the run resumes from."""
+
+
+class _DataStateAt:
+    """The train dataloader as it was before a step drew its batch (for a rolled-back checkpoint)."""
+
+    def __init__(self, loader, state):
+        self._loader, self._state = loader, state
+
+    def state_dict(self):
+        return self._state
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
 class RolloutPipeTrainer(OneStepOffRayTrainer):
     def init_workers(self):
         super().init_workers()
@@ -97,7 +117,16 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         mgr = self.llm_server_manager
         servers = list(zip(mgr.server_addresses, mgr.server_handles, strict=True))
         reward_handles = self.reward_loop_manager.reward_loop_workers
+        # The trainer thread and a mid-step replica restart (which loads θ_k from the actor) share the actor.
+        self._actor_lock = threading.RLock()
+        self._theta_k_saved = False  # θ_k (and the optimizer state before the step) are on CPU
+        self._stepped = False  # an optimizer step of the current step has run
         self.rollout = StreamingRollout(self.config, servers, reward_handles, mgr.global_load_balancer)
+        fault = rp.fault
+        if fault.replica_restart:
+            self.rollout.supervisor = ReplicaSupervisor(
+                mgr, self.checkpoint_manager, self._push_theta_k, self.rollout.client.set_servers,
+                timeout_s=fault.replica_restart_timeout_s)
         self.timelines: list[StepTimeline] = []
         # Test hook: a function (list[Group]) -> list[Group] that fixes the order groups
         # are trained in, so sync and CGP can be compared unit for unit.
@@ -132,6 +161,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         )
         self.global_steps = 0
         self._load_checkpoint()
+        self._data_state = self.train_dataloader.state_dict()  # before the next step draws its batch
         self.checkpoint_manager.update_weights(self.global_steps)
         if self.config.trainer.get("val_before_train", True):
             val_metrics = self._validate()
@@ -154,25 +184,111 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         self._fit_prepare_step()
         version = self.global_steps - 1  # θ_k: synced at the end of the previous step
         t_step = time.perf_counter()
+        self._stepped = self._training_done = False
 
-        batch = self._fit_get_batch(batch_dict)
-        timeline = StepTimeline(self.global_steps, self.groups_per_unit)
-        queue = GroupQueue(weight_version=version)
-        rollout = self._start_rollout(batch, timeline, queue, version)        # admission + generation
-        if self.mode == "sync":
-            trained = self._train_after_rollout(queue, timeline)               # baseline
-        elif self.granularity == "group":
-            trained = self._train_each_group_as_it_arrives(queue, timeline)    # CGP, group granularity
-        else:
-            trained = self._train_while_rollout_runs(queue, timeline)          # CGP, mini-batch units
-        rollout_result = rollout.result()
-        self._sync_weights(timeline)                                           # θ_{k+1} → rollout pool
+        try:
+            batch = self._fit_get_batch(batch_dict)
+            timeline = StepTimeline(self.global_steps, self.groups_per_unit)
+            queue = GroupQueue(weight_version=version)
+            rollout = self._start_rollout(batch, timeline, queue, version)        # admission + generation
+            if self.mode == "sync":
+                trained = self._train_after_rollout(queue, timeline)               # baseline
+            elif self.granularity == "group":
+                trained = self._train_each_group_as_it_arrives(queue, timeline)    # CGP, group granularity
+            else:
+                trained = self._train_while_rollout_runs(queue, timeline)          # CGP, mini-batch units
+            self._training_done = True
+            rollout_result = rollout.result()
+            self._sync_weights(timeline)                                           # θ_{k+1} → rollout pool
+        except Exception as e:
+            self._fail_step(e)  # roll back to the last completed step, checkpoint it, raise
+        self._drop_train_state_snapshot()
 
         self.timing_raw["step"] = time.perf_counter() - t_step
         self._fit_validate()
         self._fit_save_checkpoint()
+        self._data_state = self.train_dataloader.state_dict()
         self._record_step(trained, timeline, rollout_result)
         self._fit_postprocess_step()
+
+    # ------------------------------------------------------------------ faults
+
+    def _snapshot_train_state(self) -> None:
+        """Before the step's first optimizer step: θ_k (for later units' old log-probs, a restarted
+        replica, a rollback) and, for a rollback, the optimizer state."""
+        self.actor_wg.save_model_to_cpu(THETA_K)
+        if self.config.rolloutpipe.fault.checkpoint_on_failure:
+            self.actor_wg.save_optimizer_to_cpu()
+        self._theta_k_saved = True
+
+    def _drop_train_state_snapshot(self) -> None:
+        if self._theta_k_saved:
+            with self._actor_lock:
+                self.actor_wg.clear_cpu_model(THETA_K)
+                if self.config.rolloutpipe.fault.checkpoint_on_failure:
+                    self.actor_wg.clear_optimizer_snapshot()
+                self._theta_k_saved = False
+
+    def _push_theta_k(self, replica, version: int) -> None:
+        """Loads θ_k into one (restarted) replica, without touching the others' in-flight requests."""
+        with self._actor_lock:
+            swapped = self._theta_k_saved
+            if swapped:  # the actor has already stepped past θ_k
+                self.actor_wg.save_model_to_cpu(CURRENT)
+                self.actor_wg.restore_model_from_cpu(THETA_K)
+            try:
+                manager = type(self.checkpoint_manager)(config=self.checkpoint_manager.config,
+                                                        actor_wg=self.checkpoint_manager.actor_wg,
+                                                        replicas=[replica])
+                call_with_deadline(lambda: manager.update_weights(version),
+                                   self.config.rolloutpipe.get("weight_sync_timeout_s"),
+                                   f"loading θ_{version} into a restarted replica",
+                                   "rolloutpipe.weight_sync_timeout_s")
+            finally:
+                if swapped:
+                    self.actor_wg.restore_model_from_cpu(CURRENT)
+                    self.actor_wg.clear_cpu_model(CURRENT)
+
+    def _fail_step(self, exc: Exception):
+        """A step failed for good. Roll the trainer back to the end of the last completed step (θ_k and the
+        optimizer state from the CPU snapshot; nothing to undo if no optimizer step ran yet), save a checkpoint
+        there with the data loader as it was before this step's batch, and raise. Resuming
+        (trainer.resume_mode=auto) re-runs this step on the same prompts; no partial step is in the checkpoint."""
+        step, last = self.global_steps, self.global_steps - 1
+        where = self.config.trainer.default_local_dir
+        if not self.config.rolloutpipe.fault.checkpoint_on_failure:
+            raise StepFailedError(f"step {step} failed: {type(exc).__name__}: {exc} "
+                                  f"(no checkpoint written: rolloutpipe.fault.checkpoint_on_failure=false)") from exc
+        if self._training_done:  # only the weight sync failed: the trainer holds a complete step k
+            self._save_checkpoint_at(step, self.train_dataloader.state_dict())
+            raise StepFailedError(f"step {step} failed after training: {type(exc).__name__}: {exc}. Saved "
+                                  f"{os.path.join(str(where), f'global_step_{step}')}; run again with "
+                                  f"trainer.resume_mode=auto to go on at step {step + 1}") from exc
+        try:
+            with self._actor_lock:
+                if self._stepped:
+                    if not self._theta_k_saved:
+                        raise RuntimeError("the step's first optimizer step ran without a snapshot to undo it")
+                    self.actor_wg.restore_model_from_cpu(THETA_K)
+                    self.actor_wg.restore_optimizer_from_cpu()
+                self._save_checkpoint_at(last, self._data_state)
+        except Exception as save_error:
+            raise StepFailedError(f"step {step} failed: {type(exc).__name__}: {exc}; rolling back to step {last} "
+                                  f"failed too ({type(save_error).__name__}: {save_error}); resume from the "
+                                  f"latest checkpoint in {where}, if any") from exc
+        raise StepFailedError(
+            f"step {step} failed: {type(exc).__name__}: {exc}. Rolled back to the end of step {last} and saved "
+            f"{os.path.join(str(where), f'global_step_{last}')}; run again with trainer.resume_mode=auto to "
+            f"resume at step {step} with the same data") from exc
+
+    def _save_checkpoint_at(self, step: int, data_state) -> None:
+        """verl's checkpoint, labelled ``step``, with the given data-loader state."""
+        loader, steps = self.train_dataloader, self.global_steps
+        self.train_dataloader, self.global_steps = _DataStateAt(loader, data_state), step
+        try:
+            self._save_checkpoint()
+        finally:
+            self.train_dataloader, self.global_steps = loader, steps
 
     # ------------------------------------------------------------------ rollout side
 
@@ -206,7 +322,9 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         request = StepRequest(step=self.global_steps, gen_batch=gen_batch, n=self.n,
                               policy=self._make_policy(len(gen_batch)), timeline=timeline, on_group=on_group,
                               sampling_overrides=self._sampling_overrides(len(gen_batch)),
-                              request_timeout_s=float(rp.request_timeout_s) if rp.request_timeout_s else None)
+                              request_timeout_s=float(rp.request_timeout_s) if rp.request_timeout_s else None,
+                              max_retries=int(rp.fault.max_request_retries),
+                              on_request_failure=str(rp.fault.on_request_failure), weight_version=version)
         future = self.rollout.start(request)
 
         def finished(f: Future) -> None:
@@ -268,6 +386,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
             unit_batch = self._with_token_counts(batch.slice(offset, offset + rows))
             offset += rows
             with timeline.span("update", unit=u):
+                self._stepped = True
                 self._update_unit(unit_batch)
         self._trained_batch = batch
         return groups
@@ -286,25 +405,25 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
             unit = self._ordered(unit)
             timeline.unit_ready(u, [g.index for g in unit])
             unit_batch = self._concat(unit)
-            with timeline.span("old_log_prob", unit=u):
-                if u == 0:
-                    unit_batch = self._fit_compute_log_prob(unit_batch)  # the actor still holds θ_k
-                else:
-                    unit_batch = self._old_log_prob_at_theta_k(unit_batch)
-            if self.use_reference_policy:
-                with timeline.span("ref_log_prob", unit=u):
-                    unit_batch = self._fit_compute_ref_log_prob(unit_batch)
-            if u == 0 and self._units_per_step() > 1:
-                # Keep θ_k on CPU for later units' old log-probs (verl's DetachActorWorker swap).
-                with timeline.span("snapshot_theta_k", unit=u):
-                    self.actor_wg.save_model_to_cpu(THETA_K)
-            with timeline.span("update", unit=u):
-                self._update_unit(unit_batch)
+            with self._actor_lock:
+                with timeline.span("old_log_prob", unit=u):
+                    if u == 0:
+                        unit_batch = self._fit_compute_log_prob(unit_batch)  # the actor still holds θ_k
+                    else:
+                        unit_batch = self._old_log_prob_at_theta_k(unit_batch)
+                if self.use_reference_policy:
+                    with timeline.span("ref_log_prob", unit=u):
+                        unit_batch = self._fit_compute_ref_log_prob(unit_batch)
+                if u == 0 and snapshot:
+                    # Keep θ_k on CPU for later units' old log-probs (verl's DetachActorWorker swap).
+                    with timeline.span("snapshot_theta_k", unit=u):
+                        self._snapshot_train_state()
+                with timeline.span("update", unit=u):
+                    self._stepped = True
+                    self._update_unit(unit_batch)
             trained.extend(unit)
             pieces.append(unit_batch)
             u += 1
-        if snapshot:
-            self.actor_wg.clear_cpu_model(THETA_K)
         self._trained_batch = DataProto.concat([self._without_meta(p) for p in pieces]) if pieces else None
         return trained
 
@@ -327,29 +446,31 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
                     break
                 last = got[-1].index
                 batch = self._concat(got)
-                with timeline.span("old_log_prob", unit=u, group=last):
-                    batch = self._fit_compute_log_prob(batch) if u == 0 else self._old_log_prob_at_theta_k(batch)
-                if self.use_reference_policy:
-                    with timeline.span("ref_log_prob", unit=u, group=last):
-                        batch = self._fit_compute_ref_log_prob(batch)
-                with timeline.span("forward_backward", unit=u, group=last):
-                    self._accumulate(batch)
+                with self._actor_lock:
+                    with timeline.span("old_log_prob", unit=u, group=last):
+                        batch = (self._fit_compute_log_prob(batch) if u == 0
+                                 else self._old_log_prob_at_theta_k(batch))
+                    if self.use_reference_policy:
+                        with timeline.span("ref_log_prob", unit=u, group=last):
+                            batch = self._fit_compute_ref_log_prob(batch)
+                    with timeline.span("forward_backward", unit=u, group=last):
+                        self._accumulate(batch)
                 tokens += int(batch.batch["response_mask"].sum())
                 unit.extend(got)
                 pieces.append(batch)
             if not unit:
                 break
             timeline.unit_ready(u, [g.index for g in unit])
-            if u == 0 and snapshot:
-                with timeline.span("snapshot_theta_k", unit=u):
-                    self.actor_wg.save_model_to_cpu(THETA_K)
-            with timeline.span("optimizer_step", unit=u):
-                out = self.actor_wg.finish_unit(loss_agg_mode, tokens, len(unit) * self.n)[0]
+            with self._actor_lock:
+                if u == 0 and snapshot:
+                    with timeline.span("snapshot_theta_k", unit=u):
+                        self._snapshot_train_state()
+                with timeline.span("optimizer_step", unit=u):
+                    self._stepped = True
+                    out = self.actor_wg.finish_unit(loss_agg_mode, tokens, len(unit) * self.n)[0]
             self.unit_metrics.append(out)
             self.metrics.update(out)
             trained.extend(unit)
-        if snapshot:
-            self.actor_wg.clear_cpu_model(THETA_K)
         self._trained_batch = DataProto.concat([self._without_meta(p) for p in pieces]) if pieces else None
         return trained
 
@@ -440,6 +561,12 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         self.metrics["rolloutpipe/aborted_requests"] = rollout_result.aborted
         self.metrics["rolloutpipe/untrainable_groups"] = rollout_result.untrainable
         self.metrics["rolloutpipe/late_groups_dropped"] = rollout_result.late_groups
+        self.metrics["rolloutpipe/failed_groups_dropped"] = rollout_result.dropped_groups
+        self.metrics["rolloutpipe/replica_failures"] = rollout_result.replica_failures
+        self.metrics["rolloutpipe/replica_restarts"] = rollout_result.replica_restarts
+        self.metrics["rolloutpipe/requeued_requests"] = rollout_result.requeued_requests
+        if rollout_result.recovery_s:
+            self.metrics["rolloutpipe/replica_recovery_s"] = max(rollout_result.recovery_s)
         self.metrics["rolloutpipe/trained_groups"] = len(trained)
         batch = getattr(self, "_trained_batch", None)
         if batch is not None:

@@ -18,6 +18,7 @@ accumulated gradient by 1/total before clipping and the optimizer step: the
 gradient equals the mini-batch one.
 """
 
+import copy
 import os
 
 import torch
@@ -115,3 +116,53 @@ class PipeActorWorker(DetachActorWorker):
             grad_norm = engine.optimizer_step()
         lr = engine.lr_scheduler_step()
         return {"actor/grad_norm": float(grad_norm), "actor/lr": float(lr[0] if isinstance(lr, list) else lr)}
+
+    # ------------------------------------------------------------------ roll back a failed step
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_optimizer_to_cpu(self) -> None:
+        """A CPU copy of the optimizer and LR-schedule state (this rank's shards), taken before the step's
+        first optimizer step; with the θ_k parameter snapshot it is the state at the end of the last
+        completed step, so a step that fails for good can be rolled back and checkpointed."""
+        engine = self.actor.engine
+        opt = engine.optimizer
+        params = [p for g in opt.param_groups for p in g["params"]]
+        self._opt_snapshot = {
+            "state": [{k: _cpu_copy(v) for k, v in opt.state[p].items()} if p in opt.state else None
+                      for p in params],
+            "groups": [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups],
+            "lr_scheduler": copy.deepcopy(engine.lr_scheduler.state_dict()) if engine.lr_scheduler else None,
+        }
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def restore_optimizer_from_cpu(self) -> None:
+        engine = self.actor.engine
+        opt = engine.optimizer
+        snap = self._opt_snapshot
+        params = [p for g in opt.param_groups for p in g["params"]]
+        for p, saved in zip(params, snap["state"], strict=True):
+            if saved is None:
+                opt.state.pop(p, None)  # the optimizer had not stepped yet
+                continue
+            state = opt.state[p]
+            for k, v in saved.items():
+                if torch.is_tensor(v) and torch.is_tensor(state.get(k)):
+                    _local(state[k]).copy_(v)
+                else:
+                    state[k] = copy.deepcopy(v)
+        for group, saved in zip(opt.param_groups, snap["groups"], strict=True):
+            group.update(saved)
+        if snap["lr_scheduler"] is not None:
+            engine.lr_scheduler.load_state_dict(snap["lr_scheduler"])
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def clear_optimizer_snapshot(self) -> None:
+        self._opt_snapshot = None
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _cpu_copy(v):
+    return _local(v).detach().to("cpu", copy=True) if torch.is_tensor(v) else copy.deepcopy(v)

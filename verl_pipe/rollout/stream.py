@@ -29,6 +29,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
 from verl_pipe.frontier import AdmissionPolicy, Request
 from verl_pipe.rollout.client import CURRENT_ADMISSION, AdmissionRoutedClient
+from verl_pipe.rollout.replicas import is_replica_death
 from verl_pipe.timeline import StepTimeline
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,13 @@ class StepRequest:
     sampling_overrides: Callable[[int, int], dict] | None = None
     max_retries: int = 2
     request_timeout_s: float | None = None
+    # After max_retries: "fail" the step, or "drop_group" (the next group, e.g. an oversampled one, replaces it).
+    on_request_failure: str = "fail"
+    weight_version: int = 0  # θ_k: what a restarted replica must be loaded with
+
+
+class ReplicaLostError(RuntimeError):
+    """A rollout replica died and no replica is left to finish the step."""
 
 
 @dataclass
@@ -59,14 +67,20 @@ class StepResult:
     groups_done: int = 0
     untrainable: int = 0
     late_groups: int = 0  # completed after the batch was full: dropped, never trained
+    dropped_groups: int = 0  # a request failed past max_retries (on_request_failure=drop_group)
+    replica_failures: int = 0  # replicas found dead during the step
+    replica_restarts: int = 0
+    requeued_requests: int = 0  # in flight on a dead replica, resubmitted
+    recovery_s: list[float] = field(default_factory=list)  # death noticed -> replica back, per restart
     elapsed_s: float = 0.0
     errors: list[str] = field(default_factory=list)
 
 
 class StreamingRollout:
     def __init__(self, config, servers: list[tuple[str, Any]], reward_loop_worker_handles=None,
-                 load_balancer_handle=None):
+                 load_balancer_handle=None, supervisor=None):
         self.config = config
+        self.supervisor = supervisor  # ReplicaSupervisor, or None: a dead replica is dropped
         self.client = AdmissionRoutedClient(config, load_balancer_handle=load_balancer_handle, servers=servers)
         self.worker = AgentLoopWorker(config, self.client, None, reward_loop_worker_handles)
         rollout_cfg = config.actor_rollout_ref.rollout
@@ -121,6 +135,7 @@ class StreamingRollout:
         result = StepResult()
         start = time.perf_counter()
         tasks: dict[asyncio.Task, tuple[Any, int]] = {}
+        restarting: dict[asyncio.Task, tuple[int, float]] = {}  # restart task -> (replica, when death noticed)
         attempts: dict[Request, int] = {}
         outputs: dict[int, dict[int, Any]] = {}
 
@@ -134,27 +149,55 @@ class StreamingRollout:
                 task = asyncio.create_task(self._one(req, adm, n_try))
                 tasks[task] = (adm, n_try)
 
+        def cancel(pred) -> None:
+            for task, (adm, _) in list(tasks.items()):
+                if pred(adm):
+                    task.cancel()
+                    del tasks[task]
+                    timeline.request_aborted(rid(adm.request), adm.request.group)
+
         admit()
-        while tasks and not policy.all_done:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        while (tasks or restarting) and not policy.all_done:
+            done, _ = await asyncio.wait([*tasks, *restarting], return_when=asyncio.FIRST_COMPLETED)
             for task in done:
+                if task in restarting:
+                    self._replica_back(task, restarting.pop(task), policy, result)
+                    continue
+                if task not in tasks:  # cancelled in this wake-up (its replica died or its group was dropped)
+                    continue
                 adm, n_try = tasks.pop(task)
                 r = adm.request
                 try:
                     out = task.result()
-                except Exception as e:  # a failed or timed-out request: retry, then give up loudly
+                except Exception as e:
+                    if is_replica_death(e):
+                        if adm.replica in policy.replicas:  # the first of its requests to notice
+                            restarting.update(self._replica_died(req, adm.replica, e, policy, result))
+                            cancel(lambda a, dead=adm.replica: a.replica == dead)
+                        continue  # not the request's fault: no retry is used up
+                    # A failed or timed-out request: retry, then give up on it (fail the step or drop its group).
                     result.failed_attempts += 1
                     attempts[r] = n_try + 1
                     msg = f"request {rid(r)} failed (attempt {n_try + 1}): {type(e).__name__}: {e}"
                     logger.warning(msg)
-                    if n_try + 1 > req.max_retries:
-                        result.errors.append(msg)
-                        raise RuntimeError(msg) from e
-                    policy.on_request_failed(r)
+                    if n_try + 1 <= req.max_retries:
+                        policy.on_request_failed(r, adm.replica)
+                        continue
+                    result.errors.append(msg)
+                    if req.on_request_failure != "drop_group":
+                        raise RuntimeError(f"{msg}; giving up after rolloutpipe.fault.max_request_retries="
+                                           f"{req.max_retries} (rolloutpipe.fault.on_request_failure=fail)") from e
+                    logger.warning("dropping group %d of step %d: its next group takes its place", r.group, req.step)
+                    closed = set(policy.drop_group(r.group))
+                    cancel(lambda a, closed=closed: a.request in closed)
+                    outputs.pop(r.group, None)
+                    timeline.group_done(r.group, False)
+                    result.dropped_groups += 1
                     continue
+                if not policy.on_response_done(r, adm.replica):
+                    continue  # stale: its request was resubmitted elsewhere or closed
                 n_tokens = int(out.response_mask.sum().item())
                 timeline.response_done(rid(r), r.group, n_tokens)
-                policy.on_response_done(r)
                 result.responses += 1
                 outputs.setdefault(r.group, {})[r.index] = out
                 if len(outputs[r.group]) == req.n:
@@ -175,8 +218,42 @@ class StreamingRollout:
                 await self._abort(policy, tasks, timeline, rid, result)
                 break
             admit()
+        if restarting:  # the batch filled on the other replicas: the restart still finishes, for the next step
+            for task, info in list(restarting.items()):
+                await asyncio.wait([task])
+                self._replica_back(task, info, policy, result)
         result.elapsed_s = time.perf_counter() - start
         return result
+
+    def _replica_died(self, req: StepRequest, replica: int, exc: BaseException, policy, result) -> dict:
+        """Takes the replica out of admission (its in-flight requests go back to pending) and starts its
+        restart; returns {restart task: (replica, t)} (empty when there is no supervisor)."""
+        result.replica_failures += 1
+        logger.error("step %d: rollout replica %d died (%s: %s)", req.step, replica, type(exc).__name__, exc)
+        if self.supervisor is None:
+            if len(policy.replicas) == 1:
+                raise ReplicaLostError(
+                    f"step {req.step}: rollout replica {replica} died and no replica is left "
+                    f"(rolloutpipe.fault.replica_restart=false): {type(exc).__name__}: {exc}") from exc
+            result.requeued_requests += len(policy.remove_replica(replica))
+            return {}
+        result.requeued_requests += len(policy.remove_replica(replica, allow_none_left=True))
+        task = asyncio.create_task(asyncio.to_thread(self.supervisor.restart, replica, req.weight_version))
+        return {task: (replica, time.perf_counter())}
+
+    def _replica_back(self, task: asyncio.Task, info: tuple[int, float], policy, result) -> None:
+        replica, t_dead = info
+        try:
+            task.result()
+        except Exception as e:
+            if not policy.replicas:
+                raise ReplicaLostError(f"rollout replica {replica} died and could not be restarted "
+                                       f"({type(e).__name__}: {e}); no replica is left") from e
+            logger.error("rollout replica %d could not be restarted (%s); going on without it", replica, e)
+            return
+        result.replica_restarts += 1
+        result.recovery_s.append(time.perf_counter() - t_dead)
+        policy.add_replica(replica)
 
     async def _abort(self, policy, tasks, timeline, rid, result) -> None:
         """The batch is full: cancel what is left of this step (never carried into the next).
