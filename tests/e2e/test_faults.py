@@ -1,0 +1,217 @@
+"""Faults injected for real on the live CPU stack: a rollout replica killed by pid mid-step, requests that
+vLLM rejects, no replica left (rollback + checkpoint), and resuming from that checkpoint.
+
+The tests share one stack and run in file order; the last ones take the stack down on purpose.
+"""
+
+import os
+import signal
+import time
+
+import numpy as np
+import psutil
+import pytest
+import ray
+import torch
+from omegaconf import open_dict
+
+from tests.e2e.conftest import E2E_OVERRIDES
+
+pytestmark = pytest.mark.e2e
+
+N = 4
+GROUPS = 8
+OVERSAMPLE = 2
+SHORT, LONG = 4, 128  # response lengths: the first unit's groups, and the rest (still running at the kill)
+
+FAULT_OVERRIDES = E2E_OVERRIDES + [
+    "rolloutpipe.mode=cgp",
+    f"rolloutpipe.oversample={OVERSAMPLE}",
+    f"data.max_response_length={LONG}",
+    "actor_rollout_ref.rollout.max_model_len=256",
+    "trainer.save_freq=-1",
+]
+
+
+@pytest.fixture(scope="module")
+def ckpt_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("fault_ckpt")
+
+
+@pytest.fixture(scope="module")
+def stack(ckpt_dir):
+    from verl_pipe.session import PipeSession, compose
+
+    session = PipeSession(compose(FAULT_OVERRIDES + [f"trainer.default_local_dir={ckpt_dir}"]))
+    session.closed = False
+    yield session
+    if not session.closed:
+        session.close()
+
+
+def _lengths(group: int, index: int) -> dict:
+    # Groups 0-3 (the first unit) are short; the others are long, so they are still being generated
+    # when the first unit has trained and the replica is killed.
+    return {"max_tokens": SHORT if group < 4 else LONG, "ignore_eos": True}
+
+
+def _server_pid(trainer, replica: int = 0) -> int:
+    handle = trainer.llm_server_manager.server_handles[replica]
+    return ray.get(handle.__ray_call__.remote(lambda self: os.getpid()))
+
+
+def _descendants(pid: int) -> list[int]:
+    return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+
+
+def _gone(pids, timeout=30.0) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+class _KillAfterFirstUnit:
+    """Wraps the trainer's unit update: once the first unit has trained (the actor is past θ_k), SIGKILL
+    the vLLM server process while the long groups are still being generated."""
+
+    def __init__(self, trainer, pid: int):
+        self.trainer, self.pid = trainer, pid
+        self.real = trainer._update_unit
+        self.killed_at = None
+        self.inflight_at_kill = None
+
+    def __call__(self, unit_batch):
+        self.real(unit_batch)
+        if self.killed_at is None:
+            self.inflight_at_kill = self.trainer.rollout._tasks and len(self.trainer.rollout._tasks)
+            os.kill(self.pid, signal.SIGKILL)
+            self.killed_at = time.perf_counter()
+
+
+def test_replica_killed_mid_step_restarts_with_theta_k(stack):
+    trainer = stack.trainer
+    stack.step(sampling_overrides=_lengths)  # a normal step first (vLLM warm, version 1 in the replica)
+    version = trainer.global_steps - 1
+    pid = _server_pid(trainer)
+    engine_pids = _descendants(pid)
+    assert engine_pids, "the vLLM engine runs in child processes of the server actor"
+    kill = _KillAfterFirstUnit(trainer, pid)
+
+    t0 = time.perf_counter()
+    rec = stack.step(sampling_overrides=_lengths, _update_unit=kill)
+    took = time.perf_counter() - t0
+    del trainer._update_unit  # back to the class's method
+    m = rec["metrics"]
+    assert kill.killed_at is not None
+    assert kill.inflight_at_kill, "the long groups must still be in flight at the kill (raise LONG)"
+    print(f"\n[fault] replica killed after unit 0 with {kill.inflight_at_kill} requests in flight; "
+          f"recovered in {m['rolloutpipe/replica_recovery_s']:.1f}s, step {took:.1f}s")
+    assert m["rolloutpipe/replica_failures"] == 1
+    assert m["rolloutpipe/replica_restarts"] == 1
+    assert m["rolloutpipe/requeued_requests"] > 0
+    # every trainable group trained once, nothing lost or twice
+    assert len(rec["trained_groups"]) == GROUPS == len(set(rec["trained_groups"]))
+    batch = trainer._trained_batch
+    uids, counts = np.unique(batch.non_tensor_batch["uid"], return_counts=True)
+    assert len(uids) == GROUPS and set(counts) == {N}
+    assert set(batch.non_tensor_batch["min_global_steps"]) == {version} == set(batch.non_tensor_batch["max_global_steps"])
+    # The restarted replica generated with θ_k (not with the actor's state after unit 0): its samples'
+    # vLLM log-probs match the trainer's θ_k old log-probs as closely as the other replica's did.
+    mask = batch.batch["response_mask"].float()
+    gap = ((batch.batch["rollout_log_probs"] - batch.batch["old_log_probs"]).abs() * mask).sum(-1) / mask.sum(-1)
+    before, after = gap[: 4 * N].mean().item(), gap[4 * N:].mean().item()  # unit 0: old replica; unit 1: new
+    print(f"[fault] mean |vLLM - θ_k| log-prob gap: first replica {before:.4f}, restarted replica {after:.4f}")
+    assert after < 0.04 and after < 3 * before + 0.01, (before, after)
+    # the old server and its engine processes are gone, a new one serves
+    assert _gone([pid, *engine_pids]), "the dead replica's processes must not linger"
+    assert _server_pid(trainer) != pid
+    # the next step syncs θ_{k+1} into the restarted replica and runs normally
+    rec2 = stack.step(sampling_overrides=_lengths)
+    assert rec2["metrics"]["rolloutpipe/replica_failures"] == 0
+    assert set(trainer._trained_batch.non_tensor_batch["min_global_steps"]) == {version + 1}
+
+
+def test_rejected_requests_drop_their_group_or_fail_the_step(stack):
+    from verl_pipe.trainer import StepFailedError
+
+    trainer = stack.trainer
+    fault = trainer.config.rolloutpipe.fault
+
+    def reject_group_1(group: int, index: int) -> dict:
+        # vLLM refuses a negative temperature: a real per-request error from the engine.
+        return {"temperature": -1.0} if group == 1 else _lengths(group, index)
+
+    with open_dict(fault):
+        fault.on_request_failure, fault.max_request_retries = "drop_group", 1
+    rec = stack.step(sampling_overrides=reject_group_1)
+    m = rec["metrics"]
+    assert m["rolloutpipe/failed_groups_dropped"] == 1
+    assert m["rolloutpipe/failed_request_attempts"] >= 2  # one retry, then the group is given up
+    assert 1 not in rec["trained_groups"]
+    assert len(rec["trained_groups"]) == GROUPS, "an oversampled group took the dropped group's place"
+    assert max(rec["trained_groups"]) >= GROUPS
+
+    with open_dict(fault):
+        fault.on_request_failure = "fail"
+    step = trainer.global_steps
+    with pytest.raises(StepFailedError, match="max_request_retries=1") as err:
+        stack.step(sampling_overrides=reject_group_1)
+    assert f"global_step_{step - 1}" in str(err.value)
+    assert trainer.global_steps == step, "a failed step does not count"
+    # the stack goes on: the same step number runs again with good requests
+    rec = stack.step(sampling_overrides=_lengths)
+    assert rec["step"] == step and len(rec["trained_groups"]) == GROUPS
+
+
+def test_no_replica_left_rolls_back_and_checkpoints(stack, ckpt_dir):
+    from verl_pipe.trainer import StepFailedError
+
+    trainer = stack.trainer
+    with open_dict(trainer.config.rolloutpipe.fault):
+        trainer.config.rolloutpipe.fault.replica_restart = False
+    trainer.rollout.supervisor = None
+    step = trainer.global_steps
+    theta_k = stack.actor_state()
+    batch_dict = next(stack._batches)
+    stack.failed_batch = batch_dict
+    stack.theta_k = theta_k
+    kill = _KillAfterFirstUnit(trainer, _server_pid(trainer))
+    with pytest.raises(StepFailedError, match="no replica is left") as err:
+        stack.step(batch_dict=batch_dict, sampling_overrides=_lengths, _update_unit=kill)
+    print(f"\n[fault] {err.value}")
+    assert kill.killed_at is not None and kill.inflight_at_kill
+    assert "resume_mode=auto" in str(err.value)
+    # rolled back: the actor is θ_k again although unit 0 had trained
+    after = stack.actor_state()
+    assert all(torch.equal(theta_k[k], after[k]) for k in theta_k), "θ_k restored from the CPU snapshot"
+    assert (ckpt_dir / "latest_checkpointed_iteration.txt").read_text() == str(step - 1)
+    assert (ckpt_dir / f"global_step_{step - 1}" / "data.pt").exists()
+    stack.failed_step = step
+    stack.close()
+    stack.closed = True
+
+
+def test_resume_from_the_rolled_back_checkpoint(stack, ckpt_dir):
+    from verl_pipe.session import PipeSession, compose
+
+    assert stack.closed
+    resumed = PipeSession(compose(FAULT_OVERRIDES + [f"trainer.default_local_dir={ckpt_dir}",
+                                                     "trainer.resume_mode=auto"]))
+    try:
+        trainer = resumed.trainer
+        assert trainer.global_steps == stack.failed_step, "resumes at the failed step"
+        theta = resumed.actor_state()
+        assert all(torch.equal(stack.theta_k[k], theta[k]) for k in theta), "with the weights it failed from"
+        first = next(resumed._batches)
+        assert np.array_equal(first["index"], stack.failed_batch["index"]), "with the same prompts"
+        rec = resumed.step(batch_dict=first, sampling_overrides=_lengths)
+        m = rec["metrics"]
+        assert rec["step"] == stack.failed_step and len(rec["trained_groups"]) == GROUPS
+        assert set(trainer._trained_batch.non_tensor_batch["min_global_steps"]) == {stack.failed_step - 1}
+        assert np.isfinite(m["actor/pg_loss"]) and np.isfinite(m["actor/grad_norm"])
+    finally:
+        resumed.close()
