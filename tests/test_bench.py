@@ -186,7 +186,7 @@ TRUE_TRAINER = TrainerParams(num_gpus=1, flops_per_s_per_gpu=1 / 7e-4, linear_fl
                              use_ref=False, optimizer_step_s=0.05)
 
 
-def simulated_steps():
+def simulated_steps(modes=("sync", "cgp", "cgp_fgd"), trainer=TRUE_TRAINER):
     """'Measured' steps produced by the simulator with known parameters (padded trainer, one replica)."""
     steps = []
     specs = {"longtail-a": {"kind": "lognormal", "median": 24, "sigma": 1.0, "rho": 0.7, "cap": 128},
@@ -195,10 +195,11 @@ def simulated_steps():
         for r in range(2):
             wl0 = from_spec(spec, 8, 4, 0, seed=r)
             wl = PaddedWorkload(8, 4, wl0.lengths, 30)
-            for mode in ("sync", "cgp", "cgp_fgd"):
-                tl = simulate_step(wl, TRUE_ENGINE, TRUE_TRAINER, mode, 1,
+            for mode in modes:
+                tl = simulate_step(wl, TRUE_ENGINE, trainer, mode, 1,
                                    window=8 if mode == "cgp_fgd" else None, groups_per_unit=2, weight_sync_s=0.5)
-                steps.append({"setting": name, "mode": mode, "granularity": "minibatch", "round": r,
+                steps.append({"setting": name, "mode": mode, "round": r,
+                              "granularity": "group" if mode == "cgp_group" else "minibatch",
                               "timeline": tl.to_dict(), "lengths": wl.lengths, "prompt_len": 30.0,
                               "weight_sync_s": 0.5, "metrics": tl.metrics()})
     return steps
@@ -216,6 +217,25 @@ def test_fit_recovers_known_simulator_parameters():
     assert tr.update_line[1] == pytest.approx(7e-4, rel=0.05)
     assert tr.params.logprob_ratio == pytest.approx(0.35, abs=0.02)
     assert tr.update_line[0] == pytest.approx(0.15, abs=0.02)  # h + o
+
+
+def test_fit_and_validation_with_group_bursts():
+    # The trainer is slower than the rollout, so with group granularity it takes the groups that arrived
+    # meanwhile in one call (one per-call overhead per burst); later units' old log-probs swap theta_k in and out.
+    true = TRUE_TRAINER.with_(call_overhead_s=0.1, microbatch_overhead_s=0.0, swap_save_s=0.02, swap_restore_s=0.02)
+    steps = simulated_steps(("sync", "cgp", "cgp_group"), true)
+    group_steps = [s for s in steps if s["mode"] == "cgp_group"]
+    calls = [trainer_span_samples(s, SHAPE.micro_rows) for s in group_steps]
+    assert sum(len(c["forward_backward"]) for c in calls) < 8 * len(group_steps)  # some bursts merged groups
+    assert all(len(c["old_log_prob_swapped"]) >= 1 and len(c["swap"]) == 1 for c in calls)
+    tr = fit_trainer(steps, SHAPE.micro_rows)
+    assert tr.swap_s == pytest.approx(0.02)
+    assert tr.params.call_overhead_s == pytest.approx(0.1, abs=0.01)
+    assert tr.update_line[1] == pytest.approx(7e-4, rel=0.02)
+    assert tr.params.logprob_ratio == pytest.approx(0.35, abs=0.02)
+    sv, _ = sim_validation(steps, SHAPE)
+    assert sv["per_mode"]["cgp_group"]["max_rel_error"] < 0.03, sv["rows"]
+    assert sv["max_rel_error"] < 0.05, sv["rows"]
 
 
 def test_trainer_span_samples_cover_units_and_whole_batch():

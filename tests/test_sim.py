@@ -15,7 +15,7 @@ from verl_pipe.sim import workload as W
 from verl_pipe.sim.engine import EngineParams, Replica, Seq, fit_engine_params
 from verl_pipe.sim.grid import format_setting, run_grid
 from verl_pipe.sim.simulate import make_policy, simulate_rollout, simulate_step, timeline_for
-from verl_pipe.sim.trainer import MODES, TrainerParams
+from verl_pipe.sim.trainer import MODES, TrainerParams, schedule
 
 # One decode step = exactly 1 s, no prefill cost, KV never binds: schedules can be worked out by hand.
 UNIT_STEP = EngineParams(max_num_seqs=2, kv_capacity_tokens=10**9, kv_bytes_per_token=0.0, weight_bytes=0.0,
@@ -41,16 +41,22 @@ def test_hand_computed_rollout():
     assert {g["group"]: g["t"] for g in _events(tl, "groups")} == {0: 3.0, 1: 7.0}
 
 
-@pytest.mark.parametrize("mode,end,spans", [
-    ("sync", 11.0, [(7, 9), (9, 11)]),  # the whole rollout (7 s), then two 2 s units
-    ("cgp", 9.0, [(3, 5), (7, 9)]),  # unit 0 trains while group 1 still generates
-    ("cgp_group", 9.0, [(3, 5), (7, 9)]),
+@pytest.mark.parametrize("mode,swap,end,spans", [
+    ("sync", 0.5, 11.0, [(7, 9), (9, 11)]),  # the whole rollout (7 s), then two 2 s units; sync never swaps
+    ("cgp", 0.0, 9.0, [(3, 5), (7, 9)]),  # unit 0 trains while group 1 still generates
+    ("cgp_group", 0.0, 9.0, [(3, 5), (7, 9)]),
+    # with CPU copies of 0.5 s: unit 0 (old_log_prob free) snapshots theta_k after its log-probs (3-3.5), then
+    # updates (3.5-5.5); unit 1's old_log_prob swaps theta_k in and out: save + 2 restores = 1.5 s (7-8.5)
+    ("cgp", 0.5, 10.5, [(3, 3.5), (3.5, 5.5), (7, 8.5), (8.5, 10.5)]),
+    # group granularity: the snapshot comes after unit 0's groups, before its optimizer step (free here)
+    ("cgp_group", 0.5, 10.5, [(3, 5), (5, 5.5), (7, 8.5), (8.5, 10.5)]),
     # polls at 0, 2, 4 -> unit 0 found at 4: save 0.5, update 2; unit 1: free at 6.5, polls 6.5, 8.5 ->
     # save+restore 1.0, old_log_prob (free), restore 0.5, update 2 -> 12.
-    ("verl_separate_async", 12.0, [(4, 4.5), (4.5, 6.5), (8.5, 9.5), (9.5, 10), (10, 12)]),
+    ("verl_separate_async", 0.5, 12.0, [(4, 4.5), (4.5, 6.5), (8.5, 9.5), (9.5, 10), (10, 12)]),
 ])
-def test_hand_computed_trainer(mode, end, spans):
-    tl = simulate_step(HAND, UNIT_STEP, FIXED_2S, mode, num_replicas=1, groups_per_unit=1, weight_sync_s=0.5)
+def test_hand_computed_trainer(mode, swap, end, spans):
+    trainer = FIXED_2S.with_(swap_save_s=swap, swap_restore_s=swap)
+    tl = simulate_step(HAND, UNIT_STEP, trainer, mode, num_replicas=1, groups_per_unit=1, weight_sync_s=0.5)
     m = tl.metrics()
     assert m["rollout_end_s"] == 7.0
     assert m["rollout_to_train_end_s"] == pytest.approx(end)
@@ -58,6 +64,43 @@ def test_hand_computed_trainer(mode, end, spans):
     assert m["step_time_s"] == pytest.approx(end + 0.5)  # weight sync after the last optimizer step
     if mode == "sync":
         assert m["trainer_wait_ratio"] == pytest.approx(7 / 11)
+
+
+def test_hand_computed_group_bursts():
+    # verl_pipe/trainer.py _train_each_group_as_it_arrives: the trainer takes every group that has arrived (up
+    # to the unit's remainder) in one call. A call costs 1 s + 1 s per group (10 tokens at 10 tokens/s);
+    # old_log_prob half of that; optimizer step 0.5 s; CPU copies 0.1 s. Units of 3 groups, groups done at
+    # 1, 2, 3 | 4, 5, 9.
+    p = TrainerParams(num_gpus=1, flops_per_s_per_gpu=10.0, linear_flops_per_token=1.0, attn_flops_coef=0.0,
+                      call_overhead_s=1.0, microbatch_overhead_s=0.0, max_tokens_per_microbatch=10**9,
+                      logprob_ratio=0.5, use_ref=False, optimizer_step_s=0.5, swap_save_s=0.1, swap_restore_s=0.1)
+    completions = [(1.0, 0), (2.0, 1), (3.0, 2), (4.0, 3), (5.0, 4), (9.0, 5)]
+    plan = schedule("cgp_group", completions, lambda g: [10], p, groups_per_unit=3, rollout_end=9.0)
+    assert [(k, pytest.approx(a), pytest.approx(b), u, g) for k, a, b, u, g in plan.spans] == [
+        # unit 0: at 1 only group 0 is in -> old_log_prob 0.5*(1+1), forward_backward 1+1
+        ("old_log_prob", 1.0, 2.0, 0, 0), ("forward_backward", 2.0, 4.0, 0, 0),
+        # free at 4: groups 1 and 2 (done at 2, 3) are one burst -> 0.5*(1+2), 1+2
+        ("old_log_prob", 4.0, 5.5, 0, 2), ("forward_backward", 5.5, 8.5, 0, 2),
+        ("snapshot_theta_k", 8.5, 8.6, 0, None), ("optimizer_step", 8.6, 9.1, 0, None),
+        # unit 1: free at 9.1, all three groups are in (the last at 9) -> one burst; its old_log_prob swaps
+        # theta_k in and out: 0.5*(1+3) + 0.1 + 2*0.1
+        ("old_log_prob", 9.1, 11.4, 1, 5), ("forward_backward", 11.4, 15.4, 1, 5),
+        ("optimizer_step", 15.4, 15.9, 1, None)]
+    assert plan.end == pytest.approx(15.9)
+    # one group per call (the old model) would pay the call overhead six times: 1 s + 1.5 s more per extra call
+    per_group = sum(p.logprob_s([10]) + p.update_s([10]) for _ in range(6))
+    assert per_group - sum(p.logprob_s([10] * k) + p.update_s([10] * k) for k in (1, 2, 3)) == pytest.approx(4.5)
+    # a trainer that keeps up takes one group per call
+    fast = p.with_(time_scale=0.01, swap_save_s=0.0, swap_restore_s=0.0)
+    quick = schedule("cgp_group", completions, lambda g: [10], fast, groups_per_unit=3, rollout_end=9.0)
+    assert [g for k, _, _, _, g in quick.spans if k == "forward_backward"] == [0, 1, 2, 3, 4, 5]
+    # simultaneous completions: an idle trainer wakes on the first and takes it alone (the real FIFO receives
+    # them one at a time); the rest arrived while it worked, so they form the next burst
+    tied = schedule("cgp_group", [(1.0, 0), (1.0, 1), (1.0, 2)], lambda g: [10], p, groups_per_unit=3,
+                    rollout_end=1.0)
+    assert [(k, pytest.approx(a), pytest.approx(b), g) for k, a, b, _, g in tied.spans] == [
+        ("old_log_prob", 1.0, 2.0, 0), ("forward_backward", 2.0, 4.0, 0),
+        ("old_log_prob", 4.0, 5.5, 2), ("forward_backward", 5.5, 8.5, 2), ("optimizer_step", 8.5, 9.0, None)]
 
 
 def test_decode_cost_grows_with_context_and_interrupt_joins_at_step_boundary():
@@ -174,13 +217,19 @@ def test_fgd_first_unit_ready_not_later_than_fcfs_interleave_on_long_tail():
 
 def test_equal_lengths_cgp_is_sync_plus_a_little():
     # one wave (slots >= requests), no tail: every group completes at once, nothing to overlap
-    # (cgp pays per-unit log-prob micro-batch overheads that sync pays once for the whole batch)
+    # (cgp pays per-unit log-prob micro-batch overheads that sync pays once for the whole batch, and the CPU
+    # copies that keep its old log-probs at theta_k: a snapshot in unit 0, save + 2 restores in each later unit)
     wl = W.equal_lengths(16, 8, length=1000, prompt_len=300)
     eng = EngineParams(max_num_seqs=128)
     kw = dict(num_replicas=1, groups_per_unit=4)
-    sync = simulate_step(wl, eng, TrainerParams(), "sync", **kw).metrics()
-    cgp = simulate_step(wl, eng, TrainerParams(), "cgp", **kw).metrics()
-    assert sync["rollout_to_train_end_s"] <= cgp["rollout_to_train_end_s"] <= 1.05 * sync["rollout_to_train_end_s"]
+    p = TrainerParams()
+    sync = simulate_step(wl, eng, p, "sync", **kw).metrics()["rollout_to_train_end_s"]
+    cgp = simulate_step(wl, eng, p, "cgp", **kw).metrics()["rollout_to_train_end_s"]
+    copies = p.swap_save_s + 3 * p.theta_k_swap_s  # 4 units
+    assert sync <= cgp - copies <= 1.05 * sync
+    free_copies = p.with_(swap_save_s=0.0, swap_restore_s=0.0)
+    assert simulate_step(wl, eng, free_copies, "cgp", **kw).metrics()["rollout_to_train_end_s"] == pytest.approx(
+        cgp - copies)
 
 
 def test_cgp_beats_sync_on_long_tail():

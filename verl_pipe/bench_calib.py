@@ -17,9 +17,12 @@ decode-step sample ``(b_mean, (f - a - prefill share) / L)`` and ``fit_engine_pa
 on those samples.
 
 Trainer (``verl_pipe.sim.trainer``). verl's FSDP engine without remove-padding pads every micro-batch to its
-longest row, so a unit costs by *padded* tokens (``padded_tokens``). The simulator's cost model, with one
-"micro-batch" per call, is update = beta*tok + h + o and old_log_prob = lambda*(beta*tok + h) (h: per-call
-overhead, o: optimizer step per unit); it is fitted by least squares to the measured spans.
+longest row, so a call costs by *padded* tokens (``padded_tokens``). The simulator's cost model per trainer
+call is update = beta*tok + h + o, forward_backward = beta*tok + h and old_log_prob = lambda*(beta*tok + h)
+(h: per-call overhead, ``call_overhead_s``; o: optimizer step per unit); it is fitted by least squares to the
+measured spans, one sample per call (a group-granularity burst is one call). Old-log-prob calls of units after
+the first also swap theta_k in and out (save + 2 restores, each costed as the measured ``snapshot_theta_k``);
+that is taken off their duration before the fit and charged back by the simulator.
 """
 
 from __future__ import annotations
@@ -195,8 +198,8 @@ def trainer_span_samples(step: dict, micro_rows: int) -> dict[str, list[tuple[fl
     tl, lengths, P = step["timeline"], step["lengths"], step["prompt_len"]
     unit_groups = {u["unit"]: list(u["groups"]) for u in tl["units_ready"]}
     all_groups = [g for u in sorted(unit_groups) for g in unit_groups[u]]
-    out: dict[str, list[tuple[float, float]]] = {"update": [], "old_log_prob": [], "forward_backward": [],
-                                                 "optimizer_step": [], "swap": []}
+    out: dict[str, list[tuple[float, float]]] = {"update": [], "old_log_prob": [], "old_log_prob_swapped": [],
+                                                 "forward_backward": [], "optimizer_step": [], "swap": []}
     # A unit with its own optimizer_step span (group granularity, or the simulator's timelines) has update
     # spans without the optimizer step: they cost like forward_backward.
     own_opt = {s["unit"] for s in tl["train_spans"] if s["kind"] == "optimizer_step"}
@@ -223,6 +226,8 @@ def trainer_span_samples(step: dict, micro_rows: int) -> dict[str, list[tuple[fl
             groups = unit_groups.get(unit, [])
         if groups:
             key = "forward_backward" if kind == "update" and unit in own_opt else kind
+            if kind == "old_log_prob" and unit is not None and unit > 0:
+                key = "old_log_prob_swapped"  # _old_log_prob_at_theta_k: the span includes the theta_k swap
             out[key].append((padded_tokens(groups, lengths, P, micro_rows), dur))
     return out
 
@@ -230,18 +235,22 @@ def trainer_span_samples(step: dict, micro_rows: int) -> dict[str, list[tuple[fl
 def fit_trainer(steps: list[dict], micro_rows: int, base: TrainerParams | None = None) -> TrainerFit:
     """Least squares of the simulator's trainer cost model on the measured spans.
 
-    Model (TrainerParams with one micro-batch per call): update = beta*tok + h + o, old_log_prob =
+    Model (TrainerParams, h = call_overhead_s per call): update = beta*tok + h + o, old_log_prob =
     lambda*(beta*tok + h); group granularity: forward_backward = beta*tok + h, optimizer_step = o.
-    lambda is scanned on a grid; for each, (beta, h, o) >= 0 is a linear fit.
+    Old-log-prob calls at theta_k after unit 0 first lose the modelled swap (save + 2 restores = 3 x the
+    mean measured snapshot). lambda is scanned on a grid; for each, (beta, h, o) >= 0 is a linear fit.
     """
-    upd, fb, opt, lp, swap = [], [], [], [], []
+    upd, fb, opt, lp, lp_sw, swap = [], [], [], [], [], []
     for s in steps:
         smp = trainer_span_samples(s, micro_rows)
         upd += smp["update"]
         fb += smp["forward_backward"]
         opt += [d for _, d in smp["optimizer_step"]]
         lp += smp["old_log_prob"]
+        lp_sw += smp["old_log_prob_swapped"]
         swap += [d for _, d in smp["swap"]]
+    swap_s = float(np.mean(swap)) if swap else 0.0
+    lp = lp + [(x, max(0.0, d - 3 * swap_s)) for x, d in lp_sw]
     if len(upd) + len(fb) < 2 or not lp:
         raise ValueError("need update (or forward_backward) and old_log_prob spans to fit the trainer")
     y = np.asarray([d for _, d in upd] + [d for _, d in fb] + opt + [d for _, d in lp], dtype=float)
@@ -255,15 +264,14 @@ def fit_trainer(steps: list[dict], micro_rows: int, base: TrainerParams | None =
             best = (sse, float(lam), c)
     _, lam, (beta, h, o) = best
     beta = max(float(beta), 1e-12)
-    swap_s = float(np.mean(swap)) if swap else 0.0
     params = (base or TrainerParams()).with_(
         num_gpus=1, flops_per_s_per_gpu=1.0 / beta, efficiency=1.0, linear_flops_per_token=1.0,
-        attn_flops_coef=0.0, microbatch_overhead_s=float(h), max_tokens_per_microbatch=1 << 40,
+        attn_flops_coef=0.0, call_overhead_s=float(h), microbatch_overhead_s=0.0, max_tokens_per_microbatch=1 << 40,
         logprob_ratio=lam, use_ref=False, optimizer_step_s=float(o), time_scale=1.0,
         swap_save_s=swap_s, swap_restore_s=swap_s)
     return TrainerFit(params, (float(h + o), beta), (lam * float(h), lam * beta), swap_s,
                       {"update": len(upd), "forward_backward": len(fb), "optimizer_step": len(opt),
-                       "old_log_prob": len(lp), "swap": len(swap)})
+                       "old_log_prob": len(lp), "old_log_prob_swapped": len(lp_sw), "swap": len(swap)})
 
 
 class PaddedWorkload(Workload):
@@ -438,7 +446,7 @@ def calibration_summary(cal: Calibration) -> dict:
         "rollout_slowdown_when_overlapped": cal.overlapped.params.step_time(b, 0) / cal.alone.params.step_time(b, 0),
         "trainer": {"update_intercept_s": tr.update_line[0], "update_s_per_padded_token": tr.update_line[1],
                     "logprob_intercept_s": tr.logprob_line[0], "logprob_s_per_padded_token": tr.logprob_line[1],
-                    "logprob_ratio": t.logprob_ratio, "per_call_overhead_s": t.microbatch_overhead_s,
+                    "logprob_ratio": t.logprob_ratio, "per_call_overhead_s": t.call_overhead_s,
                     "optimizer_step_s": t.optimizer_step_s, "theta_k_snapshot_s": tr.swap_s,
                     "spans": tr.num_spans},
     }

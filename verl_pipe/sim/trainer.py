@@ -1,14 +1,28 @@
 """Trainer cost model and the trainer's schedule for each mode.
 
-Cost (sim_params.md §4, §7): a set of sequences costs FLOPs / (GPUs * FLOP rate * eta) plus a fixed overhead
-per micro-batch, where the micro-batches per GPU are ceil(tokens / GPUs / max_tokens_per_microbatch) (verl's
-dynamic batch size packs tokens). FLOPs per sequence of length L = L * linear + attn_coef * L^2 (6N + 2N for
-slime's full recompute, plus 4 x causal attention). old_log_prob = 1/3 of the update [S: verl 2.9-3.25];
-ref = old_log_prob when the KL loss is on [S: verl#7412]. All trainer compute times are multiplied by
-``time_scale``, the knob of the T/R sweep (CPU swaps and polling are not compute and are not scaled).
+Cost (sim_params.md §4, §7): a trainer call (one old_log_prob, ref, update or forward_backward call on the
+worker group) over a set of sequences costs ``call_overhead_s`` + FLOPs / (GPUs * FLOP rate * eta) + a fixed
+overhead per micro-batch, where the micro-batches per GPU are ceil(tokens / GPUs / max_tokens_per_microbatch)
+(verl's dynamic batch size packs tokens). FLOPs per sequence of length L = L * linear + attn_coef * L^2 (6N +
+2N for slime's full recompute, plus 4 x causal attention). old_log_prob = 1/3 of the update [S: verl
+2.9-3.25]; ref = old_log_prob when the KL loss is on [S: verl#7412]. All trainer compute times are multiplied
+by ``time_scale``, the knob of the T/R sweep (CPU model copies and polling are not compute and are not scaled).
 
 The rollout never waits for the trainer (separate pools, fixed weights), so the trainer is a single server
-that consumes group completions in order; its schedule is a pure function of the completion times.
+that consumes group completions in order; its schedule is a pure function of the completion times. Each
+mode's schedule follows ``verl_pipe/trainer.py`` call by call:
+
+- sync: one old_log_prob (and ref) call over the whole batch after the rollout, then one update per unit;
+- cgp (mini-batch units): per unit, when its groups are in, old_log_prob, ref and update calls;
+- cgp_group: per unit, the trainer takes whatever groups have arrived, up to the unit's remainder, as one
+  burst (``GroupQueue.take_available``): one old_log_prob, ref and forward_backward call over the burst; the
+  optimizer step once the unit is complete. When the trainer lags behind the rollout, bursts merge groups and
+  the per-call overhead is paid once per burst, not once per group. An idle trainer wakes on the first group
+  and takes it alone (measured: 0 of 49 idle takes in the benchmark runs got more than one group);
+- CGP's exact on-policy old log-probs: unit 0 runs at theta_k as is and then keeps a CPU snapshot of theta_k
+  (``snapshot_theta_k``, one save); every later unit's old_log_prob call swaps theta_k in and back out
+  (``_old_log_prob_at_theta_k``: save the current weights, restore theta_k, compute, restore the current
+  weights), recorded inside the old_log_prob span as the real trainer does.
 """
 
 from __future__ import annotations
@@ -28,28 +42,31 @@ class TrainerParams:
     attn_flops_coef: float = 8 * 28 * 2048  # 4 x attn_fwd, attn_fwd/token = 4*layers*(L/2)*hidden [D]
     microbatch_overhead_s: float = 0.1  # [S: ThunderSyncRL]
     max_tokens_per_microbatch: int = 9216  # per GPU [S: slime --max-tokens-per-gpu]
+    call_overhead_s: float = 0.0  # per trainer call (dispatch, batch set-up); fitted on CPU, 0 at cluster scale [A]
     logprob_ratio: float = 1 / 3  # old_log_prob / update [S]
     use_ref: bool = True  # KL loss on -> a ref log-prob pass as costly as old_log_prob [A]
     optimizer_step_s: float = 0.1  # grad reduce + AdamW step per mini-batch [A]
     time_scale: float = 1.0
-    # verl V1 separate_async only:
-    poll_interval_s: float = 2.0  # ReplayBuffer poll_interval default [S: verl v1/replay_buffer.py]
+    # CPU model copies (device <-> host): CGP's theta_k snapshot and swaps, and verl V1 separate_async's pi_old
     swap_save_s: float = 0.34  # save_model_to_cpu: 8.12 GB fp32 params / 2 GPUs / 12 GB/s [A]
     swap_restore_s: float = 0.34  # restore_model_from_cpu, same volume [A]
+    # verl V1 separate_async only:
+    poll_interval_s: float = 2.0  # ReplayBuffer poll_interval default [S: verl v1/replay_buffer.py]
 
     def with_(self, **kw) -> "TrainerParams":
         return replace(self, **kw)
 
     # ---- costs --------------------------------------------------------------------------------------
     def update_s(self, seq_lens: list[int]) -> float:
-        """Forward + backward over these sequences, without the optimizer step."""
+        """One forward + backward call over these sequences, without the optimizer step."""
         if not seq_lens:
             return 0.0
         flops = sum(L * self.linear_flops_per_token + self.attn_flops_coef * L * L for L in seq_lens)
         tokens = sum(seq_lens)
         g = self.num_gpus
         microbatches = math.ceil(tokens / g / self.max_tokens_per_microbatch)
-        t = flops / (g * self.flops_per_s_per_gpu * self.efficiency) + microbatches * self.microbatch_overhead_s
+        t = (self.call_overhead_s + flops / (g * self.flops_per_s_per_gpu * self.efficiency)
+             + microbatches * self.microbatch_overhead_s)
         return t * self.time_scale
 
     def logprob_s(self, seq_lens: list[int]) -> float:
@@ -58,15 +75,26 @@ class TrainerParams:
     def ref_s(self, seq_lens: list[int]) -> float:
         return self.logprob_s(seq_lens) if self.use_ref else 0.0
 
+    @property
+    def optimizer_s(self) -> float:
+        return self.optimizer_step_s * self.time_scale
+
+    @property
+    def theta_k_swap_s(self) -> float:
+        """Extra cost of an old_log_prob call at theta_k after the first unit: save current, restore theta_k,
+        (compute), restore current."""
+        return self.swap_save_s + 2 * self.swap_restore_s
+
 
 @dataclass
 class TrainPlan:
-    spans: list[tuple[str, float, float, int | None]] = field(default_factory=list)  # kind, start, end, unit
+    # kind, start, end, unit, group (the last group of a per-group burst, as the real trainer tags it)
+    spans: list[tuple[str, float, float, int | None, int | None]] = field(default_factory=list)
     units: list[tuple[int, list[int], float]] = field(default_factory=list)  # unit, groups, ready time
 
     @property
     def end(self) -> float:
-        return max(e for _, _, e, _ in self.spans)
+        return max(s[2] for s in self.spans)
 
 
 class _Trainer:
@@ -75,11 +103,11 @@ class _Trainer:
     def __init__(self, plan: TrainPlan, t_free: float = 0.0):
         self.plan, self.free = plan, t_free
 
-    def run(self, kind: str, ready: float, dur: float, unit: int | None) -> None:
+    def run(self, kind: str, ready: float, dur: float, unit: int | None, group: int | None = None) -> None:
         start = max(self.free, ready)
         self.free = start + dur
         if dur > 0:
-            self.plan.spans.append((kind, start, self.free, unit))
+            self.plan.spans.append((kind, start, self.free, unit, group))
 
 
 def schedule(mode: str, completions: list[tuple[float, int]], seq_lens, p: TrainerParams,
@@ -99,30 +127,49 @@ def schedule(mode: str, completions: list[tuple[float, int]], seq_lens, p: Train
         plan.units.append((u, [g for _, g in members], members[-1][0] if full else rollout_end))
     tr = _Trainer(plan)
     lens = lambda groups: [L for g in groups for L in seq_lens(g)]  # noqa: E731
+    multi = len(units) > 1  # the real trainer keeps theta_k only when the step has more than one unit
+
+    def old_log_prob(ready: float, x: list[int], u: int, group: int | None = None) -> None:
+        swap = p.theta_k_swap_s if u > 0 else 0.0  # unit 0 runs before any optimizer step: no swap
+        tr.run("old_log_prob", ready, p.logprob_s(x) + swap, u, group)
+        tr.run("ref_log_prob", ready, p.ref_s(x), u, group)
 
     if mode == "sync":  # the whole batch first, whole-batch log-probs, then one optimizer step per unit
         batch_ready = max([t for t, _ in completions] + [rollout_end])
         all_lens = lens([g for _, g in completions])
         tr.run("old_log_prob", batch_ready, p.logprob_s(all_lens), None)
-        tr.run("ref", batch_ready, p.ref_s(all_lens), None)
+        tr.run("ref_log_prob", batch_ready, p.ref_s(all_lens), None)
         for u, groups, _ in plan.units:
             tr.run("update", batch_ready, p.update_s(lens(groups)), u)
-            tr.run("optimizer_step", batch_ready, p.optimizer_step_s * p.time_scale, u)
-    elif mode in ("cgp", "cgp_fgd"):  # a mini-batch as soon as its groups are in
+            tr.run("optimizer_step", batch_ready, p.optimizer_s, u)
+    elif mode in ("cgp", "cgp_fgd"):  # a mini-batch as soon as its groups are in (GroupQueue.take)
         for u, groups, ready in plan.units:
             x = lens(groups)
-            tr.run("old_log_prob", ready, p.logprob_s(x), u)
-            tr.run("ref", ready, p.ref_s(x), u)
+            old_log_prob(ready, x, u)
+            if u == 0 and multi:
+                tr.run("snapshot_theta_k", ready, p.swap_save_s, u)
             tr.run("update", ready, p.update_s(x), u)
-            tr.run("optimizer_step", ready, p.optimizer_step_s * p.time_scale, u)
-    elif mode == "cgp_group":  # each group is a gradient-accumulation micro-batch on arrival
+            tr.run("optimizer_step", ready, p.optimizer_s, u)
+    elif mode == "cgp_group":  # bursts of arrived groups are gradient-accumulation micro-batches
         for u, groups, ready in plan.units:
-            for t_g, g in units[u]:
-                x = seq_lens(g)
-                tr.run("old_log_prob", t_g, p.logprob_s(x), u)
-                tr.run("ref", t_g, p.ref_s(x), u)
-                tr.run("update", t_g, p.update_s(x), u)
-            tr.run("optimizer_step", ready, p.optimizer_step_s * p.time_scale, u)
+            members = units[u]
+            i = 0
+            while i < len(members):
+                # take_available: an idle trainer wakes on the next group and takes it alone (groups are
+                # materialized one at a time, so even simultaneous completions reach the FIFO one by one); a
+                # busy trainer takes every group that arrived meanwhile
+                take, j = max(tr.free, members[i][0]), i + 1
+                if tr.free >= members[i][0]:
+                    while j < len(members) and members[j][0] <= take:
+                        j += 1
+                burst = [g for _, g in members[i:j]]
+                x = lens(burst)
+                old_log_prob(take, x, u, burst[-1])
+                tr.run("forward_backward", take, p.update_s(x), u, burst[-1])
+                i = j
+            if u == 0 and multi:
+                tr.run("snapshot_theta_k", ready, p.swap_save_s, u)
+            tr.run("optimizer_step", ready, p.optimizer_s, u)
     else:  # verl_separate_async: mini-batches, a polling replay buffer, pi_old kept by a CPU model swap
         for u, groups, ready in plan.units:
             # ReplayBuffer.sample checks at once, then every poll_interval after the call
@@ -135,7 +182,7 @@ def schedule(mode: str, completions: list[tuple[float, int]], seq_lens, p: Train
             tr.run("cpu_swap", ready, swap_in, u)
             tr.run("old_log_prob", ready, p.logprob_s(x), u)
             tr.run("cpu_swap", ready, p.swap_restore_s if u > 0 else 0.0, u)
-            tr.run("ref", ready, p.ref_s(x), u)
+            tr.run("ref_log_prob", ready, p.ref_s(x), u)
             tr.run("update", ready, p.update_s(x), u)
-            tr.run("optimizer_step", ready, p.optimizer_step_s * p.time_scale, u)
+            tr.run("optimizer_step", ready, p.optimizer_s, u)
     return plan
