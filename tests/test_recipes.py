@@ -22,7 +22,7 @@ GPU_CLUSTERS = {
     "qwen3_1p7b_dapo_math_4x4": (1, 8),
     "multinode_ray_cluster": (2, 8),
 }
-TINY = ["tiny_cpu", "tiny_cpu_cgp_fgd"]
+TINY = ["tiny_cpu", "tiny_cpu_cgp_fgd", "tiny_cpu_extension_example"]
 # Plain-dict nodes whose keys are free (passed on as keyword arguments), not verl dataclass fields.
 FREE_KEYS = ("ray_kwargs.ray_init.",)
 
@@ -135,6 +135,22 @@ def test_tiny_recipes_run_on_this_cpu_machine(configs, name):
     cfg = configs[name]
     assert cfg.rolloutpipe.platform == "cpu" and cfg.trainer.device == "cpu"
     assert cfg.rolloutpipe.tiny_assets.enable
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_trainer_class_and_reward_load(configs, name):
+    """A recipe's rolloutpipe.trainer_class and custom reward function load the way a run loads them
+    (verl_pipe.task_runner.build_trainer; verl's reward loop)."""
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+    from verl.utils.import_utils import load_class_from_fqn
+
+    from verl_pipe.trainer import RolloutPipeTrainer
+
+    cfg = configs[name]
+    if cfg.rolloutpipe.trainer_class:
+        assert issubclass(load_class_from_fqn(cfg.rolloutpipe.trainer_class), RolloutPipeTrainer)
+    if cfg.reward.custom_reward_function.path:
+        assert callable(get_custom_reward_fn(cfg))
 
 
 def test_tiny_cpu_is_the_embedded_default(configs, base):

@@ -1,0 +1,124 @@
+"""A DAPO-style CGP + FGD step on the real stack, run by the worked extension example.
+
+The recipe tiny_cpu_extension_example (recipes/extension_example/): ExampleTrainer (custom trainability
+filter, deferring admission policy), its reward (correctness + format credit) through verl's custom_reward_function,
+clip-higher (0.2 / 0.28), token-mean loss, the zero-variance filter and oversampling (8 extra prompts).
+The tiny model's 0/1 reward is right about 3% of the time, so nearly every group would be
+zero-variance; the example reward's format credit (0.25 for a response with a number) gives about 60% of
+the groups reward variance. Its own stack (a
+different trainer class and reward), after the shared modules are torn down.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tests.e2e.conftest import E2E_OVERRIDES
+
+pytestmark = pytest.mark.e2e
+
+RECIPE = "tiny_cpu_extension_example"
+N = 4
+TRAIN_BATCH = 8
+GROUPS_PER_UNIT = 4
+OVERSAMPLE = 8  # the recipe's
+DEFERRED = [0, 1, 2, 3]
+
+
+@pytest.fixture(scope="module")
+def dapo_pipe(tmp_path_factory):
+    from verl_pipe.session import PipeSession, compose
+
+    ckpt = tmp_path_factory.mktemp("ckpt_dapo")
+    # n=4, 8 prompts per batch, units of 4 (E2E_OVERRIDES); a window of one unit's requests (4 groups x 4)
+    cfg = compose(E2E_OVERRIDES + [f"trainer.default_local_dir={ckpt}", "rolloutpipe.fgd.window=16"],
+                  config_name=RECIPE)
+    session = PipeSession(cfg)
+    print(f"dapo stack ready in {session.startup_s:.1f}s")
+    yield session
+    session.close()
+
+
+def test_dapo_step_with_the_extension_example(dapo_pipe):
+    from verl import DataProto
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    from recipes.extension_example.trainer import DeferringFrontierPolicy, ExampleTrainer, prompt_key
+
+    pipe = dapo_pipe
+    trainer = pipe.trainer
+    assert type(trainer) is ExampleTrainer, "rolloutpipe.trainer_class selected the example"
+    actor = trainer.config.actor_rollout_ref.actor
+    assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.loss_agg_mode) == (0.2, 0.28, "token-mean")
+    assert trainer.mode == "cgp" and trainer.fgd_enabled and trainer.filter_zero_variance
+    assert trainer.config.data.gen_batch_size == TRAIN_BATCH + OVERSAMPLE
+
+    batch_dict = next(pipe._batches)
+    keys = [prompt_key(e) for e in batch_dict["extra_info"]]
+    num_groups = TRAIN_BATCH + OVERSAMPLE
+    assert len(keys) == num_groups and None not in keys, "the loader yields the oversampled prompts"
+    # The example's admission priority: prompts untrainable last time go last. Say it of the first four.
+    trainer.prompt_history.update({keys[g]: False for g in DEFERRED})
+    version = trainer.global_steps - 1  # θ_k of this step
+
+    rec = pipe.step(batch_dict=batch_dict)
+
+    # ---- admission: the deferred groups started only after every other group had
+    policy = trainer.last_policy
+    assert isinstance(policy, DeferringFrontierPolicy) and policy.deferred == set(DEFERRED)
+    order = policy.admission_order
+    first_deferred = next((i for i, g in enumerate(order) if g in policy.deferred), len(order))
+    assert all(g in policy.deferred for g in order[first_deferred:]), order
+    assert set(order[:first_deferred]) == set(range(num_groups)) - policy.deferred or first_deferred == len(order)
+
+    # ---- how many groups trained: train_batch_size, or all trainable ones (a short last unit)
+    trained = rec["trained_groups"]
+    m = rec["metrics"]
+    tm = rec["timeline"]
+    assert trained, "no group had reward variance: the format credit should give about 60% of them"
+    assert len(set(trained)) == len(trained) <= TRAIN_BATCH
+    if len(trained) < TRAIN_BATCH:  # the pool ran out: every group completed, the untrainable ones dropped
+        assert m["rolloutpipe/untrainable_groups"] == num_groups - len(trained)
+        assert m["rolloutpipe/aborted_requests"] == 0
+    units = [u["groups"] for u in trainer.timelines[-1].to_dict()["units_ready"]]
+    assert [len(u) for u in units] == [min(GROUPS_PER_UNIT, len(trained) - i)
+                                       for i in range(0, len(trained), GROUPS_PER_UNIT)]
+    assert tm["num_units"] == math.ceil(len(trained) / GROUPS_PER_UNIT) == len(trainer.unit_metrics)
+    assert tm["num_trainable_groups"] == len(trained)
+
+    # ---- the trained groups: n responses each, all with reward variance (the custom filter's spread)
+    batch = trainer._trained_batch
+    assert len(batch) == len(trained) * N
+    scores = batch.batch["token_level_scores"].sum(-1)
+    assert set(scores.tolist()) <= {0.0, 0.25, 1.0}, "the example's reward: correct 1, a number 0.25, else 0"
+    assert {"exact", "has_number"} <= set(batch.non_tensor_batch), "the reward's extra info is kept per response"
+    uids = batch.non_tensor_batch["uid"]
+    for uid in np.unique(uids):
+        group_scores = scores[torch.from_numpy(uids == uid)]
+        assert len(group_scores) == N
+        assert group_scores.var() > 0 and group_scores.max() - group_scores.min() >= trainer.min_reward_spread
+    # the example recorded every trained prompt as trainable (its history for the next visit)
+    assert all(trainer.prompt_history[keys[g]] is True for g in trained)
+
+    # ---- exactly on-policy: every sample generated with θ_k
+    assert set(batch.non_tensor_batch["min_global_steps"]) == {version}
+    assert set(batch.non_tensor_batch["max_global_steps"]) == {version}
+
+    # ---- per-group advantages equal verl's whole-batch compute_advantage on the same rewards
+    algo = trainer.config.algorithm
+    fresh = DataProto.from_dict(
+        tensors={"token_level_rewards": batch.batch["token_level_rewards"].clone(),
+                 "response_mask": batch.batch["response_mask"].clone()},
+        non_tensors={"uid": uids})
+    expected = compute_advantage(fresh, adv_estimator=algo.adv_estimator, num_repeat=N, config=algo,
+                                 norm_adv_by_std_in_grpo=algo.get("norm_adv_by_std_in_grpo", True))
+    torch.testing.assert_close(batch.batch["advantages"], expected.batch["advantages"], atol=1e-5, rtol=1e-5)
+    assert torch.isfinite(batch.batch["old_log_probs"]).all()
+
+    print(f"dapo step: {len(trained)}/{TRAIN_BATCH} groups trained in {tm['num_units']} units, "
+          f"{m['rolloutpipe/untrainable_groups']} untrainable, {m['rolloutpipe/aborted_requests']} requests "
+          f"aborted, admission order {order}, reward mean {float(scores.mean()):.3f}, "
+          f"step {tm['step_time_s']:.2f}s (rollout {tm['rollout_end_s']:.2f}s, "
+          f"rollout→train end {tm['rollout_to_train_end_s']:.2f}s)")
