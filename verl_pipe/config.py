@@ -1,19 +1,32 @@
 """Validation of a run's config, before Ray starts.
 
-Every message names the offending key and what is allowed, so a user can fix the
-command line without reading our code.
+Every message names the offending key (its full path) and what is allowed, so a user can fix
+the command line without reading our code. Two parts:
+
+- ``ROLLOUTPIPE``: every key under ``rolloutpipe:`` with its type and range. Unknown keys are
+  refused with a did-you-mean suggestion (Hydra lets ``+rolloutpipe.x=...`` and recipe files add
+  keys freely, so a typo would otherwise be ignored silently).
+- the verl keys verl_pipe depends on (batching, estimator, KL, critic, offload, weight sync, ...),
+  checked in ``validate()`` below the table.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 MODES = ("sync", "cgp")
 GRANULARITIES = ("minibatch", "group")
 PLATFORMS = ("cpu", "gpu")
+ON_REQUEST_FAILURE = ("fail", "drop_group")
 # verl estimators whose advantage of a response depends only on its own group (uid): a group's
 # advantages are final the moment it completes, so CGP can stream it.
 STREAMABLE_ESTIMATORS = ("grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "grpo_passk", "opo")
@@ -23,6 +36,19 @@ STREAMABLE_ESTIMATORS = ("grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "
 BATCH_NORMALIZED_ESTIMATORS = ("reinforce_plus_plus_baseline", "gpg", "optimal_token_baseline",
                                "tir_optimal_token_baseline")
 GROUP_ESTIMATORS = STREAMABLE_ESTIMATORS + BATCH_NORMALIZED_ESTIMATORS
+# verl estimators that are not group-based: verl_pipe computes advantages per group (sync mode
+# recomputes only the batch-normalized ones over the whole batch), so these would be wrong or fail.
+NOT_GROUP_ESTIMATORS = {
+    "gae": "needs a critic's values (GAE); verl_pipe trains no critic",
+    "remax": "needs a greedy baseline rollout per prompt (reward_baselines), which verl_pipe does not generate",
+    "reinforce_plus_plus": "whitens returns over the whole batch of single samples, not within a group",
+    "gdpo": "whitens over the whole batch after per-group normalization; verl_pipe does not recompute it over "
+            "the batch",
+}
+# Loss aggregations whose normalizer group granularity can rescale (verl_pipe.workers.unit_loss_scale).
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean")
+# Weight-sync backends: naive is verl's colocated engine; separate pools need one that crosses pools.
+CPU_CHECKPOINT_BACKENDS = ("ray_store",)
 
 
 class ConfigError(ValueError):
@@ -37,103 +63,357 @@ def groups_per_unit(config: DictConfig) -> int:
     return int(config.actor_rollout_ref.actor.ppo_mini_batch_size)
 
 
-def validate(config: DictConfig, check_paths: bool = True) -> None:
-    rp = config.rolloutpipe
-    if rp.mode not in MODES:
-        raise _err("rolloutpipe.mode", f"unknown mode {rp.mode!r}; allowed: {', '.join(MODES)}")
-    if rp.platform not in PLATFORMS:
-        raise _err("rolloutpipe.platform", f"unknown platform {rp.platform!r}; allowed: {', '.join(PLATFORMS)}")
-    if rp.cgp.granularity not in GRANULARITIES:
-        raise _err("rolloutpipe.cgp.granularity",
-                   f"unknown granularity {rp.cgp.granularity!r}; allowed: {', '.join(GRANULARITIES)}")
+# ---------------------------------------------------------------- rules for single values
 
-    bsz = int(config.data.train_batch_size)
-    mini = int(config.actor_rollout_ref.actor.ppo_mini_batch_size)
-    if bsz < 1:
-        raise _err("data.train_batch_size", f"must be >= 1, got {bsz}")
-    if mini < 1 or bsz % mini != 0:
+
+@dataclass(frozen=True)
+class Rule:
+    allowed: str  # what the message says is allowed
+    ok: Callable[[Any], bool]
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def choice(*values: str) -> Rule:
+    return Rule("one of " + ", ".join(values), lambda v: isinstance(v, str) and v in values)
+
+
+def integer(lo: int, null: bool = False) -> Rule:
+    allowed = f"an integer >= {lo}"
+    return Rule(f"null or {allowed}" if null else allowed,
+                lambda v: (null and v is None) or (_is_int(v) and v >= lo))
+
+
+BOOLEAN = Rule("true or false", lambda v: isinstance(v, bool))
+SECONDS = Rule("null (no deadline) or a number of seconds > 0", lambda v: v is None or (_is_number(v) and v > 0))
+PATH_OR_NULL = Rule("null or a path", lambda v: v is None or (isinstance(v, str) and v.strip() != ""))
+CLASS_PATH = Rule("null or a class path 'package.module.ClassName'",
+                  lambda v: v is None or (isinstance(v, str) and re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", v)))
+
+
+def _is_cpu_list(v) -> bool:
+    from verl_pipe.platform.env import parse_cpu_list
+
+    if isinstance(v, bool) or not isinstance(v, (str, int)):
+        return False
+    try:
+        parse_cpu_list(str(v))
+    except ValueError:
+        return False
+    return True
+
+
+def _check_model_size(value, key: str, config: DictConfig) -> None:
+    # Imports torch: only when this key is checked.
+    from verl_pipe.assets.model import MODEL_SIZES
+
+    _check_value(Rule("one of " + ", ".join(MODEL_SIZES), lambda v: isinstance(v, str) and v in MODEL_SIZES),
+                 value, key)
+
+
+CPU_LIST = Rule("a Linux CPU list such as '0', '0-3' or '0,2'", _is_cpu_list)
+FRONTIER_GROUPS = Rule("'auto' or an integer >= 1", lambda v: v == "auto" or (_is_int(v) and v >= 1))
+DISPATCH_ORDER = Rule("null, group_major or interleave:<k> with k >= 1",
+                      lambda v: v is None or v == "group_major"
+                      or (isinstance(v, str) and re.fullmatch(r"interleave:[1-9]\d*", v) is not None))
+INTERNAL = object()  # written by the launcher (data check counts), not set by users
+
+
+def _check_workload(value, key: str, config: DictConfig) -> None:
+    """rolloutpipe.workload: null or a length spec as verl_pipe.sim.workload.from_spec reads it."""
+    if value is None:
+        return
+    if not isinstance(value, DictConfig):
+        raise _err(key, f"got {value!r}; allowed: null or a mapping such as {{kind: lognormal, median: 12, "
+                        "sigma: 0.8, rho: 0.7, cap: 32, seed: 0}} or {kind: equal, length: 16}")
+    kind = value.get("kind", "lognormal")
+    keys = {"lognormal": ("kind", "name", "seed", "median", "mean", "sigma", "rho", "cap"),
+            "equal": ("kind", "name", "seed", "length")}
+    if kind not in keys:
+        raise _err(f"{key}.kind", f"got {kind!r}; allowed: one of lognormal, equal")
+    for k in value:
+        if k not in keys[kind]:
+            raise _err(f"{key}.{k}", f"unknown key for kind {kind}{_did_you_mean(k, keys[kind], key)}; "
+                                     f"allowed: {', '.join(keys[kind])}")
+    max_resp = config.data.max_response_length
+    length_rule = Rule(f"an integer between 1 and data.max_response_length={max_resp}",
+                       lambda v: _is_int(v) and 1 <= v <= max_resp)
+    rules = {"name": Rule("a string", lambda v: isinstance(v, str)), "seed": integer(0)}
+    if kind == "equal":
+        rules["length"] = length_rule
+        required = ("length",)
+    else:
+        rules.update(cap=length_rule, sigma=Rule("a number >= 0", lambda v: _is_number(v) and v >= 0),
+                     rho=Rule("a number in [0, 1]", lambda v: _is_number(v) and 0 <= v <= 1),
+                     median=Rule("a number > 0", lambda v: _is_number(v) and v > 0),
+                     mean=Rule("a number > 0", lambda v: _is_number(v) and v > 0))
+        required = ("sigma", "rho", "cap")
+        if ("mean" in value) == ("median" in value):
+            raise _err(f"{key}.median", "give exactly one of median, mean (the log-normal's body before the cap)")
+    for k in required:
+        if k not in value:
+            raise _err(f"{key}.{k}", f"missing; kind {kind} needs {', '.join(required)}")
+    for k in value:
+        if k in rules:
+            _check_value(rules[k], value.get(k), f"{key}.{k}")
+
+
+# Every key under rolloutpipe: a Rule, a nested table, INTERNAL, or a function (value, key, config).
+ROLLOUTPIPE: dict[str, Any] = {
+    "mode": choice(*MODES),
+    "trainer_class": CLASS_PATH,
+    "platform": choice(*PLATFORMS),
+    "cpu": {
+        "rollout_cores": CPU_LIST,
+        "trainer_cores": CPU_LIST,
+        "kv_cache_gib": integer(1),
+        "ray_num_cpus": integer(1),
+        "client_on_rollout_cores": BOOLEAN,
+    },
+    "tiny_assets": {
+        "enable": BOOLEAN,
+        "size": _check_model_size,
+        "cache_dir": PATH_OR_NULL,
+    },
+    "trace_dir": PATH_OR_NULL,
+    "cgp": {"granularity": choice(*GRANULARITIES)},
+    "fgd": {
+        "enable": BOOLEAN,
+        "frontier_groups": FRONTIER_GROUPS,
+        "slack": integer(0),
+        "window": integer(1, null=True),
+    },
+    "dispatch": {
+        "order": DISPATCH_ORDER,
+        "window": integer(1, null=True),
+    },
+    "filter_zero_variance": BOOLEAN,
+    "oversample": integer(0),
+    "request_timeout_s": SECONDS,
+    "weight_sync_timeout_s": SECONDS,
+    "workload": _check_workload,
+    "fault": {
+        "replica_restart": BOOLEAN,
+        "on_request_failure": choice(*ON_REQUEST_FAILURE),
+        "max_request_retries": integer(0),
+        "replica_restart_timeout_s": SECONDS,
+        "checkpoint_on_failure": BOOLEAN,
+    },
+    "data_check_counts": INTERNAL,
+}
+
+
+def schema_leaves(table: dict = ROLLOUTPIPE, prefix: str = "rolloutpipe") -> list[str]:
+    """Full paths of every user key the table checks (for tests and docs)."""
+    out = []
+    for k, spec in table.items():
+        if isinstance(spec, dict):
+            out.extend(schema_leaves(spec, f"{prefix}.{k}"))
+        elif spec is not INTERNAL:
+            out.append(f"{prefix}.{k}")
+    return out
+
+
+def _did_you_mean(key: str, siblings, prefix: str) -> str:
+    close = difflib.get_close_matches(key, list(siblings), n=1, cutoff=0.6)
+    if close:
+        return f" (did you mean {prefix}.{close[0]}?)"
+    # Maybe the right name at the wrong level, e.g. rolloutpipe.window for rolloutpipe.fgd.window.
+    leaves = schema_leaves()
+    close = difflib.get_close_matches(key, [p.rsplit(".", 1)[1] for p in leaves], n=1, cutoff=0.8)
+    if close:
+        return f" (did you mean {' or '.join(p for p in leaves if p.endswith('.' + close[0]))}?)"
+    return ""
+
+
+def _check_value(rule: Rule, value, key: str) -> None:
+    if not rule.ok(value):
+        raise _err(key, f"got {value!r}; allowed: {rule.allowed}")
+
+
+def _check_table(node: DictConfig, table: dict, prefix: str, config: DictConfig) -> None:
+    for key in node:
+        path = f"{prefix}.{key}"
+        if key not in table:
+            raise _err(path, f"unknown key{_did_you_mean(str(key), table, prefix)}; keys under {prefix}: "
+                             f"{', '.join(k for k in table if table[k] is not INTERNAL)}")
+        spec = table[key]
+        try:
+            value = node.get(key)
+        except MissingMandatoryValue:
+            raise _err(path, "is mandatory (???) but not set") from None
+        if spec is INTERNAL:
+            continue
+        if isinstance(spec, dict):
+            if not isinstance(value, DictConfig):
+                raise _err(path, f"got {value!r}; allowed: a mapping with keys {', '.join(spec)}")
+            _check_table(value, spec, path, config)
+        elif isinstance(spec, Rule):
+            _check_value(spec, value, path)
+        else:
+            spec(value, path, config)
+
+
+# ---------------------------------------------------------------- the whole config
+
+
+def validate(config: DictConfig, check_paths: bool = True) -> None:
+    rp = config.get("rolloutpipe")
+    if not isinstance(rp, DictConfig):
+        raise _err("rolloutpipe", "missing: compose the run from conf/rolloutpipe_trainer.yaml (or a recipe on it)")
+    _check_table(rp, ROLLOUTPIPE, "rolloutpipe", config)
+    _validate_batching(config)
+    _validate_algorithm(config)
+    _validate_trainer_pool(config)
+    _validate_rollout(config)
+    if rp.platform == "cpu":
+        _validate_cpu(config)
+    elif config.trainer.device == "cpu":
+        raise _err("trainer.device", "is 'cpu' with rolloutpipe.platform=gpu; set trainer.device=cuda "
+                                     "(or rolloutpipe.platform=cpu)")
+    if check_paths:
+        _validate_paths(config)
+
+
+def _int_at_least(config: DictConfig, key: str, lo: int) -> int:
+    value = OmegaConf.select(config, key)
+    if not _is_int(value) or value < lo:
+        raise _err(key, f"got {value!r}; allowed: an integer >= {lo}")
+    return value
+
+
+def _validate_batching(config: DictConfig) -> None:
+    rp = config.rolloutpipe
+    actor = config.actor_rollout_ref.actor
+    bsz = _int_at_least(config, "data.train_batch_size", 1)
+    mini = _int_at_least(config, "actor_rollout_ref.actor.ppo_mini_batch_size", 1)
+    if bsz % mini != 0:
         raise _err("actor_rollout_ref.actor.ppo_mini_batch_size",
                    f"data.train_batch_size={bsz} must be a multiple of ppo_mini_batch_size={mini} "
                    "(a training unit is one PPO mini-batch of whole groups)")
-    n = int(config.actor_rollout_ref.rollout.n)
-    est = str(config.algorithm.adv_estimator)
-    if est in GROUP_ESTIMATORS and n < 2:
-        raise _err("actor_rollout_ref.rollout.n",
-                   f"the group-based estimator {est!r} needs at least 2 responses per prompt, got n={n}")
-    if est not in STREAMABLE_ESTIMATORS and rp.mode == "cgp":
-        why = ("normalizes across the whole batch, so a group's advantages are not final when it completes"
-               if est in BATCH_NORMALIZED_ESTIMATORS else "is not a group-based estimator")
-        raise _err("algorithm.adv_estimator",
-                   f"{est!r} {why}; CGP streams complete groups and supports: "
-                   f"{', '.join(STREAMABLE_ESTIMATORS)} (use rolloutpipe.mode=sync for others)")
-    if config.algorithm.get("use_kl_in_reward", False) and rp.mode == "cgp":
-        raise _err("algorithm.use_kl_in_reward",
-                   "KL in the reward needs reference log-probs before advantages; with CGP use "
-                   "actor_rollout_ref.actor.use_kl_loss=true instead")
-    if config.actor_rollout_ref.hybrid_engine:
-        raise _err("actor_rollout_ref.hybrid_engine", "must be false: verl_pipe runs rollout and training on separate pools")
-    if int(config.rolloutpipe.oversample) < 0:
-        raise _err("rolloutpipe.oversample", f"must be >= 0, got {rp.oversample}")
-    if int(config.actor_rollout_ref.actor.ppo_epochs) != 1 and rp.mode == "cgp":
-        raise _err("actor_rollout_ref.actor.ppo_epochs", "CGP streams each unit once; only ppo_epochs=1 is supported")
+    n = _int_at_least(config, "actor_rollout_ref.rollout.n", 1)
+    epochs = _int_at_least(config, "actor_rollout_ref.actor.ppo_epochs", 1)
+    if epochs != 1 and rp.mode == "cgp":
+        raise _err("actor_rollout_ref.actor.ppo_epochs",
+                   f"got {epochs}; CGP streams each unit once: only ppo_epochs=1 (or rolloutpipe.mode=sync)")
+    prompt = _int_at_least(config, "data.max_prompt_length", 1)
+    response = _int_at_least(config, "data.max_response_length", 1)
+    max_model_len = config.actor_rollout_ref.rollout.get("max_model_len")
+    if max_model_len is not None and max_model_len < prompt + response:
+        raise _err("actor_rollout_ref.rollout.max_model_len",
+                   f"got {max_model_len}; must be null or >= data.max_prompt_length + data.max_response_length "
+                   f"= {prompt + response}")
 
-    wl = rp.get("workload")
-    if wl:
-        kind = wl.get("kind", "lognormal")
-        if kind not in ("lognormal", "equal"):
-            raise _err("rolloutpipe.workload.kind", f"unknown kind {kind!r}; allowed: lognormal, equal")
-        cap = int(wl.get("cap", wl.get("length", 0)))
-        max_resp = int(config.data.max_response_length)
-        if cap < 1 or cap > max_resp:
-            raise _err("rolloutpipe.workload.cap" if kind == "lognormal" else "rolloutpipe.workload.length",
-                       f"must be between 1 and data.max_response_length={max_resp}, got {cap}")
-
-    if rp.cgp.granularity == "group" and not config.actor_rollout_ref.actor.use_dynamic_bsz:
+    if rp.mode == "cgp" and rp.cgp.granularity == "group":
+        loss_agg = actor.get("loss_agg_mode", "token-mean")
+        if loss_agg not in LOSS_AGG_MODES:
+            raise _err("actor_rollout_ref.actor.loss_agg_mode",
+                       f"got {loss_agg!r}; group granularity rescales the loss normalizer and supports: "
+                       f"{', '.join(LOSS_AGG_MODES)}")
+    if rp.cgp.granularity == "group" and not actor.use_dynamic_bsz:
         for key in ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
                     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"):
-            node, leaf = key.rsplit(".", 1)
             micro = OmegaConf.select(config, key)
             if micro and n % int(micro) != 0:
                 raise _err(key, f"group granularity trains one group (n={n} rows) at a time; the micro-batch "
                                 f"size {micro} must divide n (or set actor_rollout_ref.actor.use_dynamic_bsz=true)")
 
-    order = rp.dispatch.order
-    if order is not None and not (order == "group_major" or (str(order).startswith("interleave:")
-                                                             and str(order).split(":", 1)[1].isdigit())):
-        raise _err("rolloutpipe.dispatch.order", f"must be null, group_major or interleave:<k>, got {order!r}")
-    if rp.dispatch.window is not None and (not isinstance(rp.dispatch.window, int) or rp.dispatch.window < 1):
-        raise _err("rolloutpipe.dispatch.window", f"must be null or an integer >= 1, got {rp.dispatch.window!r}")
 
-    fgd = rp.fgd
-    fg = fgd.frontier_groups
-    if not (fg == "auto" or (isinstance(fg, int) and fg >= 1)):
-        raise _err("rolloutpipe.fgd.frontier_groups", f"must be 'auto' or an integer >= 1, got {fg!r}")
-    if fgd.window is not None and (not isinstance(fgd.window, int) or fgd.window < 1):
-        raise _err("rolloutpipe.fgd.window", f"must be null or an integer >= 1, got {fgd.window!r}")
-    if fgd.enable and config.actor_rollout_ref.rollout.get("scheduling_policy", "fcfs") != "priority":
+def _validate_algorithm(config: DictConfig) -> None:
+    rp = config.rolloutpipe
+    algo = config.algorithm
+    est = str(algo.adv_estimator)
+    n = int(config.actor_rollout_ref.rollout.n)
+    if est not in GROUP_ESTIMATORS:
+        why = NOT_GROUP_ESTIMATORS.get(est, "is not known to be group-based")
+        raise _err("algorithm.adv_estimator",
+                   f"{est!r} {why}. verl_pipe computes advantages per group; allowed: "
+                   f"{', '.join(STREAMABLE_ESTIMATORS)} (any mode), {', '.join(BATCH_NORMALIZED_ESTIMATORS)} "
+                   "(rolloutpipe.mode=sync). A custom group-based estimator: add its name to "
+                   "verl_pipe.config.STREAMABLE_ESTIMATORS")
+    if n < 2:
+        raise _err("actor_rollout_ref.rollout.n",
+                   f"the group-based estimator {est!r} needs at least 2 responses per prompt, got n={n}")
+    if est in BATCH_NORMALIZED_ESTIMATORS and rp.mode == "cgp":
+        raise _err("algorithm.adv_estimator",
+                   f"{est!r} normalizes across the whole batch, so a group's advantages are not final when it "
+                   f"completes; CGP streams complete groups and supports: {', '.join(STREAMABLE_ESTIMATORS)} "
+                   "(use rolloutpipe.mode=sync for the others)")
+    if algo.get("use_kl_in_reward", False):
+        raise _err("algorithm.use_kl_in_reward",
+                   "must be false: verl_pipe computes a group's advantages when it completes, before reference "
+                   "log-probs exist, so a KL penalty in the reward would be ignored; use "
+                   "actor_rollout_ref.actor.use_kl_loss=true instead")
+    if config.get("critic") is not None and config.critic.get("enable"):
+        raise _err("critic.enable", "must be null or false: verl_pipe trains no critic (use a group-based estimator)")
+    bypass = OmegaConf.select(config, "algorithm.rollout_correction.bypass_mode", default=False)
+    if bypass and not config.actor_rollout_ref.rollout.calculate_log_probs:
+        raise _err("actor_rollout_ref.rollout.calculate_log_probs",
+                   "must be true with algorithm.rollout_correction.bypass_mode=true (old log-probs are then "
+                   "vLLM's); or set bypass_mode=false to recompute them under θ_k")
+
+
+def _validate_trainer_pool(config: DictConfig) -> None:
+    rp = config.rolloutpipe
+    actor = config.actor_rollout_ref.actor
+    if config.actor_rollout_ref.hybrid_engine:
+        raise _err("actor_rollout_ref.hybrid_engine",
+                   "must be false: verl_pipe runs rollout and training on separate pools")
+    units = int(config.data.train_batch_size) // groups_per_unit(config)
+    if rp.mode != "cgp" or units < 2:
+        return
+    # CGP with several units per step keeps θ_k on the host (DetachActorWorker.save_model_to_cpu) for
+    # later units' old log-probs. verl's sharded save copies each shard with .cpu(): with parameters
+    # offloaded to the host that copy aliases the live parameters, and the swap back after each
+    # θ_k pass (restore_model_from_cpu copies in place) would silently drop the updates.
+    fsdp = actor.get("fsdp_config") or {}
+    for leaf in ("param_offload", "offload_policy"):
+        if fsdp.get(leaf, False):
+            raise _err(f"actor_rollout_ref.actor.fsdp_config.{leaf}",
+                       f"must be false with rolloutpipe.mode=cgp and {units} units per step: the θ_k snapshot for "
+                       "later units' old log-probs needs the actor's parameters on the device "
+                       "(optimizer_offload is fine)")
+    if rp.platform == "cpu" and actor.strategy != "fsdp2":
+        raise _err("actor_rollout_ref.actor.strategy",
+                   f"got {actor.strategy!r}; on CPU CGP needs fsdp2 (the θ_k snapshot is a real copy only for "
+                   "FSDP2, verl_pipe/platform/patches.py)")
+
+
+def _validate_rollout(config: DictConfig) -> None:
+    rp = config.rolloutpipe
+    rollout = config.actor_rollout_ref.rollout
+    backend = OmegaConf.select(config, "actor_rollout_ref.rollout.checkpoint_engine.backend")
+    if backend == "naive":
+        raise _err("actor_rollout_ref.rollout.checkpoint_engine.backend",
+                   "'naive' only works with rollout and actor colocated; verl_pipe's pools are separate: use "
+                   "ray_store (CPU or any), nccl (GPU), or another cross-pool backend")
+    if rp.platform == "cpu" and backend not in CPU_CHECKPOINT_BACKENDS:
+        raise _err("actor_rollout_ref.rollout.checkpoint_engine.backend",
+                   f"got {backend!r}; on CPU allowed: {', '.join(CPU_CHECKPOINT_BACKENDS)} (the others need "
+                   "CUDA or RDMA)")
+    if rp.fgd.enable and rp.mode != "cgp":
+        raise _err("rolloutpipe.fgd.enable", "frontier-group dispatch feeds the CGP pipeline; set rolloutpipe.mode=cgp")
+    if rp.fgd.enable and rollout.get("scheduling_policy", "fcfs") != "priority":
         raise _err("actor_rollout_ref.rollout.scheduling_policy",
                    "frontier-group dispatch sends per-request priorities; set it to 'priority'")
-    if fgd.enable and rp.mode != "cgp":
-        raise _err("rolloutpipe.fgd.enable", "frontier-group dispatch feeds the CGP pipeline; set rolloutpipe.mode=cgp")
-
-    if rp.platform == "cpu":
-        _validate_cpu(config)
-    if check_paths:
-        _validate_paths(config)
+    if (rp.platform == "cpu" or rp.fgd.enable) and rollout.name != "vllm":
+        raise _err("actor_rollout_ref.rollout.name",
+                   f"got {rollout.name!r}; allowed: vllm (" + ("the CPU build is vLLM's" if rp.platform == "cpu"
+                                                               else "FGD's priorities need vLLM's scheduler") + ")")
 
 
 def _validate_cpu(config: DictConfig) -> None:
     from verl_pipe.platform.env import parse_cpu_list
 
     cpu = config.rolloutpipe.cpu
-    try:
-        rollout = set(parse_cpu_list(str(cpu.rollout_cores)))
-    except ValueError as e:
-        raise _err("rolloutpipe.cpu.rollout_cores", str(e)) from None
-    try:
-        trainer = set(parse_cpu_list(str(cpu.trainer_cores)))
-    except ValueError as e:
-        raise _err("rolloutpipe.cpu.trainer_cores", str(e)) from None
+    rollout = set(parse_cpu_list(str(cpu.rollout_cores)))
+    trainer = set(parse_cpu_list(str(cpu.trainer_cores)))
     available = os.sched_getaffinity(0)
     for key, cores in (("rollout_cores", rollout), ("trainer_cores", trainer)):
         missing = sorted(cores - available)

@@ -1,0 +1,187 @@
+"""A table of bad configs: every rolloutpipe.* key and the verl keys verl_pipe depends on.
+
+Each row is (command-line overrides, the key the message must name, a word of what is allowed).
+``++`` adds or overrides, so a row works whether or not the base config already has the key.
+"""
+
+import pytest
+from omegaconf import DictConfig
+
+from verl_pipe.config import INTERNAL, ROLLOUTPIPE, ConfigError, schema_leaves, validate
+from verl_pipe.session import compose
+
+CGP = "rolloutpipe.mode=cgp"
+WL = "++rolloutpipe.workload="
+LOGNORMAL = "kind: lognormal, median: 8, sigma: 1, rho: 0.5, cap: 16"
+
+ROLLOUTPIPE_BAD = [
+    (["rolloutpipe.mode=turbo"], "rolloutpipe.mode", "sync, cgp"),
+    (["rolloutpipe.mode=true"], "rolloutpipe.mode", "sync, cgp"),
+    (["rolloutpipe.trainer_class=MyTrainer"], "rolloutpipe.trainer_class", "package.module.ClassName"),
+    (["rolloutpipe.trainer_class=3"], "rolloutpipe.trainer_class", "package.module.ClassName"),
+    (["rolloutpipe.platform=tpu"], "rolloutpipe.platform", "cpu, gpu"),
+    (["rolloutpipe.cpu.rollout_cores=abc"], "rolloutpipe.cpu.rollout_cores", "CPU list"),
+    (["rolloutpipe.cpu.rollout_cores=0-4096"], "rolloutpipe.cpu.rollout_cores", "do not exist"),
+    (["rolloutpipe.cpu.trainer_cores=1-x"], "rolloutpipe.cpu.trainer_cores", "CPU list"),
+    (["rolloutpipe.cpu.trainer_cores=0"], "rolloutpipe.cpu.trainer_cores", "disjoint"),
+    (["rolloutpipe.cpu.kv_cache_gib=0"], "rolloutpipe.cpu.kv_cache_gib", "integer >= 1"),
+    (["rolloutpipe.cpu.kv_cache_gib=1.5"], "rolloutpipe.cpu.kv_cache_gib", "integer >= 1"),
+    (["rolloutpipe.cpu.ray_num_cpus=0"], "rolloutpipe.cpu.ray_num_cpus", "integer >= 1"),
+    (["++rolloutpipe.cpu.client_on_rollout_cores=2"], "rolloutpipe.cpu.client_on_rollout_cores", "true or false"),
+    (["rolloutpipe.tiny_assets.enable=maybe"], "rolloutpipe.tiny_assets.enable", "true or false"),
+    (["rolloutpipe.tiny_assets.size=huge"], "rolloutpipe.tiny_assets.size", "one of tiny"),
+    (["rolloutpipe.tiny_assets.cache_dir=''"], "rolloutpipe.tiny_assets.cache_dir", "null or a path"),
+    (["rolloutpipe.trace_dir=7"], "rolloutpipe.trace_dir", "null or a path"),
+    (["rolloutpipe.cgp.granularity=token"], "rolloutpipe.cgp.granularity", "minibatch, group"),
+    (["rolloutpipe.fgd.enable=yes"], "rolloutpipe.fgd.enable", "true or false"),
+    (["rolloutpipe.fgd.frontier_groups=0"], "rolloutpipe.fgd.frontier_groups", "'auto' or an integer >= 1"),
+    (["rolloutpipe.fgd.frontier_groups=all"], "rolloutpipe.fgd.frontier_groups", "'auto' or an integer >= 1"),
+    (["rolloutpipe.fgd.slack=-1"], "rolloutpipe.fgd.slack", "integer >= 0"),
+    (["rolloutpipe.fgd.window=0"], "rolloutpipe.fgd.window", "null or an integer >= 1"),
+    (["rolloutpipe.fgd.window=2.5"], "rolloutpipe.fgd.window", "null or an integer >= 1"),
+    (["rolloutpipe.dispatch.order=random"], "rolloutpipe.dispatch.order", "group_major or interleave:<k>"),
+    (["rolloutpipe.dispatch.order=interleave:0"], "rolloutpipe.dispatch.order", "interleave:<k>"),
+    (["rolloutpipe.dispatch.window=0"], "rolloutpipe.dispatch.window", "null or an integer >= 1"),
+    (["rolloutpipe.filter_zero_variance=1"], "rolloutpipe.filter_zero_variance", "true or false"),
+    (["rolloutpipe.oversample=-1"], "rolloutpipe.oversample", "integer >= 0"),
+    (["rolloutpipe.oversample=2.5"], "rolloutpipe.oversample", "integer >= 0"),
+    (["rolloutpipe.request_timeout_s=0"], "rolloutpipe.request_timeout_s", "null (no deadline)"),
+    (["rolloutpipe.request_timeout_s=soon"], "rolloutpipe.request_timeout_s", "seconds > 0"),
+    (["rolloutpipe.weight_sync_timeout_s=-1"], "rolloutpipe.weight_sync_timeout_s", "seconds > 0"),
+    ([WL + "lognormal"], "rolloutpipe.workload", "null or a mapping"),
+    ([WL + "{kind: gamma}"], "rolloutpipe.workload.kind", "lognormal, equal"),
+    ([WL + "{kind: lognormal, median: 8, sigma: 1, rho: 0.5, cap: 4096}"], "rolloutpipe.workload.cap",
+     "data.max_response_length=32"),
+    ([WL + "{kind: lognormal, median: 8, sigma: 1, rho: 0.5}"], "rolloutpipe.workload.cap", "missing"),
+    ([WL + "{kind: lognormal, median: 8, sigma: -1, rho: 0.5, cap: 16}"], "rolloutpipe.workload.sigma", ">= 0"),
+    ([WL + "{kind: lognormal, median: 8, sigma: 1, rho: 1.5, cap: 16}"], "rolloutpipe.workload.rho", "[0, 1]"),
+    ([WL + "{kind: lognormal, median: 0, sigma: 1, rho: 0.5, cap: 16}"], "rolloutpipe.workload.median", "> 0"),
+    ([WL + "{kind: lognormal, mean: 8, median: 8, sigma: 1, rho: 0.5, cap: 16}"], "rolloutpipe.workload.median",
+     "exactly one of median, mean"),
+    ([WL + "{kind: lognormal, mean: -2, sigma: 1, rho: 0.5, cap: 16}"], "rolloutpipe.workload.mean", "> 0"),
+    ([WL + "{" + LOGNORMAL + ", seed: -1}"], "rolloutpipe.workload.seed", "integer >= 0"),
+    ([WL + "{" + LOGNORMAL + ", name: 5}"], "rolloutpipe.workload.name", "a string"),
+    ([WL + "{" + LOGNORMAL + ", sigmaa: 1}"], "rolloutpipe.workload.sigmaa", "did you mean rolloutpipe.workload.sigma"),
+    ([WL + "{kind: equal, length: 0}"], "rolloutpipe.workload.length", "between 1 and"),
+    ([WL + "{kind: equal, length: 8, cap: 8}"], "rolloutpipe.workload.cap", "allowed: kind, name, seed, length"),
+    (["++rolloutpipe.fault.replica_restart=sometimes"], "rolloutpipe.fault.replica_restart", "true or false"),
+    (["++rolloutpipe.fault.on_request_failure=retry"], "rolloutpipe.fault.on_request_failure", "fail, drop_group"),
+    (["++rolloutpipe.fault.max_request_retries=-1"], "rolloutpipe.fault.max_request_retries", "integer >= 0"),
+    (["++rolloutpipe.fault.replica_restart_timeout_s=0"], "rolloutpipe.fault.replica_restart_timeout_s",
+     "seconds > 0"),
+    (["++rolloutpipe.fault.checkpoint_on_failure=2"], "rolloutpipe.fault.checkpoint_on_failure", "true or false"),
+    # Unknown keys (Hydra's "+"/"++" and recipe files may add any): refused, with a suggestion.
+    (["++rolloutpipe.modee=cgp"], "rolloutpipe.modee", "did you mean rolloutpipe.mode?"),
+    (["++rolloutpipe.fgd.windw=4"], "rolloutpipe.fgd.windw", "did you mean rolloutpipe.fgd.window?"),
+    (["++rolloutpipe.window=4"], "rolloutpipe.window", "rolloutpipe.fgd.window or rolloutpipe.dispatch.window"),
+    (["++rolloutpipe.fault.restart=true"], "rolloutpipe.fault.restart", "did you mean rolloutpipe.fault.replica_restart"),
+    (["++rolloutpipe.colour=blue"], "rolloutpipe.colour", "keys under rolloutpipe: mode"),
+]
+
+VERL_BAD = [
+    (["data.train_batch_size=0"], "data.train_batch_size", "integer >= 1"),
+    (["data.train_batch_size=6", "actor_rollout_ref.actor.ppo_mini_batch_size=4"],
+     "actor_rollout_ref.actor.ppo_mini_batch_size", "multiple"),
+    (["actor_rollout_ref.actor.ppo_mini_batch_size=0"], "actor_rollout_ref.actor.ppo_mini_batch_size", ">= 1"),
+    (["actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n", "at least 2"),
+    (["actor_rollout_ref.actor.ppo_epochs=0"], "actor_rollout_ref.actor.ppo_epochs", "integer >= 1"),
+    ([CGP, "actor_rollout_ref.actor.ppo_epochs=2"], "actor_rollout_ref.actor.ppo_epochs", "ppo_epochs=1"),
+    (["data.max_prompt_length=0"], "data.max_prompt_length", "integer >= 1"),
+    (["data.max_response_length=0"], "data.max_response_length", "integer >= 1"),
+    (["actor_rollout_ref.rollout.max_model_len=64"], "actor_rollout_ref.rollout.max_model_len",
+     ">= data.max_prompt_length + data.max_response_length = 96"),
+    ([CGP, "rolloutpipe.cgp.granularity=group", "actor_rollout_ref.rollout.n=4",
+      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"], "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+     "must divide n"),
+    ([CGP, "rolloutpipe.cgp.granularity=group", "actor_rollout_ref.actor.loss_agg_mode=seq-sum"],
+     "actor_rollout_ref.actor.loss_agg_mode", "token-mean"),
+    (["algorithm.adv_estimator=gae"], "algorithm.adv_estimator", "no critic"),
+    ([CGP, "algorithm.adv_estimator=gae"], "algorithm.adv_estimator", "no critic"),
+    (["algorithm.adv_estimator=remax"], "algorithm.adv_estimator", "greedy baseline"),
+    (["algorithm.adv_estimator=reinforce_plus_plus"], "algorithm.adv_estimator", "grpo"),
+    (["algorithm.adv_estimator=gdpo"], "algorithm.adv_estimator", "grpo"),
+    (["algorithm.adv_estimator=my_estimator"], "algorithm.adv_estimator", "STREAMABLE_ESTIMATORS"),
+    ([CGP, "algorithm.adv_estimator=reinforce_plus_plus_baseline"], "algorithm.adv_estimator", "mode=sync"),
+    ([CGP, "algorithm.adv_estimator=gpg"], "algorithm.adv_estimator", "mode=sync"),
+    (["algorithm.use_kl_in_reward=true"], "algorithm.use_kl_in_reward", "use_kl_loss=true"),
+    ([CGP, "algorithm.use_kl_in_reward=true"], "algorithm.use_kl_in_reward", "use_kl_loss=true"),
+    (["critic.enable=true"], "critic.enable", "no critic"),
+    (["algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.rollout.calculate_log_probs=false"],
+     "actor_rollout_ref.rollout.calculate_log_probs", "must be true"),
+    (["actor_rollout_ref.hybrid_engine=true"], "actor_rollout_ref.hybrid_engine", "must be false"),
+    ([CGP, "actor_rollout_ref.actor.fsdp_config.param_offload=true"],
+     "actor_rollout_ref.actor.fsdp_config.param_offload", "θ_k snapshot"),
+    ([CGP, "actor_rollout_ref.actor.fsdp_config.offload_policy=true"],
+     "actor_rollout_ref.actor.fsdp_config.offload_policy", "θ_k snapshot"),
+    ([CGP, "actor_rollout_ref.actor.strategy=fsdp"], "actor_rollout_ref.actor.strategy", "fsdp2"),
+    (["actor_rollout_ref.rollout.checkpoint_engine.backend=naive"],
+     "actor_rollout_ref.rollout.checkpoint_engine.backend", "ray_store"),
+    (["actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"],
+     "actor_rollout_ref.rollout.checkpoint_engine.backend", "on CPU allowed: ray_store"),
+    (["rolloutpipe.fgd.enable=true"], "rolloutpipe.fgd.enable", "rolloutpipe.mode=cgp"),
+    ([CGP, "rolloutpipe.fgd.enable=true", "actor_rollout_ref.rollout.scheduling_policy=fcfs"],
+     "actor_rollout_ref.rollout.scheduling_policy", "'priority'"),
+    (["actor_rollout_ref.rollout.name=sglang"], "actor_rollout_ref.rollout.name", "allowed: vllm"),
+    (["trainer.device=cuda"], "trainer.device", "must be 'cpu'"),
+    (["rolloutpipe.platform=gpu"], "trainer.device", "trainer.device=cuda"),
+    (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
+     "actor_rollout_ref.rollout.tensor_model_parallel_size", "must be 1 on CPU"),
+]
+
+GOOD = [
+    [],
+    [CGP, "rolloutpipe.cgp.granularity=group", "actor_rollout_ref.rollout.n=8"],
+    [CGP, "rolloutpipe.fgd.enable=true", "rolloutpipe.fgd.window=32", "rolloutpipe.fgd.frontier_groups=6"],
+    [CGP, "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"],  # not part of the θ_k snapshot
+    [CGP, "actor_rollout_ref.actor.fsdp_config.param_offload=true", "actor_rollout_ref.actor.ppo_mini_batch_size=8"],
+    ["actor_rollout_ref.actor.fsdp_config.param_offload=true"],  # sync mode takes no snapshot
+    ["algorithm.adv_estimator=reinforce_plus_plus_baseline", "algorithm.adv_estimator=gpg"],
+    ["rolloutpipe.dispatch.order=interleave:8", "rolloutpipe.dispatch.window=16", "rolloutpipe.trace_dir=traces"],
+    ["rolloutpipe.request_timeout_s=null", "rolloutpipe.weight_sync_timeout_s=2.5", "rolloutpipe.oversample=4",
+     "rolloutpipe.trainer_class=pkg.mod.MyTrainer", "rolloutpipe.cpu.rollout_cores='0'"],
+    [WL + "{" + LOGNORMAL + ", seed: 3, name: tail}"],
+    [WL + "{kind: equal, length: 32}"],
+    ["++rolloutpipe.fault.on_request_failure=drop_group", "++rolloutpipe.fault.max_request_retries=0",
+     "++rolloutpipe.fault.replica_restart_timeout_s=null", "++rolloutpipe.fault.replica_restart=false"],
+    ["rolloutpipe.platform=gpu", "trainer.device=cuda", "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"],
+]
+
+
+def _id(row):
+    return row[1] + ":" + ",".join(o.split("=", 1)[1][:24] for o in row[0] if "=" in o)
+
+
+@pytest.mark.parametrize("overrides,key,allowed", ROLLOUTPIPE_BAD + VERL_BAD, ids=[_id(r) for r in ROLLOUTPIPE_BAD + VERL_BAD])
+def test_bad_config_names_the_key_and_what_is_allowed(overrides, key, allowed):
+    with pytest.raises(ConfigError) as err:
+        validate(compose(overrides), check_paths=False)
+    msg = str(err.value)
+    assert msg.startswith(key + ":"), msg
+    assert allowed in msg, msg
+
+
+@pytest.mark.parametrize("overrides", GOOD, ids=lambda o: ",".join(o) or "default")
+def test_good_configs_pass(overrides):
+    validate(compose(overrides), check_paths=False)
+
+
+def test_every_rolloutpipe_key_has_a_bad_row():
+    covered = {row[1] for row in ROLLOUTPIPE_BAD}
+    missing = [k for k in schema_leaves() if k not in covered]
+    assert not missing, f"keys without a bad config in ROLLOUTPIPE_BAD: {missing}"
+
+
+def _config_leaves(node: DictConfig, table: dict, prefix: str):
+    for k in node:
+        spec = table.get(k)
+        if isinstance(spec, dict) and isinstance(node.get(k), DictConfig):
+            yield from _config_leaves(node.get(k), spec, f"{prefix}.{k}")
+        else:
+            yield f"{prefix}.{k}", spec
+
+
+def test_every_key_of_the_base_config_is_in_the_table():
+    """conf/rolloutpipe_trainer.yaml and config.ROLLOUTPIPE stay in step: a new key needs a rule."""
+    unknown = [k for k, spec in _config_leaves(compose([]).rolloutpipe, ROLLOUTPIPE, "rolloutpipe")
+               if spec is None or spec is INTERNAL]
+    assert not unknown, f"rolloutpipe keys without a rule in verl_pipe.config.ROLLOUTPIPE: {unknown}"
