@@ -174,7 +174,6 @@ ROLLOUTPIPE: dict[str, Any] = {
         "trainer_cores": CPU_LIST,
         "kv_cache_gib": integer(1),
         "ray_num_cpus": integer(1),
-        "client_on_rollout_cores": BOOLEAN,
     },
     "tiny_assets": {
         "enable": BOOLEAN,
