@@ -42,6 +42,7 @@ from verl.trainer.ppo.metric_utils import compute_data_metrics
 from verl.utils.metric import reduce_metrics
 
 from verl_pipe.config import BATCH_NORMALIZED_ESTIMATORS, groups_per_unit
+from verl_pipe.data_check import skip_metrics
 from verl_pipe.deadline import call_with_deadline
 from verl_pipe.frontier import FCFSPolicy, FrontierPolicy
 from verl_pipe.group_queue import Group, GroupQueue
@@ -578,6 +579,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         if rollout_result.recovery_s:
             self.metrics["rolloutpipe/replica_recovery_s"] = max(rollout_result.recovery_s)
         self.metrics["rolloutpipe/trained_groups"] = len(trained)
+        self.metrics.update(skip_metrics(self.config))  # records the launcher's data check skipped
         batch = getattr(self, "_trained_batch", None)
         if batch is not None:
             self.metrics.update(compute_data_metrics(batch=batch, use_critic=False))
