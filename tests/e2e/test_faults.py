@@ -39,10 +39,24 @@ def ckpt_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def stack(ckpt_dir):
+def bad_data(tmp_path_factory):
+    """The tiny training set with one record of each bad kind mixed in: the run must skip and count them."""
+    from verl_pipe.assets import ensure_assets
+    from verl_pipe.data_check import write_bad_records_parquet
+
+    path = tmp_path_factory.mktemp("bad_data") / "train_with_bad_records.parquet"
+    expected = write_bad_records_parquet(path, ensure_assets(None).train_file, max_prompt_length=64)
+    return [f"data.train_files={path}"], expected
+
+
+@pytest.fixture(scope="module")
+def stack(ckpt_dir, bad_data):
     from verl_pipe.session import PipeSession, compose
 
-    session = PipeSession(compose(FAULT_OVERRIDES + [f"trainer.default_local_dir={ckpt_dir}"]))
+    overrides, expected = bad_data
+    session = PipeSession(compose(FAULT_OVERRIDES + overrides + [f"trainer.default_local_dir={ckpt_dir}"]))
+    session.overrides = overrides
+    session.expected_skips = expected
     session.closed = False
     yield session
     if not session.closed:
@@ -106,6 +120,9 @@ def test_replica_killed_mid_step_restarts_with_theta_k(stack):
     took = time.perf_counter() - t0
     del trainer._update_unit  # back to the class's method
     m = rec["metrics"]
+    # the bad records were skipped and counted, and the run went on with the good ones
+    for reason, n in stack.expected_skips.items():
+        assert m[f"data/skipped_records/train/{reason}"] == n, reason
     assert kill.killed_at is not None
     assert kill.inflight_at_kill, "the long groups must still be in flight at the kill (raise LONG)"
     print(f"\n[fault] replica killed after unit 0 with {kill.inflight_at_kill} requests in flight; "
@@ -199,8 +216,8 @@ def test_resume_from_the_rolled_back_checkpoint(stack, ckpt_dir):
     from verl_pipe.session import PipeSession, compose
 
     assert stack.closed
-    resumed = PipeSession(compose(FAULT_OVERRIDES + [f"trainer.default_local_dir={ckpt_dir}",
-                                                     "trainer.resume_mode=auto"]))
+    resumed = PipeSession(compose(FAULT_OVERRIDES + stack.overrides + [f"trainer.default_local_dir={ckpt_dir}",
+                                                                        "trainer.resume_mode=auto"]))
     try:
         trainer = resumed.trainer
         assert trainer.global_steps == stack.failed_step, "resumes at the failed step"
