@@ -125,10 +125,9 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         self._stepped = False  # an optimizer step of the current step has run
         self.rollout = StreamingRollout(self.config, servers, reward_handles, mgr.global_load_balancer)
         fault = rp.fault
-        if fault.replica_restart:
-            self.rollout.supervisor = ReplicaSupervisor(
-                mgr, self.checkpoint_manager, self._push_theta_k, self.rollout.client.set_servers,
-                timeout_s=fault.replica_restart_timeout_s)
+        self.rollout.supervisor = ReplicaSupervisor(
+            mgr, self.checkpoint_manager, self._push_theta_k, self.rollout.client.set_servers,
+            timeout_s=fault.replica_restart_timeout_s, restart=bool(fault.replica_restart))
         self.timelines: list[StepTimeline] = []
         # Test hook: a function (list[Group]) -> list[Group] that fixes the order groups
         # are trained in, so sync and CGP can be compared unit for unit.
@@ -305,7 +304,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
 
     def _make_policy(self, num_groups: int):
         rp = self.config.rolloutpipe
-        replicas = list(range(self.rollout.num_replicas))
+        replicas = self.rollout.live_replicas()
         target = int(self.config.data.train_batch_size)
         common = dict(num_groups=num_groups, n=self.n, groups_per_unit=self.groups_per_unit,
                       target_groups=target, replicas=replicas)

@@ -190,7 +190,7 @@ def test_no_replica_left_rolls_back_and_checkpoints(stack, ckpt_dir):
     trainer = stack.trainer
     with open_dict(trainer.config.rolloutpipe.fault):
         trainer.config.rolloutpipe.fault.replica_restart = False
-    trainer.rollout.supervisor = None
+    trainer.rollout.supervisor.restart_enabled = False
     step = trainer.global_steps
     theta_k = stack.actor_state()
     batch_dict = next(stack._batches)

@@ -53,13 +53,27 @@ class ReplicaSupervisor:
     """Restarts replicas of an ``LLMServerManager``; blocking, run it off the rollout's event loop."""
 
     def __init__(self, server_manager, checkpoint_manager, push_weights: Callable[[Any, int], None],
-                 set_servers: Callable[[list[tuple[str, Any]]], None], timeout_s: float | None = None):
+                 set_servers: Callable[[list[tuple[str, Any]]], None], timeout_s: float | None = None,
+                 restart: bool = True):
         self.mgr = server_manager
         self.ckpt = checkpoint_manager
         self.push_weights = push_weights  # (new replica, weight version) -> None, loads θ_k into it
         self.set_servers = set_servers
         self.timeout_s = timeout_s
+        self.restart_enabled = restart  # False: a dead replica is retired, the others go on
         self.restarts = 0
+        self.retired: set[int] = set()
+
+    def live(self) -> list[int]:
+        """Replica indices that take requests (not retired)."""
+        return [i for i in range(len(self.mgr.rollout_replicas)) if i not in self.retired]
+
+    def retire(self, index: int) -> None:
+        """Takes a dead replica out for good: out of the load balancer and the weight syncs, its actors and
+        pool released. The run goes on with the others."""
+        self._tear_down(self.mgr.rollout_replicas[index], index, wait_freed=False)
+        self.retired.add(index)
+        logger.warning("rollout replica %d retired; %d left", index, len(self.live()))
 
     def restart(self, index: int, version: int) -> float:
         """Replaces replica ``index`` with a fresh one holding weights ``version``; returns seconds taken."""
@@ -82,7 +96,7 @@ class ReplicaSupervisor:
         logger.warning("rollout replica %d restarted with weight version %d in %.1fs", index, version, took)
         return took
 
-    def _tear_down(self, old, index: int) -> None:
+    def _tear_down(self, old, index: int, wait_freed: bool = True) -> None:
         self.ckpt.remove_replicas([old])
         try:
             ray.get(self.mgr.global_load_balancer.remove_servers.remote([self.mgr.server_addresses[index]]))
@@ -100,7 +114,8 @@ class ReplicaSupervisor:
                 ray.util.remove_placement_group(pg)
             except Exception:
                 pass
-        self._wait_until_freed(pgs, old.world_size)
+        if wait_freed:
+            self._wait_until_freed(pgs, old.world_size)
 
     def _wait_until_freed(self, pgs, devices: int, timeout_s: float = 60.0) -> None:
         """Placement groups are removed asynchronously, and verl's pool check reads the nodes' reported

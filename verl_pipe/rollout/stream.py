@@ -80,7 +80,7 @@ class StreamingRollout:
     def __init__(self, config, servers: list[tuple[str, Any]], reward_loop_worker_handles=None,
                  load_balancer_handle=None, supervisor=None):
         self.config = config
-        self.supervisor = supervisor  # ReplicaSupervisor, or None: a dead replica is dropped
+        self.supervisor = supervisor  # ReplicaSupervisor (restarts or retires dead replicas), or None
         self._tasks: dict = {}  # the running step's request tasks
         self.client = AdmissionRoutedClient(config, load_balancer_handle=load_balancer_handle, servers=servers)
         self.worker = AgentLoopWorker(config, self.client, None, reward_loop_worker_handles)
@@ -100,6 +100,10 @@ class StreamingRollout:
     @property
     def num_replicas(self) -> int:
         return len(self.client._servers)
+
+    def live_replicas(self) -> list[int]:
+        """The replicas a step may admit to (a retired one is gone for good)."""
+        return self.supervisor.live() if self.supervisor is not None else list(range(self.num_replicas))
 
     def start(self, request: StepRequest) -> Future:
         """Starts the step's rollout in the background; the future resolves to a StepResult."""
@@ -186,7 +190,7 @@ class StreamingRollout:
                 except Exception as e:
                     if is_replica_death(e):
                         if adm.replica in policy.replicas:  # the first of its requests to notice
-                            restarting.update(self._replica_died(req, adm.replica, e, policy, result))
+                            restarting.update(await self._replica_died(req, adm.replica, e, policy, result))
                             cancel(lambda a, dead=adm.replica: a.replica == dead)
                         continue  # not the request's fault: no retry is used up
                     # A failed or timed-out request: retry, then give up on it (fail the step or drop its group).
@@ -239,17 +243,20 @@ class StreamingRollout:
         result.elapsed_s = time.perf_counter() - start
         return result
 
-    def _replica_died(self, req: StepRequest, replica: int, exc: BaseException, policy, result) -> dict:
-        """Takes the replica out of admission (its in-flight requests go back to pending) and starts its
-        restart; returns {restart task: (replica, t)} (empty when there is no supervisor)."""
+    async def _replica_died(self, req: StepRequest, replica: int, exc: BaseException, policy, result) -> dict:
+        """Takes the replica out of admission (its in-flight requests go back to pending, to the other
+        replicas or to the restarted one) and starts its restart, or retires it; returns {restart task:
+        (replica, t)} (empty when it is not restarted)."""
         result.replica_failures += 1
-        logger.error("step %d: rollout replica %d died (%s: %s)", req.step, replica, type(exc).__name__, exc)
-        if self.supervisor is None:
+        logger.error("step %d: rollout replica %d died (%s: %s)", req.step, replica, type(exc).__name__, _brief(exc))
+        if self.supervisor is None or not self.supervisor.restart_enabled:
             if len(policy.replicas) == 1:
                 raise ReplicaLostError(
                     f"step {req.step}: rollout replica {replica} died and no replica is left "
-                    f"(rolloutpipe.fault.replica_restart=false): {type(exc).__name__}: {exc}") from exc
+                    f"(rolloutpipe.fault.replica_restart=false): {_brief(exc)}") from exc
             result.requeued_requests += len(policy.remove_replica(replica))
+            if self.supervisor is not None:
+                await asyncio.to_thread(self.supervisor.retire, replica)
             return {}
         result.requeued_requests += len(policy.remove_replica(replica, allow_none_left=True))
         task = asyncio.create_task(asyncio.to_thread(self.supervisor.restart, replica, req.weight_version))
