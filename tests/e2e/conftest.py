@@ -27,3 +27,13 @@ def pipe(tmp_path_factory):
     session = PipeSession(cfg)
     yield session
     session.close()
+
+
+def assert_every_group_once_at(rec: dict, batch, groups: int, n: int, version: int) -> None:
+    """The step trained ``groups`` distinct groups of n responses each, all generated with weights ``version``."""
+    import numpy as np
+
+    assert len(rec["trained_groups"]) == groups == len(set(rec["trained_groups"]))
+    uids, counts = np.unique(batch.non_tensor_batch["uid"], return_counts=True)
+    assert len(uids) == groups and set(counts) == {n}
+    assert set(batch.non_tensor_batch["min_global_steps"]) == {version} == set(batch.non_tensor_batch["max_global_steps"])

@@ -15,7 +15,7 @@ import ray
 import torch
 from omegaconf import open_dict
 
-from tests.e2e.conftest import E2E_OVERRIDES
+from tests.e2e.conftest import E2E_OVERRIDES, assert_every_group_once_at
 
 pytestmark = pytest.mark.e2e
 
@@ -131,11 +131,8 @@ def test_replica_killed_mid_step_restarts_with_theta_k(stack):
     assert m["rolloutpipe/replica_restarts"] == 1
     assert m["rolloutpipe/requeued_requests"] > 0
     # every trainable group trained once, nothing lost or twice
-    assert len(rec["trained_groups"]) == GROUPS == len(set(rec["trained_groups"]))
     batch = trainer._trained_batch
-    uids, counts = np.unique(batch.non_tensor_batch["uid"], return_counts=True)
-    assert len(uids) == GROUPS and set(counts) == {N}
-    assert set(batch.non_tensor_batch["min_global_steps"]) == {version} == set(batch.non_tensor_batch["max_global_steps"])
+    assert_every_group_once_at(rec, batch, GROUPS, N, version)
     # The restarted replica generated with θ_k (not with the actor's state after unit 0): its samples'
     # vLLM log-probs match the trainer's θ_k old log-probs as closely as the other replica's did.
     mask = batch.batch["response_mask"].float()

@@ -6,12 +6,11 @@ import os
 import signal
 from collections import defaultdict
 
-import numpy as np
 import pytest
 import ray
 from omegaconf import open_dict
 
-from tests.e2e.conftest import E2E_OVERRIDES
+from tests.e2e.conftest import E2E_OVERRIDES, assert_every_group_once_at
 
 pytestmark = pytest.mark.e2e
 
@@ -80,11 +79,8 @@ def test_replica_killed_without_restart_is_retired(two):
     assert killed and killed[0] > 0
     assert m["rolloutpipe/replica_failures"] == 1 and m["rolloutpipe/replica_restarts"] == 0
     assert m["rolloutpipe/requeued_requests"] > 0
-    assert len(rec["trained_groups"]) == GROUPS == len(set(rec["trained_groups"]))
     batch = trainer._trained_batch
-    uids, counts = np.unique(batch.non_tensor_batch["uid"], return_counts=True)
-    assert len(uids) == GROUPS and set(counts) == {N}
-    assert set(batch.non_tensor_batch["min_global_steps"]) == {version} == set(batch.non_tensor_batch["max_global_steps"])
+    assert_every_group_once_at(rec, batch, GROUPS, N, version)
     assert trainer.rollout.live_replicas() == [1]
     # the next step runs on the survivor only and gets θ_{k+1} (the weight sync skips the retired replica)
     rec2 = two.step(sampling_overrides=_lengths)
