@@ -1,0 +1,157 @@
+"""The rollout driver's fault handling as pure logic: StreamingRollout's real step loop, admission policy and
+timeline, with the agent loop replaced by a coroutine that sleeps, times out or fails as each test says (the
+end-to-end versions with vLLM are in tests/e2e/test_faults.py and test_replicas.py)."""
+
+import asyncio
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from verl_pipe.frontier import FCFSPolicy
+from verl_pipe.rollout.stream import ReplicaLostError, StepRequest, StreamingRollout
+from verl_pipe.timeline import StepTimeline
+
+
+class EngineDeadError(Exception):
+    """Named like vLLM's: the engine behind a replica is gone."""
+
+
+class Driver(StreamingRollout):
+    """StreamingRollout without Ray or vLLM: ``behave(group, index, attempt, replica)`` returns a delay in
+    seconds or raises."""
+
+    def __init__(self, behave, supervisor=None):  # noqa: D107 - no super(): nothing to connect to
+        self.behave = behave
+        self.supervisor = supervisor
+        self._tasks = {}
+        self.sampling_params = {}
+        self.default_agent = "single_turn_agent"
+        self.calls = []
+        self.worker = SimpleNamespace(_run_agent_loop=self._fake_agent_loop,
+                                      _postprocess=lambda outputs, validate: outputs)
+        self.client = SimpleNamespace(_servers=[None, None])
+
+    async def _fake_agent_loop(self, sampling_params, trajectory, trace=False, **kwargs):
+        from verl_pipe.rollout.client import CURRENT_ADMISSION
+
+        adm = CURRENT_ADMISSION.get()
+        key = (adm.request.group, adm.request.index)
+        attempt = sum(1 for c in self.calls if c[:2] == key)
+        self.calls.append((*key, adm.replica))
+        delay = self.behave(*key, attempt, adm.replica)
+        await asyncio.sleep(delay)
+        return SimpleNamespace(response_mask=torch.ones(3), group=key[0], index=key[1], replica=adm.replica)
+
+    def run(self, req: StepRequest):
+        return asyncio.run(self._run_step(req))
+
+
+def _request(groups=4, target=4, replicas=(0,), window=None, **kw):
+    trained = []
+    gen_batch = SimpleNamespace(non_tensor_batch={"raw_prompt": np.array([f"p{g}" for g in range(groups)])})
+    req = StepRequest(step=1, gen_batch=gen_batch, n=2,
+                      policy=FCFSPolicy(groups, 2, 1, target, replicas, window=window), timeline=StepTimeline(1, 1),
+                      on_group=lambda g, outs: trained.append((g, [o.replica for o in outs])) or True, **kw)
+    return req, trained
+
+
+def test_a_timed_out_request_is_retried_then_succeeds():
+    drv = Driver(lambda g, i, attempt, r: 1.0 if (g, i, attempt) == (1, 0, 0) else 0.0)
+    req, trained = _request(request_timeout_s=0.2, max_retries=2)
+    result = drv.run(req)
+    assert sorted(g for g, _ in trained) == [0, 1, 2, 3]
+    assert result.failed_attempts == 1 and result.dropped_groups == 0
+    assert drv.calls.count((1, 0, 0)) == 2  # the original and one retry
+
+
+def test_a_request_timing_out_past_its_retries_drops_its_group_and_the_next_group_replaces_it():
+    # group 1 never answers in time; a window of one group makes the step wait on it (group-major order)
+    drv = Driver(lambda g, i, attempt, r: 5.0 if g == 1 else 0.0)
+    req, trained = _request(groups=5, target=4, window=2, request_timeout_s=0.1, max_retries=1,
+                            on_request_failure="drop_group")
+    result = drv.run(req)
+    assert sorted(g for g, _ in trained) == [0, 2, 3, 4], "group 4 (oversampled) took group 1's place"
+    assert result.dropped_groups == 1
+    assert result.failed_attempts >= 2
+    assert req.policy.stats()["dropped_groups"] == 1
+
+
+def test_a_request_failing_past_its_retries_fails_the_step_naming_the_settings():
+    def behave(g, i, attempt, r):
+        if g == 2:
+            raise ValueError("bad sampling parameter")
+        return 0.0
+
+    req, _ = _request(max_retries=1)
+    with pytest.raises(RuntimeError, match=r"max_request_retries=1.*on_request_failure=fail"):
+        Driver(behave).run(req)
+
+
+class FakeSupervisor:
+    def __init__(self, restart=True, restart_s=0.2, fail=False):
+        self.restart_enabled, self.restart_s, self.fail = restart, restart_s, fail
+        self.restarted, self.retired = [], []
+
+    def restart(self, index, version):
+        import time
+
+        time.sleep(self.restart_s)
+        if self.fail:
+            raise RuntimeError("no devices")
+        self.restarted.append((index, version))
+
+    def retire(self, index):
+        self.retired.append(index)
+
+    def live(self):
+        return [0, 1]
+
+
+def _dies_once(replica=0, after=0.05):
+    """The replica's engine dies: every request on it from then on fails, until it is restarted."""
+    state = {"dead": False, "restarted": False}
+
+    def behave(g, i, attempt, r):
+        if r == replica and not state["restarted"] and (state["dead"] or g >= 1):
+            state["dead"] = True
+            raise EngineDeadError("engine core died")
+        return after
+
+    return behave, state
+
+
+def test_the_only_replica_dies_and_comes_back_with_the_step_weights():
+    behave, state = _dies_once()
+    sup = FakeSupervisor()
+    drv = Driver(behave, sup)
+    orig = sup.restart
+    sup.restart = lambda index, version: (orig(index, version), state.update(restarted=True))
+    req, trained = _request(weight_version=7)
+    result = drv.run(req)
+    assert sup.restarted == [(0, 7)], "restarted once, with the step's weight version"
+    assert result.replica_failures == 1 and result.replica_restarts == 1
+    assert result.requeued_requests > 0 and result.failed_attempts == 0  # not the requests' fault
+    assert sorted(g for g, _ in trained) == [0, 1, 2, 3]
+    assert len(result.recovery_s) == 1 and result.recovery_s[0] >= 0.2
+
+
+def test_without_restart_a_dead_replica_is_retired_and_the_other_finishes_its_requests():
+    behave, _ = _dies_once(replica=0)
+    sup = FakeSupervisor(restart=False)
+    req, trained = _request(replicas=(0, 1))
+    result = Driver(behave, sup).run(req)
+    assert sup.retired == [0]
+    assert result.replica_failures == 1 and result.replica_restarts == 0
+    assert sorted(g for g, _ in trained) == [0, 1, 2, 3]
+    late = [reps for g, reps in trained if g >= 1]
+    assert all(set(reps) == {1} for reps in late), "after the death only replica 1 serves"
+
+
+@pytest.mark.parametrize("supervisor", [None, FakeSupervisor(restart=False), FakeSupervisor(fail=True)])
+def test_no_replica_left_is_a_clear_error(supervisor):
+    behave, _ = _dies_once()
+    req, _ = _request()
+    with pytest.raises(ReplicaLostError, match="no replica is left"):
+        Driver(behave, supervisor).run(req)
