@@ -27,7 +27,6 @@ ROLLOUTPIPE_BAD = [
     (["rolloutpipe.cpu.kv_cache_gib=0"], "rolloutpipe.cpu.kv_cache_gib", "integer >= 1"),
     (["rolloutpipe.cpu.kv_cache_gib=1.5"], "rolloutpipe.cpu.kv_cache_gib", "integer >= 1"),
     (["rolloutpipe.cpu.ray_num_cpus=0"], "rolloutpipe.cpu.ray_num_cpus", "integer >= 1"),
-    (["++rolloutpipe.cpu.client_on_rollout_cores=2"], "rolloutpipe.cpu.client_on_rollout_cores", "true or false"),
     (["rolloutpipe.tiny_assets.enable=maybe"], "rolloutpipe.tiny_assets.enable", "true or false"),
     (["rolloutpipe.tiny_assets.size=huge"], "rolloutpipe.tiny_assets.size", "one of tiny"),
     (["rolloutpipe.tiny_assets.cache_dir=''"], "rolloutpipe.tiny_assets.cache_dir", "null or a path"),

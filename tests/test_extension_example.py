@@ -133,7 +133,7 @@ def test_fit_get_batch_records_the_prompt_keys(cfg):
 
 def _policy_trainer(cfg, fgd=True, keys=(), history=None):
     t = _bare_trainer(config=cfg, prompt_history=dict(history or {}), step_prompt_keys=list(keys))
-    t.rollout = SimpleNamespace(num_replicas=2)
+    t.rollout = SimpleNamespace(num_replicas=2, live_replicas=lambda: [0, 1])
     t.n, t.groups_per_unit, t.fgd_enabled, t.fgd_window = 4, 2, fgd, 8
     t.baseline_window, t.baseline_order = None, "group_major"
     return t

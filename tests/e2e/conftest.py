@@ -4,6 +4,9 @@ import pytest
 # times, so a pipelined trainer has something to overlap with.
 LONGTAIL = {"kind": "lognormal", "median": 12, "sigma": 0.8, "rho": 0.7, "cap": 32, "seed": 0}
 
+PARTIAL_CREDIT_REWARD = ["reward.custom_reward_function.path=pkg://recipes.extension_example.reward",
+                         "reward.custom_reward_function.name=compute_score"]
+
 E2E_OVERRIDES = [
     "trainer.total_training_steps=1000",  # steps are driven one by one
     "data.train_batch_size=8",
@@ -23,7 +26,9 @@ def pipe(tmp_path_factory):
     from verl_pipe.session import PipeSession, compose
 
     ckpt = tmp_path_factory.mktemp("ckpt")
-    cfg = compose(E2E_OVERRIDES + [f"trainer.default_local_dir={ckpt}"])
+    # The worked example's reward (1 right, 0.25 a wrong number, 0 none): the tiny model's 0/1 digit-math reward
+    # is so sparse (~3%) that a step often has no signal at all, and these tests need the actor to move.
+    cfg = compose(E2E_OVERRIDES + [f"trainer.default_local_dir={ckpt}", *PARTIAL_CREDIT_REWARD])
     session = PipeSession(cfg)
     yield session
     session.close()
