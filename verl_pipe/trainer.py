@@ -185,6 +185,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         self._fit_prepare_step()
         version = self.global_steps - 1  # θ_k: synced at the end of the previous step
         t_step = time.perf_counter()
+        self._drop_train_state_snapshot()  # left over if the previous attempt at a step failed
         self._stepped = self._training_done = False
 
         try:
