@@ -104,10 +104,6 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         # Run-time knobs (a session may switch them between steps on the same workers).
         self.mode = rp.mode
         self.granularity = rp.cgp.granularity
-        if self.mode == "cgp" and self.granularity == "group":
-            logger.warning("rolloutpipe.cgp.granularity=group is not yet equivalent to minibatch units (gradient "
-                           "norms differ by ~0.1-0.4%%, an open bug, docs/cgp.md); use minibatch where exact "
-                           "equivalence to sync matters")
         self.fgd_enabled = bool(rp.fgd.enable)
         self.fgd_window = rp.fgd.window
         self.filter_zero_variance = bool(rp.filter_zero_variance)
