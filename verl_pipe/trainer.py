@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -235,23 +235,15 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
 
     def _push_theta_k(self, replica, version: int) -> None:
         """Loads θ_k into one (restarted) replica, without touching the others' in-flight requests."""
-        with self._actor_lock:
-            swapped = self._theta_k_saved
-            if swapped:  # the actor has already stepped past θ_k
-                self.actor_wg.save_model_to_cpu(CURRENT)
-                self.actor_wg.restore_model_from_cpu(THETA_K)
-            try:
-                manager = type(self.checkpoint_manager)(config=self.checkpoint_manager.config,
-                                                        actor_wg=self.checkpoint_manager.actor_wg,
-                                                        replicas=[replica])
-                call_with_deadline(lambda: manager.update_weights(version),
-                                   self.config.rolloutpipe.get("weight_sync_timeout_s"),
-                                   f"loading θ_{version} into a restarted replica",
-                                   "rolloutpipe.weight_sync_timeout_s")
-            finally:
-                if swapped:
-                    self.actor_wg.restore_model_from_cpu(CURRENT)
-                    self.actor_wg.clear_cpu_model(CURRENT)
+        # Without a snapshot the actor has not stepped past θ_k yet and holds it already.
+        with self._actor_lock, (self._at_theta_k() if self._theta_k_saved else nullcontext()):
+            manager = type(self.checkpoint_manager)(config=self.checkpoint_manager.config,
+                                                    actor_wg=self.checkpoint_manager.actor_wg,
+                                                    replicas=[replica])
+            call_with_deadline(lambda: manager.update_weights(version),
+                               self.config.rolloutpipe.get("weight_sync_timeout_s"),
+                               f"loading θ_{version} into a restarted replica",
+                               "rolloutpipe.weight_sync_timeout_s")
 
     @staticmethod
     def _describe(exc: BaseException) -> str:
@@ -505,10 +497,16 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         # second model copy would avoid them but double the trainer's parameter memory; computing old
         # log-probs for every group before the first update would serialize the trainer behind the
         # whole rollout, which is what CGP removes.
+        with self._at_theta_k():
+            return self._fit_compute_log_prob(unit_batch)
+
+    @contextmanager
+    def _at_theta_k(self):
+        """The actor holds θ_k (from the CPU snapshot) inside the block, its current weights again after."""
         self.actor_wg.save_model_to_cpu(CURRENT)
         self.actor_wg.restore_model_from_cpu(THETA_K)
         try:
-            return self._fit_compute_log_prob(unit_batch)
+            yield
         finally:
             self.actor_wg.restore_model_from_cpu(CURRENT)
             self.actor_wg.clear_cpu_model(CURRENT)
