@@ -11,6 +11,7 @@ from verl_pipe.config import INTERNAL, ROLLOUTPIPE, ConfigError, schema_leaves, 
 from verl_pipe.session import compose
 
 CGP = "rolloutpipe.mode=cgp"
+RPPB = "algorithm.adv_estimator=reinforce_plus_plus_baseline"
 WL = "++rolloutpipe.workload="
 LOGNORMAL = "kind: lognormal, median: 8, sigma: 1, rho: 0.5, cap: 16"
 
@@ -100,7 +101,12 @@ VERL_BAD = [
     (["algorithm.adv_estimator=reinforce_plus_plus"], "algorithm.adv_estimator", "grpo"),
     (["algorithm.adv_estimator=gdpo"], "algorithm.adv_estimator", "grpo"),
     (["algorithm.adv_estimator=my_estimator"], "algorithm.adv_estimator", "STREAMABLE_ESTIMATORS"),
-    ([CGP, "algorithm.adv_estimator=reinforce_plus_plus_baseline"], "algorithm.adv_estimator", "mode=sync"),
+    ([CGP, "algorithm.adv_estimator=reinforce_plus_plus_baseline"], "algorithm.adv_estimator",
+     "rolloutpipe.cgp.granularity=group"),
+    ([CGP, RPPB, "rolloutpipe.cgp.granularity=group", "actor_rollout_ref.actor.policy_loss.loss_mode=gspo"],
+     "actor_rollout_ref.actor.policy_loss.loss_mode", "'vanilla'"),
+    ([CGP, RPPB, "rolloutpipe.cgp.granularity=group", "algorithm.rollout_correction.bypass_mode=true"],
+     "algorithm.rollout_correction.bypass_mode", "must be false"),
     ([CGP, "algorithm.adv_estimator=gpg"], "algorithm.adv_estimator", "mode=sync"),
     (["algorithm.use_kl_in_reward=true"], "algorithm.use_kl_in_reward", "use_kl_loss=true"),
     ([CGP, "algorithm.use_kl_in_reward=true"], "algorithm.use_kl_in_reward", "use_kl_loss=true"),
@@ -135,6 +141,8 @@ GOOD = [
     [CGP, "actor_rollout_ref.actor.fsdp_config.param_offload=true", "actor_rollout_ref.actor.ppo_mini_batch_size=8"],
     ["actor_rollout_ref.actor.fsdp_config.param_offload=true"],  # sync mode takes no snapshot
     ["algorithm.adv_estimator=reinforce_plus_plus_baseline", "algorithm.adv_estimator=gpg"],
+    [CGP, RPPB, "rolloutpipe.cgp.granularity=group", "rolloutpipe.fgd.enable=true",
+     "actor_rollout_ref.actor.use_kl_loss=true"],
     ["rolloutpipe.dispatch.order=interleave:8", "rolloutpipe.dispatch.window=16", "rolloutpipe.trace_dir=traces"],
     ["rolloutpipe.request_timeout_s=null", "rolloutpipe.weight_sync_timeout_s=2.5", "rolloutpipe.oversample=4",
      "rolloutpipe.trainer_class=pkg.mod.MyTrainer", "rolloutpipe.cpu.rollout_cores='0'"],

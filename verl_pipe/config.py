@@ -32,10 +32,14 @@ ON_REQUEST_FAILURE = ("fail", "drop_group")
 STREAMABLE_ESTIMATORS = ("grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "grpo_passk", "opo")
 # Group-based estimators that also normalize across the whole batch (masked_whiten over the batch
 # in reinforce_plus_plus_baseline, the batch's non-zero share in gpg, ...): exact only when the
-# batch is complete, so sync mode only.
+# batch is complete: sync mode, or (the affine ones below) CGP at group granularity.
 BATCH_NORMALIZED_ESTIMATORS = ("reinforce_plus_plus_baseline", "gpg", "optimal_token_baseline",
                                "tir_optimal_token_baseline")
 GROUP_ESTIMATORS = STREAMABLE_ESTIMATORS + BATCH_NORMALIZED_ESTIMATORS
+# Batch-normalized estimators whose batch step is affine per token, trained exactly in CGP at group
+# granularity (verl_pipe/whitening.py).
+AFFINE_BATCH_ESTIMATORS = ("reinforce_plus_plus_baseline",)
+SYNC_ONLY_ESTIMATORS = tuple(e for e in BATCH_NORMALIZED_ESTIMATORS if e not in AFFINE_BATCH_ESTIMATORS)
 # verl estimators that are not group-based: verl_pipe computes advantages per group (sync mode
 # recomputes only the batch-normalized ones over the whole batch), so these would be wrong or fail.
 NOT_GROUP_ESTIMATORS = {
@@ -333,17 +337,15 @@ def _validate_algorithm(config: DictConfig) -> None:
         why = NOT_GROUP_ESTIMATORS.get(est, "is not known to be group-based")
         raise _err("algorithm.adv_estimator",
                    f"{est!r} {why}. verl_pipe computes advantages per group; allowed: "
-                   f"{', '.join(STREAMABLE_ESTIMATORS)} (any mode), {', '.join(BATCH_NORMALIZED_ESTIMATORS)} "
+                   f"{', '.join(STREAMABLE_ESTIMATORS)} (any mode), {', '.join(AFFINE_BATCH_ESTIMATORS)} "
+                   f"(sync, or CGP at group granularity), {', '.join(SYNC_ONLY_ESTIMATORS)} "
                    "(rolloutpipe.mode=sync). A custom group-based estimator: add its name to "
                    "verl_pipe.config.STREAMABLE_ESTIMATORS")
     if n < 2:
         raise _err("actor_rollout_ref.rollout.n",
                    f"the group-based estimator {est!r} needs at least 2 responses per prompt, got n={n}")
-    if est in BATCH_NORMALIZED_ESTIMATORS and rp.mode == "cgp":
-        raise _err("algorithm.adv_estimator",
-                   f"{est!r} normalizes across the whole batch, so a group's advantages are not final when it "
-                   f"completes; CGP streams complete groups and supports: {', '.join(STREAMABLE_ESTIMATORS)} "
-                   "(use rolloutpipe.mode=sync for the others)")
+    if rp.mode == "cgp":
+        _validate_batch_normalized_in_cgp(config, est)
     if algo.get("use_kl_in_reward", False):
         raise _err("algorithm.use_kl_in_reward",
                    "must be false: verl_pipe computes a group's advantages when it completes, before reference "
@@ -356,6 +358,41 @@ def _validate_algorithm(config: DictConfig) -> None:
         raise _err("actor_rollout_ref.rollout.calculate_log_probs",
                    "must be true with algorithm.rollout_correction.bypass_mode=true (old log-probs are then "
                    "vLLM's); or set bypass_mode=false to recompute them under θ_k")
+
+
+def cgp_estimator_problem(est: str, granularity: str) -> str | None:
+    """Why CGP at this granularity cannot train estimator ``est`` exactly (None: it can)."""
+    if est not in BATCH_NORMALIZED_ESTIMATORS:
+        return None
+    if est in AFFINE_BATCH_ESTIMATORS:
+        if granularity == "group":
+            return None
+        return (f"{est!r} whitens across the whole batch; CGP trains it exactly only at group granularity "
+                "(verl_pipe/whitening.py): set rolloutpipe.cgp.granularity=group (or rolloutpipe.mode=sync)")
+    return (f"{est!r} normalizes across the whole batch, so a group's advantages are not final when it "
+            f"completes; CGP supports: {', '.join(STREAMABLE_ESTIMATORS)}, and "
+            f"{', '.join(AFFINE_BATCH_ESTIMATORS)} at rolloutpipe.cgp.granularity=group (use "
+            "rolloutpipe.mode=sync for the others)")
+
+
+def _validate_batch_normalized_in_cgp(config: DictConfig, est: str) -> None:
+    problem = cgp_estimator_problem(est, config.rolloutpipe.cgp.granularity)
+    if problem:
+        raise _err("algorithm.adv_estimator", problem)
+    if est not in AFFINE_BATCH_ESTIMATORS:
+        return
+    # Groups trained before the batch is complete rely on the policy gradient being linear in the
+    # advantages at θ_k: verl's vanilla PPO loss, old log-probs recomputed under θ_k.
+    loss_mode = OmegaConf.select(config, "actor_rollout_ref.actor.policy_loss.loss_mode", default="vanilla")
+    if loss_mode != "vanilla":
+        raise _err("actor_rollout_ref.actor.policy_loss.loss_mode",
+                   f"got {loss_mode!r}; {est!r} in CGP needs 'vanilla' (its first unit is trained before the batch "
+                   "statistics exist, which is exact only for a loss linear in the advantages at θ_k)")
+    if OmegaConf.select(config, "algorithm.rollout_correction.bypass_mode", default=False):
+        raise _err("algorithm.rollout_correction.bypass_mode",
+                   f"must be false for {est!r} in CGP: with vLLM's log-probs as old log-probs the PPO ratio is not 1 "
+                   "at θ_k, tokens can be clipped and the first unit's gradient is no longer linear in the "
+                   "advantages")
 
 
 def _validate_trainer_pool(config: DictConfig) -> None:

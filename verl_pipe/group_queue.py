@@ -102,6 +102,21 @@ class GroupQueue:
             self.taken.extend(g.index for g in out)
             return out
 
+    def wait_rest(self) -> list[Group]:
+        """Waits for the end of the rollout and returns the groups still queued, leaving them queued
+        (a batch-whitened estimator needs every group's rewards before the first unit can step)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._closed)
+            if self._error is not None:
+                raise RuntimeError("the rollout failed") from self._error
+            return list(self._items)
+
+    @property
+    def closed(self) -> bool:
+        """The rollout has ended (no group will be added)."""
+        with self._cond:
+            return self._closed
+
     def __len__(self) -> int:
         with self._cond:
             return len(self._items)

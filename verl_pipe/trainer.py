@@ -41,7 +41,7 @@ from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrain
 from verl.trainer.ppo.metric_utils import compute_data_metrics
 from verl.utils.metric import reduce_metrics
 
-from verl_pipe.config import BATCH_NORMALIZED_ESTIMATORS, groups_per_unit
+from verl_pipe.config import BATCH_NORMALIZED_ESTIMATORS, ConfigError, cgp_estimator_problem, groups_per_unit
 from verl_pipe.data_check import skip_metrics
 from verl_pipe.deadline import call_with_deadline
 from verl_pipe.frontier import FCFSPolicy, FrontierPolicy
@@ -50,6 +50,8 @@ from verl_pipe.rollout.materialize import advantages, is_trainable, materialize_
 from verl_pipe.rollout.replicas import ReplicaSupervisor
 from verl_pipe.rollout.stream import StepRequest, StreamingRollout, group_rows
 from verl_pipe.timeline import StepTimeline, write_chrome_trace
+from verl_pipe.whitening import (AFFINE_BATCH_ESTIMATORS, affine_coefficients, basis_advantages, combination,
+                                 has_aux_loss)
 
 logger = logging.getLogger(__name__)
 
@@ -180,6 +182,10 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
     # ------------------------------------------------------------------ the step
 
     def fit_step(self, batch_dict=None):
+        if self.mode == "cgp":  # a session can switch mode and granularity between steps
+            problem = cgp_estimator_problem(str(self.config.algorithm.adv_estimator), self.granularity)
+            if problem:
+                raise ConfigError(f"algorithm.adv_estimator: {problem}")
         self.metrics = {"training/global_step": self.global_steps, "training/epoch": self.epoch}
         self.timing_raw = {}
         self._fit_prepare_step()
@@ -432,21 +438,33 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
 
     def _train_each_group_as_it_arrives(self, queue: GroupQueue, timeline: StepTimeline) -> list[Group]:
         """CGP, group granularity: each arriving group is a micro-batch of the unit's gradient
-        accumulation; the optimizer steps when the unit's last group is in."""
+        accumulation; the optimizer steps when the unit's last group is in.
+
+        A batch-whitened estimator (reinforce_plus_plus_baseline, verl_pipe.whitening) trains the
+        groups that arrive before the batch is complete into gradient buffers, and the first
+        unit's step waits for the end of the rollout, when the batch's coefficients exist."""
         self.unit_metrics: list[dict] = []  # per unit, in training order (grad norm, loss, ...)
         trained: list[Group] = []
-        pieces = []
+        pieces: list[tuple[list[Group], DataProto]] = []
         snapshot = self._units_per_step() > 1
         loss_agg_mode = self.config.actor_rollout_ref.actor.loss_agg_mode
+        whiten = str(self.config.algorithm.adv_estimator) in AFFINE_BATCH_ESTIMATORS
+        target = self._units_per_step() * self.groups_per_unit
+        seen: list[Group] = []  # every group taken this step
+        final = None  # (advantages by group index, buffer coefficients) once the batch is complete
         for u in range(self._units_per_step()):
             self.actor_wg.begin_unit()
             unit: list[Group] = []
             tokens = 0
+            buffered = False
             while len(unit) < self.groups_per_unit:
                 # Whatever has arrived, up to the unit's remainder: one θ_k swap for a burst of groups.
                 got = self._ordered(queue.take_available(self.groups_per_unit - len(unit)))
                 if not got:
                     break
+                seen.extend(got)
+                if whiten and final is None and (len(seen) == target or queue.closed):
+                    final = self._whiten_batch(seen + (queue.wait_rest() if len(seen) < target else []), target)
                 last = got[-1].index
                 batch = self._concat(got)
                 with self._actor_lock:
@@ -457,25 +475,73 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
                         with timeline.span("ref_log_prob", unit=u, group=last):
                             batch = self._fit_compute_ref_log_prob(batch)
                     with timeline.span("forward_backward", unit=u, group=last):
-                        self._accumulate(batch)
+                        if whiten and final is None:
+                            self._accumulate_basis(batch)
+                            batch.meta_info["trained_into_buffers"] = True
+                            buffered = True
+                        else:
+                            if whiten:
+                                self._set_final_advantages(batch, got, final[0])
+                            self._accumulate(batch)
                 tokens += int(batch.batch["response_mask"].sum())
                 unit.extend(got)
-                pieces.append(batch)
+                pieces.append((got, batch))
             if not unit:
                 break
             timeline.unit_ready(u, [g.index for g in unit])
+            if buffered and final is None:
+                # Trained before the batch was complete: the step needs the whole batch's statistics.
+                final = self._whiten_batch(seen + queue.wait_rest(), target)
             with self._actor_lock:
                 if u == 0 and snapshot:
                     with timeline.span("snapshot_theta_k", unit=u):
                         self._snapshot_train_state()
                 with timeline.span("optimizer_step", unit=u):
                     self._stepped = True
-                    out = self.actor_wg.finish_unit(loss_agg_mode, tokens, len(unit) * self.n)[0]
+                    out = self.actor_wg.finish_unit(loss_agg_mode, tokens, len(unit) * self.n,
+                                                    final[1] if buffered else None)[0]
             self.unit_metrics.append(out)
             self.metrics.update(out)
             trained.extend(unit)
-        self._trained_batch = DataProto.concat([self._without_meta(p) for p in pieces]) if pieces else None
+        if whiten:
+            self.metrics["rolloutpipe/groups_trained_before_batch_complete"] = sum(
+                len(got) for got, batch in pieces if batch.meta_info.get("trained_into_buffers"))
+        if whiten and final is not None:
+            for got, batch in pieces:  # the advantages each group was trained with, for metrics and checks
+                self._set_final_advantages(batch, got, final[0])
+        self._trained_batch = DataProto.concat([self._without_meta(p) for _, p in pieces]) if pieces else None
         return trained
+
+    def _whiten_batch(self, groups: list[Group], target: int) -> tuple[dict, dict]:
+        """verl's advantages over the whole batch (the first ``target`` groups taken or queued, in sync
+        mode's order), and the coefficients of the gradient buffers of groups trained before it was complete."""
+        ordered = self._ordered(sorted(groups[:target], key=lambda g: g.index))
+        batch = advantages(DataProto.concat([g.data for g in ordered]), self.config, self.n)
+        adv = batch.batch["advantages"]
+        by_group = {g.index: adv[i * self.n:(i + 1) * self.n] for i, g in enumerate(ordered)}
+        alpha, beta = affine_coefficients(batch.batch["token_level_rewards"], batch.batch["response_mask"],
+                                          batch.non_tensor_batch["uid"])
+        return by_group, combination(alpha, beta, has_aux_loss(self.config.actor_rollout_ref.actor))
+
+    def _set_final_advantages(self, batch: DataProto, groups: list[Group], by_group: dict) -> None:
+        adv = torch.cat([by_group[g.index] for g in groups])
+        batch.batch["advantages"] = adv
+        batch.batch["returns"] = adv.clone()
+
+    def _accumulate_basis(self, batch: DataProto) -> None:
+        """The gradient passes of a group trained before the batch is complete (verl_pipe.whitening),
+        each into its own buffer on the worker."""
+        own = batch.batch["advantages"]
+        passes = basis_advantages(batch.batch["token_level_rewards"], batch.batch["response_mask"],
+                                  batch.non_tensor_batch["uid"], has_aux_loss(self.config.actor_rollout_ref.actor))
+        try:
+            for name, adv in passes.items():
+                batch.batch["advantages"] = adv.to(own.dtype)
+                batch.meta_info["grad_buffer"] = name
+                self._accumulate(batch)
+        finally:
+            batch.batch["advantages"] = own
+            batch.meta_info.pop("grad_buffer", None)
 
     def _accumulate(self, batch: DataProto) -> None:
         """verl's _update_actor preprocessing, sent to accumulate_group instead of update_actor."""

@@ -16,10 +16,16 @@ arrive. Every verl loss aggregation is linear in that normalizer, so each group
 runs with a provisional normalizer of 1 and ``finish_unit`` scales the
 accumulated gradient by 1/total before clipping and the optimizer step: the
 gradient equals the mini-batch one.
+
+A batch-whitened estimator (verl_pipe.whitening) also trains groups before its
+batch statistics exist: those passes go into named gradient buffers (``grad_buffer``
+in the data) instead of the parameters' ``.grad``, and ``finish_unit`` adds them in
+with the coefficients the whole batch gives.
 """
 
 import copy
 import os
+from contextlib import contextmanager
 
 import torch
 from tensordict import NonTensorData, TensorDict
@@ -28,6 +34,7 @@ from verl.experimental.separation.engine_workers import DetachActorWorker
 from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from verl.utils import tensordict_utils as tu
 from verl.utils.tensordict_utils import maybe_fix_3d_position_ids
+from verl.workers.utils.padding import no_padding_2_padding
 
 from verl_pipe.platform.env import pin_current_process
 
@@ -67,12 +74,14 @@ class PipeActorWorker(DetachActorWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def begin_unit(self) -> None:
         self.actor.engine.optimizer_zero_grad()
+        self._grad_buffers: dict[str, list] = {}
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def accumulate_group(self, data: TensorDict) -> TensorDict:
         """Forward/backward of one group (or a few) into the unit's gradient; no optimizer step."""
         actor = self.actor
         maybe_fix_3d_position_ids(data)
+        buffer = tu.pop(data, key="grad_buffer", default=None)
         for key in _ITERATOR_KEYS:
             tu.pop(data, key=key, default=None)
         global_token_num = data["input_ids"].offsets().diff().tolist()
@@ -94,24 +103,59 @@ class PipeActorWorker(DetachActorWorker):
         def provisional_loss(model_output, data, dp_group=None):
             # Normalizer 1 now; finish_unit applies 1/total of the unit (the loss is linear in it).
             tu.assign_non_tensor(data, batch_num_tokens=1, global_batch_size=1)
+            if buffer is not None:
+                _check_ratio_unclipped(loss_fn.keywords["config"], model_output, data)
             return loss_fn(model_output=model_output, data=data, dp_group=dp_group)
 
         # zero_grad_on_exit=False: the gradient must survive until the unit's last group.
-        with actor.engine.train_mode(disable_auto_offload=True, zero_grad_on_exit=False):
+        with actor.engine.train_mode(disable_auto_offload=True, zero_grad_on_exit=False), \
+                self._gradient_into(buffer):
             actor.engine.forward_backward_batch(data, loss_function=provisional_loss, forward_only=False)
         # The per-group loss metrics use the provisional normalizer; the unit's are in finish_unit.
         # ("mfu" is the one key verl's _update_actor expects from the worker.)
         return tu.get_tensordict({}, non_tensor_dict={"metrics": {"mfu": 0.0}})
 
+    @contextmanager
+    def _gradient_into(self, buffer: str | None):
+        """Backward passes inside accumulate into the named buffer instead of the parameters' .grad."""
+        if buffer is None:
+            yield
+            return
+        params = list(self.actor.engine.module.parameters())
+        bufs = self._grad_buffers.setdefault(buffer, [None] * len(params))
+        held = [p.grad for p in params]
+        for p, b in zip(params, bufs, strict=True):
+            p.grad = b
+        try:
+            yield
+        finally:
+            for i, p in enumerate(params):
+                bufs[i], p.grad = p.grad, held[i]
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def finish_unit(self, loss_agg_mode: str, num_tokens: int, num_seqs: int) -> dict:
-        """Scale the accumulated gradient to the unit's normalizer, clip, step, advance the LR schedule."""
+    def finish_unit(self, loss_agg_mode: str, num_tokens: int, num_seqs: int,
+                    buffer_coeffs: dict[str, float] | None = None) -> dict:
+        """Add the gradient buffers with their coefficients, scale to the unit's normalizer, clip,
+        step, advance the LR schedule."""
         engine = self.actor.engine
         scale = unit_loss_scale(loss_agg_mode, num_tokens, num_seqs)
+        buffers = getattr(self, "_grad_buffers", {})
+        missing = set(buffers) - set(buffer_coeffs or {})
+        if missing:
+            raise RuntimeError(f"finish_unit: gradient buffers {sorted(missing)} have no coefficient")
         with torch.no_grad():
-            for p in engine.module.parameters():
+            for i, p in enumerate(engine.module.parameters()):
+                for name, coeff in (buffer_coeffs or {}).items():
+                    b = buffers[name][i] if name in buffers else None
+                    if b is None:
+                        continue
+                    if p.grad is None:
+                        p.grad = b.mul_(coeff)
+                    else:
+                        p.grad.add_(b, alpha=coeff)
                 if p.grad is not None:
                     p.grad.mul_(scale)
+        self._grad_buffers = {}
         with engine.train_mode(disable_auto_offload=True):  # zero-grads on exit, like train_batch
             grad_norm = engine.optimizer_step()
         lr = engine.lr_scheduler_step()
@@ -158,6 +202,24 @@ class PipeActorWorker(DetachActorWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def clear_optimizer_snapshot(self) -> None:
         self._opt_snapshot = None
+
+
+def _check_ratio_unclipped(actor_config, model_output, data) -> None:
+    """A gradient-buffer pass relies on the policy gradient being linear in the advantages, which
+    holds while no token's ratio π_θ/π_old leaves the clip range (at θ_k it is 1 up to rounding)."""
+    log_prob = no_padding_2_padding(model_output["log_probs"], data).detach()
+    padded = data.select("response_mask", "old_log_probs").to_padded_tensor()
+    mask = padded["response_mask"].to(bool)
+    ratio = torch.exp(log_prob - padded["old_log_probs"])[mask]
+    clip = float(actor_config.clip_ratio)
+    low = float(actor_config.clip_ratio_low) if actor_config.clip_ratio_low is not None else clip
+    high = float(actor_config.clip_ratio_high) if actor_config.clip_ratio_high is not None else clip
+    if ratio.numel() and (ratio.min() <= 1 - low or ratio.max() >= 1 + high):
+        raise RuntimeError(
+            f"reinforce_plus_plus_baseline in CGP: a group trained before the batch statistics exist has a PPO "
+            f"ratio in [{float(ratio.min()):.4f}, {float(ratio.max()):.4f}], outside the clip range "
+            f"[{1 - low}, {1 + high}]; its gradient would not be linear in the advantages. Old log-probs must be "
+            "the actor's under θ_k (algorithm.rollout_correction.bypass_mode=false)")
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

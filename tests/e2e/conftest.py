@@ -42,3 +42,117 @@ def assert_every_group_once_at(rec: dict, batch, groups: int, n: int, version: i
     uids, counts = np.unique(batch.non_tensor_batch["uid"], return_counts=True)
     assert len(uids) == groups and set(counts) == {n}
     assert set(batch.non_tensor_batch["min_global_steps"]) == {version} == set(batch.non_tensor_batch["max_global_steps"])
+
+
+def prefilled_queue(groups, version):
+    """A closed queue holding ``groups``: the whole batch is there before training starts."""
+    from verl_pipe.group_queue import GroupQueue
+
+    q = GroupQueue(weight_version=version)
+    for g in sorted(groups, key=lambda g: g.index):
+        q.put(g)
+    q.close()
+    return q
+
+
+def trickled_queue(groups, version, first: int):
+    """A queue fed by a thread: the first ``first`` groups one at a time, each put only after the
+    trainer took the previous one (so they train before the batch is complete), then the rest."""
+    import threading
+    import time
+
+    from verl_pipe.group_queue import GroupQueue
+
+    q = GroupQueue(weight_version=version)
+    ordered = sorted(groups, key=lambda g: g.index)
+
+    def feed():
+        for i, g in enumerate(ordered):
+            q.put(g)
+            deadline = time.monotonic() + 120
+            while i < first and len(q.taken) <= i and time.monotonic() < deadline:
+                time.sleep(0.01)
+        q.close()
+
+    threading.Thread(target=feed, daemon=True, name="trickle").start()
+    return q
+
+
+def whitened_estimator_equivalence(session, tmp_path) -> dict:
+    """reinforce_plus_plus_baseline on the same responses three ways, from the same θ_k and optimizer
+    state: sync; CGP group granularity with the batch complete from the start (final advantages only);
+    CGP group granularity with unit 0's groups trained before the batch is complete (gradient buffers,
+    verl_pipe/whitening.py). Returns, per run, the unit grad norms, the parameters after the step, the
+    advantages trained with, and the step's metrics."""
+    from omegaconf import open_dict
+
+    from verl_pipe.group_queue import GroupQueue
+    from verl_pipe.timeline import StepTimeline
+
+    trainer = session.trainer
+    algo = trainer.config.algorithm
+    before = algo.adv_estimator
+    with open_dict(algo):
+        algo.adv_estimator = "reinforce_plus_plus_baseline"
+    version = trainer.global_steps - 1
+    ckpt = str(tmp_path / "before_whitened")
+    trainer.actor_wg.save_checkpoint(ckpt)
+    out = {"theta_k": session.actor_state()}
+    try:
+        batch = trainer._fit_get_batch(next(session._batches))
+        queue = GroupQueue(weight_version=version)
+        trainer._start_rollout(batch, StepTimeline(0, trainer.groups_per_unit), queue, version).result()
+        groups = queue.drain()
+        runs = [("sync", trainer._train_after_rollout, prefilled_queue(groups, version)),
+                ("group_complete", trainer._train_each_group_as_it_arrives, prefilled_queue(groups, version)),
+                ("group_buffered", trainer._train_each_group_as_it_arrives,
+                 trickled_queue(groups, version, first=trainer.groups_per_unit))]
+        for name, train, q in runs:
+            trainer.actor_wg.load_checkpoint(ckpt)
+            trainer.metrics = {}
+            trained = train(q, StepTimeline(0, trainer.groups_per_unit))
+            assert sorted(g.index for g in trained) == sorted(g.index for g in groups)
+            tb = trainer._trained_batch
+            out[name] = {"norms": [m["actor/grad_norm"] for m in trainer.unit_metrics],
+                         "state": session.actor_state(), "metrics": dict(trainer.metrics),
+                         "advantages": tb.batch["advantages"].clone(), "uid": list(tb.non_tensor_batch["uid"]),
+                         "rewards": tb.batch["token_level_rewards"].clone(), "mask": tb.batch["response_mask"].clone()}
+    finally:
+        with open_dict(algo):
+            algo.adv_estimator = before
+        trainer.actor_wg.load_checkpoint(ckpt)  # leave the actor as the vLLM replica has it
+    return out
+
+
+def check_whitened_equivalence(out: dict, n_groups: int, groups_per_unit: int, rel: float,
+                               max_update_deviation: float) -> None:
+    """``rel``: allowed relative difference of unit 0's gradient norm between the three runs;
+    ``max_update_deviation``: of the step's parameter update, buffered vs batch complete."""
+    import numpy as np
+    import torch
+
+    from verl import DataProto
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    buffered = out["group_buffered"]
+    assert buffered["metrics"]["rolloutpipe/groups_trained_before_batch_complete"] == groups_per_unit
+    assert out["group_complete"]["metrics"]["rolloutpipe/groups_trained_before_batch_complete"] == 0
+    # the advantages every group was trained with are verl's, over the whole batch, in every run
+    for name in ("sync", "group_complete", "group_buffered"):
+        r = out[name]
+        fresh = DataProto.from_dict(tensors={"token_level_rewards": r["rewards"].clone(), "response_mask": r["mask"]},
+                                    non_tensors={"uid": np.array(r["uid"], dtype=object)})
+        expected = compute_advantage(fresh, adv_estimator="reinforce_plus_plus_baseline", num_repeat=4)
+        torch.testing.assert_close(r["advantages"], expected.batch["advantages"], atol=1e-5, rtol=1e-5, msg=name)
+    norms = {k: out[k]["norms"] for k in ("sync", "group_complete", "group_buffered")}
+    print(f"[whitened] unit grad norms: {norms}")
+    assert len(norms["sync"]) == n_groups // groups_per_unit
+    for name in ("group_complete", "sync"):
+        assert norms["group_buffered"][0] == pytest.approx(norms[name][0], rel=rel), name
+    theta_k = out["theta_k"]
+    base = out["group_complete"]["state"]
+    num = sum(float(((out["group_buffered"]["state"][k] - base[k]) ** 2).sum()) for k in base)
+    den = sum(float(((base[k] - theta_k[k]) ** 2).sum()) for k in base)
+    deviation = (num / den) ** 0.5
+    print(f"[whitened] |Δθ_buffered - Δθ_complete| / |Δθ_complete| = {deviation:.2e}")
+    assert deviation <= max_update_deviation
