@@ -22,7 +22,7 @@ GPU_CLUSTERS = {
     "qwen3_1p7b_dapo_math_4x4": (1, 8),
     "multinode_ray_cluster": (2, 8),
 }
-TINY = ["tiny_cpu", "tiny_cpu_cgp_fgd", "tiny_cpu_extension_example"]
+TINY = ["tiny_cpu", "tiny_cpu_cgp_fgd", "tiny_cpu_extension_example", "tiny_cpu_reinforce_pp_baseline"]
 # Plain-dict nodes whose keys are free (passed on as keyword arguments), not verl dataclass fields.
 FREE_KEYS = ("ray_kwargs.ray_init.",)
 
