@@ -86,7 +86,7 @@ def _bare_trainer(**attrs):
     from recipes.extension_example.trainer import ExampleTrainer
 
     t = ExampleTrainer.__new__(ExampleTrainer)  # no workers: only the attributes the hooks read
-    t.filter_zero_variance, t.prompt_history, t.step_prompt_keys, t.last_policy = True, {}, [], None
+    t.filter_zero_variance, t.prompt_history, t.last_policy = True, {}, None
     for k, v in attrs.items():
         setattr(t, k, v)
     return t
@@ -120,42 +120,41 @@ def test_prompt_keys_and_deferred_groups():
     assert deferred_groups([10, 11, None, 13, 14], {10: False, 11: True, 13: False}) == [0, 3]
 
 
-def test_fit_get_batch_records_the_prompt_keys(cfg):
-    t = _bare_trainer(config=cfg)
-    batch_dict = {"input_ids": torch.zeros(3, 2, dtype=torch.long),
-                  "extra_info": np.array([{"index": 5}, {"index": 7}, {}], dtype=object)}
-    batch = t._fit_get_batch(batch_dict)
-    assert len(batch) == 3 and "uid" in batch.non_tensor_batch  # verl's own _fit_get_batch ran
-    assert t.step_prompt_keys == [5, 7, None]
-
-
 # --- the admission priority ------------------------------------------------------------------------------------
 
-def _policy_trainer(cfg, fgd=True, keys=(), history=None):
-    t = _bare_trainer(config=cfg, prompt_history=dict(history or {}), step_prompt_keys=list(keys))
+def _policy_trainer(cfg, fgd=True, history=None):
+    t = _bare_trainer(config=cfg, prompt_history=dict(history or {}))
     t.rollout = SimpleNamespace(num_replicas=2, live_replicas=lambda: [0, 1])
     t.n, t.groups_per_unit, t.fgd_enabled, t.fgd_window = 4, 2, fgd, 8
     t.baseline_window, t.baseline_order = None, "group_major"
     return t
 
 
+def _step_batch(keys):
+    return DataProto.from_dict(tensors={"input_ids": torch.zeros(len(keys), 2, dtype=torch.long)},
+                               non_tensors={"extra_info": np.array([{"index": k} for k in keys], dtype=object)})
+
+
 def test_make_policy_keeps_the_configured_policy_and_adds_deferral(cfg):
     from recipes.extension_example.trainer import DeferringFrontierPolicy
 
     keys = [100 + g for g in range(12)]
-    t = _policy_trainer(cfg, keys=keys, history={101: False, 104: False, 105: True})
-    p = t._make_policy(12)
+    t = _policy_trainer(cfg, history={101: False, 104: False, 105: True})
+    p = t._make_policy(12, _step_batch(keys))
     assert isinstance(p, DeferringFrontierPolicy) and t.last_policy is p
     assert p.deferred == {1, 4}
-    base = super(type(t), t)._make_policy(12)  # what RolloutPipeTrainer builds from the same config
-    assert isinstance(base, FrontierPolicy)
+    # what RolloutPipeTrainer builds from the same config
+    t.fgd_policy_cls, t.admission_kwargs = FrontierPolicy, lambda batch: {}
+    base = t._make_policy(12, _step_batch(keys))
+    assert type(base) is FrontierPolicy and issubclass(DeferringFrontierPolicy, FrontierPolicy)
     for attr in ("num_groups", "n", "groups_per_unit", "target_groups", "replicas", "window",
                  "frontier_groups", "affinity"):
         assert getattr(p, attr) == getattr(base, attr), attr
-    # keys of another batch size (a caller that bypassed _fit_get_batch): no deferral
+    del t.fgd_policy_cls, t.admission_kwargs
+    # no batch (or no prompt keys): nothing deferred
     assert t._make_policy(8).deferred == frozenset()
     # without FGD the example leaves the baseline alone
-    fcfs = _policy_trainer(cfg, fgd=False, keys=keys, history={101: False})._make_policy(12)
+    fcfs = _policy_trainer(cfg, fgd=False, history={101: False})._make_policy(12, _step_batch(keys))
     assert type(fcfs) is FCFSPolicy
 
 

@@ -301,17 +301,27 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
 
     # ------------------------------------------------------------------ rollout side
 
-    def _make_policy(self, num_groups: int):
+    # Extension hooks: the admission policy classes a step is built with (verl_pipe.frontier), and
+    # extra constructor arguments for them from the step's batch (docs/extending.md).
+    fgd_policy_cls = FrontierPolicy
+    baseline_policy_cls = FCFSPolicy
+
+    def admission_kwargs(self, batch: DataProto | None) -> dict:
+        """Extra keyword arguments for the step's admission policy class, from the step's batch (group g
+        is row g, with verl's non-tensor keys such as ``extra_info``). Default: none."""
+        return {}
+
+    def _make_policy(self, num_groups: int, batch: DataProto | None = None):
         rp = self.config.rolloutpipe
         replicas = self.rollout.live_replicas()
         target = int(self.config.data.train_batch_size)
         common = dict(num_groups=num_groups, n=self.n, groups_per_unit=self.groups_per_unit,
-                      target_groups=target, replicas=replicas)
+                      target_groups=target, replicas=replicas, **self.admission_kwargs(batch))
         if self.fgd_enabled:
             window = self.fgd_window or int(self.config.actor_rollout_ref.rollout.max_num_seqs)
-            return FrontierPolicy(**common, window=window, frontier_groups=rp.fgd.frontier_groups,
-                                  slack=int(rp.fgd.slack))
-        return FCFSPolicy(**common, window=self.baseline_window, order=self.baseline_order)
+            return self.fgd_policy_cls(**common, window=window, frontier_groups=rp.fgd.frontier_groups,
+                                       slack=int(rp.fgd.slack))
+        return self.baseline_policy_cls(**common, window=self.baseline_window, order=self.baseline_order)
 
     def _start_rollout(self, batch: DataProto, timeline: StepTimeline, queue: GroupQueue, version: int) -> Future:
         gen_batch = self._get_gen_batch(batch)  # leaves the reward keys and uid in `batch`
@@ -329,7 +339,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
             return trainable
 
         request = StepRequest(step=self.global_steps, gen_batch=gen_batch, n=self.n,
-                              policy=self._make_policy(len(gen_batch)), timeline=timeline, on_group=on_group,
+                              policy=self._make_policy(len(gen_batch), batch), timeline=timeline, on_group=on_group,
                               sampling_overrides=self._sampling_overrides(len(gen_batch)),
                               request_timeout_s=float(rp.request_timeout_s) if rp.request_timeout_s else None,
                               max_retries=int(rp.fault.max_request_retries),

@@ -10,7 +10,7 @@ weight-version checks, verl's actor -- is inherited unchanged; each override cal
    as large as a group with a right and a wrong answer; ``min_reward_spread`` drops such groups (0.1 keeps
    every group with variance under the example reward's 0 / 0.25 / 1 levels; 0.5 would train only groups
    with a right answer). It also records, per prompt, whether its group was trainable (``prompt_history``).
-2. **Admission priority** (``_make_policy`` with ``DeferringFrontierPolicy``): prompts whose previous group
+2. **Admission priority** (``fgd_policy_cls = DeferringFrontierPolicy``, ``admission_kwargs``): prompts whose previous group
    was untrainable (all answers equally good or bad last time) are admitted last, and sent with a lower vLLM
    priority. With oversampling, the step fills its batch from the other prompts first, and the deferred
    ones are the leftovers that get aborted: less rollout work spent on groups likely to be dropped.
@@ -69,14 +69,6 @@ class DeferringFrontierPolicy(FrontierPolicy):
         if bad:
             raise ValueError(f"deferred groups {bad} out of range (num_groups={self.num_groups})")
 
-    @classmethod
-    def like(cls, policy: FrontierPolicy, deferred: Iterable[int]) -> "DeferringFrontierPolicy":
-        """The same policy as ``policy`` (as ``RolloutPipeTrainer._make_policy`` built it from the config),
-        plus deferral."""
-        return cls(num_groups=policy.num_groups, n=policy.n, groups_per_unit=policy.groups_per_unit,
-                   target_groups=policy.target_groups, replicas=policy.replicas, window=policy.window,
-                   frontier_groups=policy.frontier_groups, affinity=policy.affinity, deferred=deferred)
-
     def _init_queue(self) -> None:
         super()._init_queue()
         self._held: list[Request] = []  # pending requests of deferred groups, not yet in FGD's queue
@@ -118,11 +110,12 @@ class DeferringFrontierPolicy(FrontierPolicy):
 class ExampleTrainer(RolloutPipeTrainer):
     # A group is trained only if its rewards span at least this much (0 disables the check).
     min_reward_spread: float = 0.1
+    # (2) admission priority: FGD as configured (rolloutpipe.fgd.*), plus deferral; FCFS stays as it is.
+    fgd_policy_cls = DeferringFrontierPolicy
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.prompt_history: dict = {}  # prompt key -> whether its latest group was trainable
-        self.step_prompt_keys: list = []  # prompt key of each row of the current step's batch
         self.last_policy = None  # the admission policy of the latest step (for inspection)
 
     # (1) which groups are trained
@@ -134,18 +127,14 @@ class ExampleTrainer(RolloutPipeTrainer):
             self.prompt_history[key] = trainable  # called in the rollout thread; a dict store is atomic
         return trainable
 
-    # (2) admission priority. _make_policy only gets the number of groups, so the batch's prompt keys are
-    # taken where verl turns the loader's dict into the step's batch (verl's _fit_get_batch).
-    def _fit_get_batch(self, batch_dict: dict) -> DataProto:
-        batch = super()._fit_get_batch(batch_dict)
-        extra = batch.non_tensor_batch.get("extra_info")
-        self.step_prompt_keys = [prompt_key(e) for e in extra] if extra is not None else []
-        return batch
+    # (2) which groups the deferring FGD policy admits last: from the step's batch (group g = row g)
+    def admission_kwargs(self, batch: DataProto | None) -> dict:
+        if not self.fgd_enabled:
+            return {}
+        extra = batch.non_tensor_batch.get("extra_info") if batch is not None else None
+        keys = [prompt_key(e) for e in extra] if extra is not None else []
+        return {"deferred": deferred_groups(keys, self.prompt_history)}
 
-    def _make_policy(self, num_groups: int):
-        policy = super()._make_policy(num_groups)  # FGD or FCFS, from the config as usual
-        if isinstance(policy, FrontierPolicy):
-            keys = self.step_prompt_keys if len(self.step_prompt_keys) == num_groups else []
-            policy = DeferringFrontierPolicy.like(policy, deferred_groups(keys, self.prompt_history))
-        self.last_policy = policy
-        return policy
+    def _make_policy(self, num_groups: int, batch: DataProto | None = None):
+        self.last_policy = super()._make_policy(num_groups, batch)
+        return self.last_policy
