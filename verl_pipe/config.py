@@ -122,6 +122,8 @@ def _check_model_size(value, key: str, config: DictConfig) -> None:
 
 
 CPU_LIST = Rule("a Linux CPU list such as '0', '0-3' or '0,2'", _is_cpu_list)
+SYSTEM_CORES = Rule("'rollout', 'all' or a Linux CPU list such as '0'", lambda v: v in ("rollout", "all")
+                    or _is_cpu_list(v))
 FRONTIER_GROUPS = Rule("'auto' or an integer >= 1", lambda v: v == "auto" or (_is_int(v) and v >= 1))
 DISPATCH_ORDER = Rule("null, group_major or interleave:<k> with k >= 1",
                       lambda v: v is None or v == "group_major"
@@ -176,6 +178,7 @@ ROLLOUTPIPE: dict[str, Any] = {
     "cpu": {
         "rollout_cores": CPU_LIST,
         "trainer_cores": CPU_LIST,
+        "system_cores": SYSTEM_CORES,
         "kv_cache_gib": integer(1),
         "ray_num_cpus": integer(1),
     },
@@ -445,12 +448,12 @@ def _validate_rollout(config: DictConfig) -> None:
 
 
 def _validate_cpu(config: DictConfig) -> None:
-    from verl_pipe.platform.env import parse_cpu_list
+    from verl_pipe.platform.env import parse_cpu_list, run_cores
 
     cpu = config.rolloutpipe.cpu
     rollout = set(parse_cpu_list(str(cpu.rollout_cores)))
     trainer = set(parse_cpu_list(str(cpu.trainer_cores)))
-    available = os.sched_getaffinity(0)
+    available = run_cores()
     for key, cores in (("rollout_cores", rollout), ("trainer_cores", trainer)):
         missing = sorted(cores - available)
         if missing:
@@ -461,6 +464,16 @@ def _validate_cpu(config: DictConfig) -> None:
         raise _err("rolloutpipe.cpu.trainer_cores",
                    f"overlaps rollout_cores on {sorted(rollout & trainer)}; the pools must use disjoint cores "
                    "or pipelining only time-slices them")
+    system = str(cpu.get("system_cores", "all"))
+    if system not in ("rollout", "all"):
+        cores = set(parse_cpu_list(system))
+        if cores - available:
+            raise _err("rolloutpipe.cpu.system_cores",
+                       f"cores {sorted(cores - available)} do not exist here (available: {sorted(available)})")
+        if cores & trainer:
+            raise _err("rolloutpipe.cpu.system_cores",
+                       f"overlaps trainer_cores on {sorted(cores & trainer)}: the launcher, Ray and the rollout's "
+                       "helper processes would time-slice with the trainer ('all' allows that on purpose)")
     if config.trainer.device != "cpu":
         raise _err("trainer.device", f"must be 'cpu' with rolloutpipe.platform=cpu, got {config.trainer.device!r}")
     if int(config.actor_rollout_ref.rollout.tensor_model_parallel_size) != 1:

@@ -55,13 +55,17 @@ def select_platform(config: DictConfig) -> dict:
     """Sets the platform's environment in this process (before verl resolves its platform); returns it."""
     if config.rolloutpipe.platform != "cpu":
         return {}
-    from verl_pipe.platform.env import cpu_env
+    from verl_pipe.platform.env import confine_launcher, cpu_env, system_core_list
     from verl_pipe.platform.plugin import activate_cpu
 
     cpu = config.rolloutpipe.cpu
     env = cpu_env(str(cpu.rollout_cores), str(cpu.trainer_cores), int(cpu.kv_cache_gib))
     os.environ.update(env)  # the driver and every process Ray starts from it
     activate_cpu()
+    import ray
+
+    if not ray.is_initialized():
+        confine_launcher(system_core_list(str(cpu.get("system_cores", "all")), str(cpu.rollout_cores)))
     return env
 
 

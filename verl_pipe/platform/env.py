@@ -17,6 +17,10 @@ def cpu_env(rollout_cores: str, trainer_cores: str, kv_cache_gib: int = DEFAULT_
     rollout_cores / trainer_cores: Linux cpu lists ("0", "1", "0-3", "4,5").
     """
     return {
+        # The cores this run may use, before the launcher confines itself (confine_launcher):
+        # a pool pins itself within these, not within the launcher's narrower inherited set.
+        "VERL_PIPE_ALL_CORES": os.environ.get("VERL_PIPE_ALL_CORES")
+        or ",".join(str(c) for c in sorted(os.sched_getaffinity(0))),
         "VERL_PLATFORM": "cpu",
         # verl's engine registry knows FSDP only for cuda/npu; this is its own override knob.
         "VERL_ENGINE_DEVICE": "cuda",
@@ -52,13 +56,35 @@ def parse_cpu_list(spec: str) -> list[int]:
     return sorted(set(cores))
 
 
+def run_cores() -> set[int]:
+    """The cores this run may use: the launcher's set from before it confined itself (VERL_PIPE_ALL_CORES),
+    else this process's affinity."""
+    spec = os.environ.get("VERL_PIPE_ALL_CORES")
+    return set(parse_cpu_list(spec)) if spec else os.sched_getaffinity(0)
+
+
 def pin_current_process(env_key: str) -> list[int] | None:
     """Pin this process (and torch's intra-op threads) to the cores in os.environ[env_key]."""
     spec = os.environ.get(env_key)
     if not spec:
         return None
     cores = parse_cpu_list(spec)
-    available = os.sched_getaffinity(0)
+    available = run_cores()
     cores = [c for c in cores if c in available] or sorted(available)
     os.sched_setaffinity(0, cores)
     return cores
+
+
+def system_core_list(system_cores: str, rollout_cores: str) -> list[int] | None:
+    """The cores of everything that is neither pool ('rollout': the rollout pool's; 'all': no confinement)."""
+    if system_cores == "all":
+        return None
+    return parse_cpu_list(rollout_cores if system_cores == "rollout" else system_cores)
+
+
+def confine_launcher(cores: list[int] | None) -> None:
+    """Confine this process before Ray starts, so that Ray's own processes, the driver and every worker
+    it spawns (agent-loop and reward workers, the task runner) inherit these cores; the trainer pool
+    re-pins itself to its own cores (pin_current_process), so they stay the trainer's alone."""
+    if cores:
+        os.sched_setaffinity(0, cores)

@@ -1,0 +1,36 @@
+"""Core confinement on a CPU machine (verl_pipe/platform/env.py): the launcher and everything Ray starts
+share the rollout cores, and the trainer pool still pins itself to its own cores."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from verl_pipe.platform.env import system_core_list
+
+
+def test_system_core_list():
+    assert system_core_list("rollout", "0") == [0]
+    assert system_core_list("all", "0") is None
+    assert system_core_list("2-3", "0") == [2, 3]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_a_pool_pins_within_the_run_cores_not_the_inherited_set():
+    cores = sorted(os.sched_getaffinity(0))
+    system, trainer = cores[0], cores[1]
+    code = (
+        "import os\n"
+        "from verl_pipe.platform.env import confine_launcher, pin_current_process\n"
+        f"confine_launcher([{system}])\n"
+        "assert os.sched_getaffinity(0) == {%d}\n" % system
+        + "pid = os.fork()\n"
+        "if pid == 0:\n"  # a process started by the confined launcher, as Ray's workers are
+        "    got = pin_current_process('VERL_PIPE_TRAINER_CORES')\n"
+        "    os._exit(0 if got == [%d] and os.sched_getaffinity(0) == {%d} else 1)\n" % (trainer, trainer)
+        + "_, status = os.waitpid(pid, 0)\n"
+        "assert os.waitstatus_to_exitcode(status) == 0, 'the trainer pool did not get its core'\n"
+    )
+    env = dict(os.environ, VERL_PIPE_ALL_CORES=",".join(map(str, cores)), VERL_PIPE_TRAINER_CORES=str(trainer))
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
