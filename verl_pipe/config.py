@@ -453,27 +453,23 @@ def _validate_cpu(config: DictConfig) -> None:
     cpu = config.rolloutpipe.cpu
     rollout = set(parse_cpu_list(str(cpu.rollout_cores)))
     trainer = set(parse_cpu_list(str(cpu.trainer_cores)))
+    system_spec = str(cpu.get("system_cores", "all"))
+    system = set() if system_spec in ("rollout", "all") else set(parse_cpu_list(system_spec))
     available = run_cores()
-    for key, cores in (("rollout_cores", rollout), ("trainer_cores", trainer)):
+    for key, cores in (("rollout_cores", rollout), ("trainer_cores", trainer), ("system_cores", system)):
         missing = sorted(cores - available)
         if missing:
             raise _err(f"rolloutpipe.cpu.{key}",
                        f"cores {missing} do not exist here (available: {sorted(available)}); "
-                       "the pools ask for more resources than the machine has")
+                       "the run asks for more cores than the machine has")
     if rollout & trainer:
         raise _err("rolloutpipe.cpu.trainer_cores",
                    f"overlaps rollout_cores on {sorted(rollout & trainer)}; the pools must use disjoint cores "
                    "or pipelining only time-slices them")
-    system = str(cpu.get("system_cores", "all"))
-    if system not in ("rollout", "all"):
-        cores = set(parse_cpu_list(system))
-        if cores - available:
-            raise _err("rolloutpipe.cpu.system_cores",
-                       f"cores {sorted(cores - available)} do not exist here (available: {sorted(available)})")
-        if cores & trainer:
-            raise _err("rolloutpipe.cpu.system_cores",
-                       f"overlaps trainer_cores on {sorted(cores & trainer)}: the launcher, Ray and the rollout's "
-                       "helper processes would time-slice with the trainer ('all' allows that on purpose)")
+    if system & trainer:
+        raise _err("rolloutpipe.cpu.system_cores",
+                   f"overlaps trainer_cores on {sorted(system & trainer)}: the launcher, Ray and the rollout's "
+                   "helper processes would time-slice with the trainer ('all' allows that on purpose)")
     if config.trainer.device != "cpu":
         raise _err("trainer.device", f"must be 'cpu' with rolloutpipe.platform=cpu, got {config.trainer.device!r}")
     if int(config.actor_rollout_ref.rollout.tensor_model_parallel_size) != 1:

@@ -55,17 +55,13 @@ def select_platform(config: DictConfig) -> dict:
     """Sets the platform's environment in this process (before verl resolves its platform); returns it."""
     if config.rolloutpipe.platform != "cpu":
         return {}
-    from verl_pipe.platform.env import confine_launcher, cpu_env, system_core_list
+    from verl_pipe.platform.env import cpu_env
     from verl_pipe.platform.plugin import activate_cpu
 
     cpu = config.rolloutpipe.cpu
     env = cpu_env(str(cpu.rollout_cores), str(cpu.trainer_cores), int(cpu.kv_cache_gib))
     os.environ.update(env)  # the driver and every process Ray starts from it
     activate_cpu()
-    import ray
-
-    if not ray.is_initialized():
-        confine_launcher(system_core_list(str(cpu.get("system_cores", "all")), str(cpu.rollout_cores)))
     return env
 
 
@@ -94,7 +90,13 @@ def start_ray(config: DictConfig) -> None:
 
     if ray.is_initialized():
         return
-    ray.init(**ray_init_kwargs(config))
+    kwargs = ray_init_kwargs(config)
+    if config.rolloutpipe.platform == "cpu":  # what Ray starts inherits the launcher's cores
+        from verl_pipe.platform.env import confine_launcher, system_core_list
+
+        cpu = config.rolloutpipe.cpu
+        confine_launcher(system_core_list(str(cpu.get("system_cores", "all")), str(cpu.rollout_cores)))
+    ray.init(**kwargs)
 
 
 def run(config: DictConfig) -> dict:

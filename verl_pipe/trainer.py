@@ -41,7 +41,8 @@ from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrain
 from verl.trainer.ppo.metric_utils import compute_data_metrics
 from verl.utils.metric import reduce_metrics
 
-from verl_pipe.config import BATCH_NORMALIZED_ESTIMATORS, ConfigError, cgp_estimator_problem, groups_per_unit
+from verl_pipe.config import (AFFINE_BATCH_ESTIMATORS, BATCH_NORMALIZED_ESTIMATORS, ConfigError,
+                              cgp_estimator_problem, groups_per_unit)
 from verl_pipe.data_check import skip_metrics
 from verl_pipe.deadline import call_with_deadline
 from verl_pipe.frontier import FCFSPolicy, FrontierPolicy
@@ -50,8 +51,7 @@ from verl_pipe.rollout.materialize import advantages, is_trainable, materialize_
 from verl_pipe.rollout.replicas import ReplicaSupervisor
 from verl_pipe.rollout.stream import StepRequest, StreamingRollout, group_rows
 from verl_pipe.timeline import StepTimeline, write_chrome_trace
-from verl_pipe.whitening import (AFFINE_BATCH_ESTIMATORS, affine_coefficients, basis_advantages, combination,
-                                 has_aux_loss)
+from verl_pipe.whitening import affine_coefficients, basis_advantages, combination, has_aux_loss
 
 logger = logging.getLogger(__name__)
 
@@ -455,7 +455,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         unit's step waits for the end of the rollout, when the batch's coefficients exist."""
         self.unit_metrics: list[dict] = []  # per unit, in training order (grad norm, loss, ...)
         trained: list[Group] = []
-        pieces: list[tuple[list[Group], DataProto]] = []
+        pieces: list[tuple[list[Group], DataProto, bool]] = []  # groups, their batch, trained into buffers
         snapshot = self._units_per_step() > 1
         loss_agg_mode = self.config.actor_rollout_ref.actor.loss_agg_mode
         whiten = str(self.config.algorithm.adv_estimator) in AFFINE_BATCH_ESTIMATORS
@@ -474,7 +474,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
                     break
                 seen.extend(got)
                 if whiten and final is None and (len(seen) == target or queue.closed):
-                    final = self._whiten_batch(seen + (queue.wait_rest() if len(seen) < target else []), target)
+                    final = self._whiten_batch(seen, queue, target)  # the batch is complete
                 last = got[-1].index
                 batch = self._concat(got)
                 with self._actor_lock:
@@ -484,10 +484,10 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
                     if self.use_reference_policy:
                         with timeline.span("ref_log_prob", unit=u, group=last):
                             batch = self._fit_compute_ref_log_prob(batch)
+                    into_buffers = whiten and final is None
                     with timeline.span("forward_backward", unit=u, group=last):
-                        if whiten and final is None:
+                        if into_buffers:
                             self._accumulate_basis(batch)
-                            batch.meta_info["trained_into_buffers"] = True
                             buffered = True
                         else:
                             if whiten:
@@ -495,13 +495,13 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
                             self._accumulate(batch)
                 tokens += int(batch.batch["response_mask"].sum())
                 unit.extend(got)
-                pieces.append((got, batch))
+                pieces.append((got, batch, into_buffers))
             if not unit:
                 break
             timeline.unit_ready(u, [g.index for g in unit])
             if buffered and final is None:
                 # Trained before the batch was complete: the step needs the whole batch's statistics.
-                final = self._whiten_batch(seen + queue.wait_rest(), target)
+                final = self._whiten_batch(seen, queue, target)
             with self._actor_lock:
                 if u == 0 and snapshot:
                     with timeline.span("snapshot_theta_k", unit=u):
@@ -514,18 +514,19 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
             self.metrics.update(out)
             trained.extend(unit)
         if whiten:
-            self.metrics["rolloutpipe/groups_trained_before_batch_complete"] = sum(
-                len(got) for got, batch in pieces if batch.meta_info.get("trained_into_buffers"))
-        if whiten and final is not None:
-            for got, batch in pieces:  # the advantages each group was trained with, for metrics and checks
+            buffered_pieces = [(got, batch) for got, batch, into in pieces if into]
+            self.metrics["rolloutpipe/groups_trained_before_batch_complete"] = sum(len(g) for g, _ in buffered_pieces)
+            for got, batch in buffered_pieces:  # the advantages they were trained with, for metrics and checks
                 self._set_final_advantages(batch, got, final[0])
-        self._trained_batch = DataProto.concat([self._without_meta(p) for _, p in pieces]) if pieces else None
+        self._trained_batch = DataProto.concat([self._without_meta(p) for _, p, _ in pieces]) if pieces else None
         return trained
 
-    def _whiten_batch(self, groups: list[Group], target: int) -> tuple[dict, dict]:
-        """verl's advantages over the whole batch (the first ``target`` groups taken or queued, in sync
-        mode's order), and the coefficients of the gradient buffers of groups trained before it was complete."""
-        ordered = self._ordered(sorted(groups[:target], key=lambda g: g.index))
+    def _whiten_batch(self, seen: list[Group], queue: GroupQueue, target: int) -> tuple[dict, dict]:
+        """verl's advantages over the whole batch (the first ``target`` groups taken or still queued, in sync
+        mode's order; waits for the end of the rollout unless ``target`` were taken), and the coefficients
+        of the gradient buffers of groups trained before it was complete."""
+        groups = (seen + (queue.wait_rest() if len(seen) < target else []))[:target]
+        ordered = self._ordered(sorted(groups, key=lambda g: g.index))
         batch = advantages(DataProto.concat([g.data for g in ordered]), self.config, self.n)
         adv = batch.batch["advantages"]
         by_group = {g.index: adv[i * self.n:(i + 1) * self.n] for i, g in enumerate(ordered)}

@@ -30,35 +30,25 @@ trainer; unit 0's optimizer step waits for the end of the rollout.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import torch
 
+from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 from verl.utils import torch_functional as verl_F
-
-from verl_pipe.config import AFFINE_BATCH_ESTIMATORS  # noqa: F401  (estimators this module covers)
 
 BASIS_C, BASIS_ONE, BASIS_ZERO = "centered", "one", "zero"
 
 
 def centered_scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index) -> torch.Tensor:
-    """The first half of verl's compute_reinforce_plus_plus_baseline_outcome_advantage, the same
-    operations in the same order: the score minus its group's mean, on every response token."""
-    scores = token_level_rewards.sum(dim=-1)
-    id2score = defaultdict(list)
-    with torch.no_grad():
-        for i in range(scores.shape[0]):
-            id2score[index[i]].append(scores[i])
-        id2mean = {idx: torch.mean(torch.stack(s)) if len(s) > 1 else torch.tensor(0.0)
-                   for idx, s in id2score.items()}
-        for i in range(scores.shape[0]):
-            scores[i] = scores[i] - id2mean[index[i]]
-        return scores.unsqueeze(-1).tile([1, token_level_rewards.shape[-1]]) * response_mask
+    """The first half of verl's reinforce_plus_plus_baseline: each response's score minus its group's mean, on
+    every response token. verl's GRPO without std normalization is exactly that (the same operations)."""
+    centered, _ = compute_grpo_outcome_advantage(token_level_rewards, response_mask, index,
+                                                 norm_adv_by_std_in_grpo=False)
+    return centered
 
 
 def affine_coefficients(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index) -> tuple[float, float]:
     """(α, β) of the whole batch: verl's masked_whiten is (c - μ)·rsqrt(var + 1e-8) = α c + β."""
-    values = centered_scores(token_level_rewards.clone(), response_mask, index)
+    values = centered_scores(token_level_rewards, response_mask, index)
     mean = verl_F.masked_mean(values, response_mask)
     var = verl_F.masked_var(values, response_mask)
     alpha = torch.rsqrt(var + 1e-8)
@@ -69,7 +59,7 @@ def basis_advantages(token_level_rewards: torch.Tensor, response_mask: torch.Ten
                      with_aux: bool) -> dict[str, torch.Tensor]:
     """The advantages of each gradient pass of a group trained before the batch is complete."""
     mask = response_mask.to(token_level_rewards.dtype)
-    out = {BASIS_C: centered_scores(token_level_rewards.clone(), mask, index), BASIS_ONE: mask.clone()}
+    out = {BASIS_C: centered_scores(token_level_rewards, mask, index), BASIS_ONE: mask.clone()}
     if with_aux:
         out[BASIS_ZERO] = torch.zeros_like(mask)
     return out

@@ -1,3 +1,5 @@
+from contextlib import contextmanager
+
 import pytest
 
 # A long-tailed, group-correlated response-length workload: groups finish at different
@@ -78,50 +80,74 @@ def trickled_queue(groups, version, first: int):
     return q
 
 
-def whitened_estimator_equivalence(session, tmp_path) -> dict:
-    """reinforce_plus_plus_baseline on the same responses three ways, from the same θ_k and optimizer
-    state: sync; CGP group granularity with the batch complete from the start (final advantages only);
-    CGP group granularity with unit 0's groups trained before the batch is complete (gradient buffers,
-    verl_pipe/whitening.py). Returns, per run, the unit grad norms, the parameters after the step, the
-    advantages trained with, and the step's metrics."""
+@contextmanager
+def with_estimator(trainer, name: str):
+    """algorithm.adv_estimator = name inside the block (the trainer reads it every step)."""
     from omegaconf import open_dict
 
+    algo = trainer.config.algorithm
+    before = algo.adv_estimator
+    with open_dict(algo):
+        algo.adv_estimator = name
+    try:
+        yield
+    finally:
+        with open_dict(algo):
+            algo.adv_estimator = before
+
+
+def train_same_responses(session, tmp_path, runs) -> dict:
+    """One step's responses, generated once, trained by each of ``runs(groups, version)`` -> [(name,
+    train function, queue)] from the same θ_k and optimizer state. Returns ``theta_k`` (parameters), the
+    ``groups``, and per run the unit grad norms, the parameters after, the step's metrics and the trained
+    batch. Leaves the actor at θ_k, as the vLLM replica has it."""
     from verl_pipe.group_queue import GroupQueue
     from verl_pipe.timeline import StepTimeline
 
     trainer = session.trainer
-    algo = trainer.config.algorithm
-    before = algo.adv_estimator
-    with open_dict(algo):
-        algo.adv_estimator = "reinforce_plus_plus_baseline"
     version = trainer.global_steps - 1
-    ckpt = str(tmp_path / "before_whitened")
+    ckpt = str(tmp_path / "same_responses")
     trainer.actor_wg.save_checkpoint(ckpt)
     out = {"theta_k": session.actor_state()}
     try:
         batch = trainer._fit_get_batch(next(session._batches))
         queue = GroupQueue(weight_version=version)
         trainer._start_rollout(batch, StepTimeline(0, trainer.groups_per_unit), queue, version).result()
-        groups = queue.drain()
-        runs = [("sync", trainer._train_after_rollout, prefilled_queue(groups, version)),
-                ("group_complete", trainer._train_each_group_as_it_arrives, prefilled_queue(groups, version)),
-                ("group_buffered", trainer._train_each_group_as_it_arrives,
-                 trickled_queue(groups, version, first=trainer.groups_per_unit))]
-        for name, train, q in runs:
+        out["groups"] = groups = queue.drain()
+        for name, train, q in runs(groups, version):
             trainer.actor_wg.load_checkpoint(ckpt)
             trainer.metrics = {}
             trained = train(q, StepTimeline(0, trainer.groups_per_unit))
-            assert sorted(g.index for g in trained) == sorted(g.index for g in groups)
-            tb = trainer._trained_batch
+            assert [g.index for g in trained] == sorted(g.index for g in groups), name
             out[name] = {"norms": [m["actor/grad_norm"] for m in trainer.unit_metrics],
                          "state": session.actor_state(), "metrics": dict(trainer.metrics),
-                         "advantages": tb.batch["advantages"].clone(), "uid": list(tb.non_tensor_batch["uid"]),
-                         "rewards": tb.batch["token_level_rewards"].clone(), "mask": tb.batch["response_mask"].clone()}
+                         "batch": trainer._trained_batch}
     finally:
-        with open_dict(algo):
-            algo.adv_estimator = before
-        trainer.actor_wg.load_checkpoint(ckpt)  # leave the actor as the vLLM replica has it
+        trainer.actor_wg.load_checkpoint(ckpt)
     return out
+
+
+def update_deviation(state, base_state, theta_k) -> float:
+    """|Δθ - Δθ_base| / |Δθ_base| over all parameters, Δ from θ_k."""
+    num = sum(float(((state[k] - base_state[k]) ** 2).sum()) for k in base_state)
+    den = sum(float(((base_state[k] - theta_k[k]) ** 2).sum()) for k in base_state)
+    return (num / den) ** 0.5
+
+
+def whitened_estimator_equivalence(session, tmp_path) -> dict:
+    """reinforce_plus_plus_baseline on the same responses three ways: sync; CGP group granularity with the
+    batch complete from the start (final advantages only); CGP group granularity with unit 0's groups
+    trained before the batch is complete (gradient buffers, verl_pipe/whitening.py)."""
+    trainer = session.trainer
+
+    def runs(groups, version):
+        return [("sync", trainer._train_after_rollout, prefilled_queue(groups, version)),
+                ("group_complete", trainer._train_each_group_as_it_arrives, prefilled_queue(groups, version)),
+                ("group_buffered", trainer._train_each_group_as_it_arrives,
+                 trickled_queue(groups, version, first=trainer.groups_per_unit))]
+
+    with with_estimator(trainer, "reinforce_plus_plus_baseline"):
+        return train_same_responses(session, tmp_path, runs)
 
 
 def check_whitened_equivalence(out: dict, n_groups: int, groups_per_unit: int, rel: float,
@@ -139,20 +165,18 @@ def check_whitened_equivalence(out: dict, n_groups: int, groups_per_unit: int, r
     assert out["group_complete"]["metrics"]["rolloutpipe/groups_trained_before_batch_complete"] == 0
     # the advantages every group was trained with are verl's, over the whole batch, in every run
     for name in ("sync", "group_complete", "group_buffered"):
-        r = out[name]
-        fresh = DataProto.from_dict(tensors={"token_level_rewards": r["rewards"].clone(), "response_mask": r["mask"]},
-                                    non_tensors={"uid": np.array(r["uid"], dtype=object)})
+        b = out[name]["batch"]
+        fresh = DataProto.from_dict(tensors={"token_level_rewards": b.batch["token_level_rewards"].clone(),
+                                             "response_mask": b.batch["response_mask"]},
+                                    non_tensors={"uid": np.array(list(b.non_tensor_batch["uid"]), dtype=object)})
         expected = compute_advantage(fresh, adv_estimator="reinforce_plus_plus_baseline", num_repeat=4)
-        torch.testing.assert_close(r["advantages"], expected.batch["advantages"], atol=1e-5, rtol=1e-5, msg=name)
+        torch.testing.assert_close(b.batch["advantages"], expected.batch["advantages"], atol=1e-5, rtol=1e-5,
+                                   msg=name)
     norms = {k: out[k]["norms"] for k in ("sync", "group_complete", "group_buffered")}
     print(f"[whitened] unit grad norms: {norms}")
     assert len(norms["sync"]) == n_groups // groups_per_unit
     for name in ("group_complete", "sync"):
         assert norms["group_buffered"][0] == pytest.approx(norms[name][0], rel=rel), name
-    theta_k = out["theta_k"]
-    base = out["group_complete"]["state"]
-    num = sum(float(((out["group_buffered"]["state"][k] - base[k]) ** 2).sum()) for k in base)
-    den = sum(float(((base[k] - theta_k[k]) ** 2).sum()) for k in base)
-    deviation = (num / den) ** 0.5
+    deviation = update_deviation(out["group_buffered"]["state"], out["group_complete"]["state"], out["theta_k"])
     print(f"[whitened] |Δθ_buffered - Δθ_complete| / |Δθ_complete| = {deviation:.2e}")
     assert deviation <= max_update_deviation

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.e2e.conftest import (LONGTAIL, check_whitened_equivalence, prefilled_queue,
-                                whitened_estimator_equivalence)
+                                train_same_responses, update_deviation, whitened_estimator_equivalence, with_estimator)
 
 pytestmark = pytest.mark.e2e
 
@@ -134,41 +134,26 @@ def test_same_responses_same_parameters_in_every_mode(pipe, tmp_path):
     """Given the same responses, sync, CGP (mini-batch) and CGP (group granularity) produce the
     same old log-probs under θ_k, the same gradients and the same parameters; the test fixes the
     unit order (dispatch order) and restores the actor and optimizer between runs."""
-    from verl_pipe.group_queue import GroupQueue
-    from verl_pipe.timeline import StepTimeline
-
     trainer = pipe.trainer
     trainer.workload_spec = LONGTAIL
-    version = trainer.global_steps - 1
-    batch = trainer._fit_get_batch(next(pipe._batches))
-    queue = GroupQueue(weight_version=version)
-    trainer._start_rollout(batch, StepTimeline(0, trainer.groups_per_unit), queue, version).result()
-    groups = queue.drain()
-    assert len(groups) == GROUPS
 
-    ckpt = str(tmp_path / "before")
-    trainer.actor_wg.save_checkpoint(ckpt)
-    theta_k = pipe.actor_state()
-    results = {}
-    try:
-        for name, train in [("sync", trainer._train_after_rollout),
-                            ("cgp", trainer._train_while_rollout_runs),
-                            ("cgp_group", trainer._train_each_group_as_it_arrives)]:
-            trainer.actor_wg.load_checkpoint(ckpt)
-            trained = train(prefilled_queue(groups, version), StepTimeline(0, trainer.groups_per_unit))
-            assert [g.index for g in trained] == sorted(g.index for g in groups)
-            results[name] = (pipe.actor_state(), trainer._trained_batch.batch["old_log_probs"].clone(),
-                             [m["actor/grad_norm"] for m in trainer.unit_metrics])
-    finally:
-        trainer.actor_wg.load_checkpoint(ckpt)  # leave the actor as the vLLM replica has it
+    def runs(groups, version):
+        return [(name, train, prefilled_queue(groups, version))
+                for name, train in [("sync", trainer._train_after_rollout),
+                                    ("cgp", trainer._train_while_rollout_runs),
+                                    ("cgp_group", trainer._train_each_group_as_it_arrives)]]
 
-    base_state, base_lp, base_norms = results["sync"]
+    out = train_same_responses(pipe, tmp_path, runs)
+    assert len(out["groups"]) == GROUPS
+    theta_k = out["theta_k"]
+    base_state, base_lp, base_norms = (out["sync"]["state"], out["sync"]["batch"].batch["old_log_probs"],
+                                       out["sync"]["norms"])
     assert len(base_norms) == 2
     for name in ("cgp", "cgp_group"):
-        state, lp, norms = results[name]
+        state, lp, norms = out[name]["state"], out[name]["batch"].batch["old_log_probs"], out[name]["norms"]
         # old log-probs of later units come from the θ_k snapshot, not the updated actor
         torch.testing.assert_close(lp, base_lp, atol=1e-5, rtol=1e-5)
-        dev = _update_deviation(state, base_state, theta_k)
+        dev = update_deviation(state, base_state, theta_k)
         print(f"[equivalence] {name}: grad norms {norms} vs sync {base_norms}; "
               f"|Δθ - Δθ_sync| / |Δθ_sync| = {dev:.2e}")
         if name == "cgp":
@@ -183,12 +168,6 @@ def test_same_responses_same_parameters_in_every_mode(pipe, tmp_path):
             # fp32 the same comparison agrees to 1e-7 (test_zz_kl_loss.py; docs/cgp.md). Unit 0 is compared:
             # later units start from parameters that already differ by that amplified rounding.
             assert norms[0] == pytest.approx(base_norms[0], rel=3e-3), f"{name}: unit 0 gradient norm differs"
-
-
-def _update_deviation(state, base_state, theta_k) -> float:
-    num = sum(float(((state[k] - base_state[k]) ** 2).sum()) for k in base_state)
-    den = sum(float(((base_state[k] - theta_k[k]) ** 2).sum()) for k in base_state)
-    return (num / den) ** 0.5
 
 
 def test_fgd_makes_the_first_unit_ready_earlier(pipe):
@@ -259,16 +238,11 @@ def test_estimators_match_verls_own_function(pipe, estimator, mode, granularity)
     """The advantages every group was trained with equal verl's compute_advantage over the whole
     batch on the same rewards, with FGD admission (CGP). Per-group estimators stream; the batch-
     whitened reinforce_plus_plus_baseline runs in CGP at group granularity (verl_pipe/whitening.py)."""
-    from omegaconf import open_dict
-
     from verl import DataProto
     from verl.trainer.ppo.ray_trainer import compute_advantage
 
     algo = pipe.trainer.config.algorithm
-    before = algo.adv_estimator
-    with open_dict(algo):
-        algo.adv_estimator = estimator
-    try:
+    with with_estimator(pipe.trainer, estimator):
         rec = pipe.step(mode=mode, granularity=granularity, fgd=mode == "cgp", workload=LONGTAIL)
         batch = _trained_batch(pipe)
         fresh = DataProto.from_dict(
@@ -277,9 +251,6 @@ def test_estimators_match_verls_own_function(pipe, estimator, mode, granularity)
             non_tensors={"uid": batch.non_tensor_batch["uid"]})
         expected = compute_advantage(fresh, adv_estimator=estimator, num_repeat=N, config=algo,
                                      norm_adv_by_std_in_grpo=algo.get("norm_adv_by_std_in_grpo", True))
-    finally:
-        with open_dict(algo):
-            algo.adv_estimator = before
     torch.testing.assert_close(batch.batch["advantages"], expected.batch["advantages"], atol=1e-5, rtol=1e-5)
     assert sorted(rec["trained_groups"]) == list(range(GROUPS))
     assert np.isfinite(rec["metrics"]["actor/grad_norm"])
