@@ -41,7 +41,10 @@ def fake_setting(name="longtail-lognormal-test", skipped=None):
 
 def fake_result(settings):
     return {"settings": settings, "sim_validation": {"max_rel_error": 0.05},
-            "env": {"cpu": "AMD EPYC", "versions": {"verl": "0.9.1", "vllm": "0.29", "torch": "2.13", "ray": "2.6"}}}
+            "env": {"cpu": "AMD EPYC", "versions": {"verl": "0.9.1", "vllm": "0.29", "torch": "2.13", "ray": "2.6"},
+                    "cpu_info": {"model": "AMD EPYC", "flags": {"avx2": True, "avx512_bf16": False},
+                                 "native_bf16": False,
+                                 "matmul_1thread": {"fp32_gflops": 38.9, "bf16_gflops": 1.0}}}}
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -103,6 +106,8 @@ def test_setting_names_and_baseline_are_enforced():
     (lambda r: r["settings"][0]["modes"].update(cgp={"skipped": ""}), "skipped needs a reason"),
     (lambda r: r["sim_validation"].pop("max_rel_error"), "sim_validation.max_rel_error"),
     (lambda r: r["env"]["versions"].pop("vllm"), "env.versions.vllm missing"),
+    (lambda r: r["env"].pop("cpu_info"), "env.cpu_info.flags missing"),
+    (lambda r: r["env"]["cpu_info"]["matmul_1thread"].pop("bf16_gflops"), "env.cpu_info.matmul_1thread"),
 ])
 def test_check_schema_finds_each_problem(mutate, problem):
     r = fake_result([fake_setting()])
@@ -144,6 +149,9 @@ def test_env_info_names_cpu_and_versions():
     env = bench.env_info()
     assert isinstance(env["cpu"], str) and env["cpu"]
     assert set(env["versions"]) == {"verl", "vllm", "torch", "ray"}
+    info = env["cpu_info"]
+    assert info["model"] == env["cpu"] and "avx2" in info["flags"]
+    assert info["matmul_1thread"]["fp32_gflops"] > 0 and info["matmul_1thread"]["bf16_gflops"] > 0
 
 
 # ---------------------------------------------------------------------------------------------- calibration

@@ -34,3 +34,26 @@ def test_a_pool_pins_within_the_run_cores_not_the_inherited_set():
     )
     env = dict(os.environ, VERL_PIPE_ALL_CORES=",".join(map(str, cores)), VERL_PIPE_TRAINER_CORES=str(trainer))
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_pinning_covers_every_thread_that_already_exists():
+    """os.sched_setaffinity(0, ...) moves the calling thread only; a worker process already has threads (Ray's,
+    torch's) when it pins itself, and every one of them must end up on the pool's cores."""
+    cores = sorted(os.sched_getaffinity(0))
+    trainer = cores[1]
+    code = (
+        "import os, threading\n"
+        "from verl_pipe.platform.env import pin_current_process, thread_affinities\n"
+        "stop = threading.Event()\n"
+        "threads = [threading.Thread(target=stop.wait) for _ in range(4)]\n"
+        "[t.start() for t in threads]\n"
+        "got = pin_current_process('VERL_PIPE_TRAINER_CORES')\n"
+        "late = threading.Thread(target=stop.wait); late.start()\n"  # created after: inherits the mask
+        "aff = thread_affinities(os.getpid())\n"
+        "stop.set(); [t.join() for t in threads + [late]]\n"
+        "assert len(aff) >= 6, aff\n"
+        "assert set(aff.values()) == {'%d'}, aff\n" % trainer
+    )
+    env = dict(os.environ, VERL_PIPE_ALL_CORES=",".join(map(str, cores)), VERL_PIPE_TRAINER_CORES=str(trainer))
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)

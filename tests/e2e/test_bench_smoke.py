@@ -18,15 +18,48 @@ from verl_pipe.bench_report import MODES, REPORTED, check_schema
 REPO = Path(__file__).resolve().parents[2]
 
 
+def quick_bench_time_limit_s() -> float:
+    """The smoke test's time limit, derived from the quick bench's work and this CPU's measured speed, not
+    from one machine's timing: every step of the quick bench (warm-up + settings x modes x rounds) trains at
+    most prompts x n x (prompt + longest response) tokens at 8 x params FLOPs per token (forward + backward 6,
+    old log-prob forward 2), at 1/4 of the single-thread fp32 matmul rate probed here (small matmuls, padding,
+    Python overhead; with the cap's token count this over-estimates the measured train time ~6x); the rollout is counted like the trainer
+    (the bench is sized for sync T/R ~1). Plus stack start-ups (Ray, vLLM, verl workers: 60-140 s measured)."""
+    import yaml
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from verl_pipe.assets import ensure_assets
+    from verl_pipe.platform.cpu_info import probe_matmul
+    from verl_pipe.session import compose
+
+    with open(REPO / "conf" / "bench" / "quick.yaml") as f:
+        quick = yaml.safe_load(f)
+    cfg = compose(quick["overrides"])
+    sizes = {s.get("model_size", quick["model_size"]) for s in quick["settings"]}
+    params = 0
+    for size in sizes:
+        mc = AutoConfig.from_pretrained(ensure_assets(size=size).model_dir)
+        params = max(params, sum(p.numel() for p in AutoModelForCausalLM.from_config(mc).parameters()))
+    longest = max(s["workload"].get("cap", s["workload"].get("length", 0)) for s in quick["settings"])
+    tokens = int(cfg.data.train_batch_size) * int(cfg.actor_rollout_ref.rollout.n) * (
+        int(cfg.data.max_prompt_length) + longest)
+    steps = len(sizes) * int(quick.get("warmup_steps", 1)) + len(quick["settings"]) * len(quick["modes"]) * int(
+        quick.get("repeats", 1))
+    step_s = 2 * 8 * params * tokens / (probe_matmul(1.0)["fp32_gflops"] * 1e9 / 4)
+    limit = 300 * len(sizes) + steps * step_s
+    print(f"[smoke] {steps} steps x {tokens} tokens x {params / 1e6:.1f}M params: limit {limit:.0f}s")
+    return limit
+
+
 @pytest.mark.e2e
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(0)  # the subprocess below has a limit derived from the work (quick_bench_time_limit_s)
 def test_quick_bench_runs_and_writes_schema_and_charts(tmp_path):
     out, charts = tmp_path / "quick.json", tmp_path / "charts"
     env = dict(os.environ)
     env.setdefault("VERL_PIPE_CACHE", str(REPO / ".cache" / "verl_pipe"))
     proc = subprocess.run([sys.executable, "-m", "verl_pipe.bench", "--quick", "--out", str(out),
                            "--charts", str(charts)], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=1100)
+                          timeout=quick_bench_time_limit_s())
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(out.read_text())
     assert check_schema(result) == []

@@ -63,16 +63,57 @@ def run_cores() -> set[int]:
     return set(parse_cpu_list(spec)) if spec else os.sched_getaffinity(0)
 
 
+def _thread_ids(pid: int | str = "self") -> set[int]:
+    try:
+        return {int(t) for t in os.listdir(f"/proc/{pid}/task")}
+    except OSError:  # not Linux procfs: the calling thread is all we can name
+        return {0}
+
+
+def pin_all_threads(cores: list[int]) -> None:
+    """Set the affinity of EVERY thread of this process, not just the caller's.
+
+    ``os.sched_setaffinity(0, ...)`` changes the calling thread only; threads that already exist (Ray's
+    gRPC and event-loop threads, torch's pools) keep their old mask, and a thread inherits the mask of the
+    thread that creates it. So: set the mask on every task in /proc/self/task, and repeat until no new
+    thread appeared meanwhile (one created by a not-yet-pinned thread may still carry the old mask)."""
+    done: set[int] = set()
+    for _ in range(10):
+        todo = _thread_ids() - done
+        if not todo:
+            return
+        for tid in todo:
+            try:
+                os.sched_setaffinity(tid, cores)
+            except (ProcessLookupError, PermissionError):  # the thread has exited meanwhile
+                pass
+        done |= todo
+
+
 def pin_current_process(env_key: str) -> list[int] | None:
-    """Pin this process (and torch's intra-op threads) to the cores in os.environ[env_key]."""
+    """Pin this whole process (every thread, torch's intra-op pool included) to the cores in os.environ[env_key]."""
     spec = os.environ.get(env_key)
     if not spec:
         return None
     cores = parse_cpu_list(spec)
     available = run_cores()
     cores = [c for c in cores if c in available] or sorted(available)
-    os.sched_setaffinity(0, cores)
+    pin_all_threads(cores)
     return cores
+
+
+def thread_affinities(pid: int) -> dict[int, str]:
+    """Cpus_allowed_list of every thread of a live process, by thread id (for checks and tests)."""
+    out = {}
+    for tid in _thread_ids(pid):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith("Cpus_allowed_list:"):
+                        out[tid] = line.split(":", 1)[1].strip()
+        except OSError:  # the thread exited
+            pass
+    return out
 
 
 def system_core_list(system_cores: str, rollout_cores: str) -> list[int] | None:
@@ -87,4 +128,4 @@ def confine_launcher(cores: list[int] | None) -> None:
     it spawns (agent-loop and reward workers, the task runner) inherit these cores; the trainer pool
     re-pins itself to its own cores (pin_current_process), so they stay the trainer's alone."""
     if cores:
-        os.sched_setaffinity(0, cores)
+        pin_all_threads(cores)
