@@ -15,7 +15,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+# The base config ships inside the package (verl_pipe/conf, package data), so an installed verl_pipe runs
+# outside a checkout; recipes and verl's ppo_trainer come from the search-path plugin (hydra_plugins/).
+CONF_MODULE = "verl_pipe.conf"
 
 
 def prepare_config(config: DictConfig) -> DictConfig:
@@ -128,7 +130,7 @@ def stop(reason: str) -> None:
         ray.shutdown()
 
 
-@hydra.main(config_path=CONF_DIR, config_name="rolloutpipe_trainer", version_base=None)
+@hydra.main(config_path="conf", config_name="rolloutpipe_trainer", version_base=None)
 def main(config: DictConfig) -> None:
     t0 = time.perf_counter()
     config = prepare_config(config)
