@@ -13,7 +13,6 @@ processed, so ``verl_pipe`` resolves to the installed wheel; the subprocess chec
 """
 
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -22,23 +21,13 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _tracked_sources(dest: Path) -> None:
-    """The files git tracks (what a fresh clone holds), without build leftovers of the checkout."""
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True).stdout
-    for rel in filter(None, files.decode().split("\0")):
-        src = ROOT / rel
-        if src.is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
+from tests.checkout import ROOT, copy_tracked, has_git_checkout
 
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
     """The python of a fresh venv with the verl_pipe wheel installed over this environment's stack."""
-    if shutil.which("git") is None or not (ROOT / ".git").exists():
+    if not has_git_checkout():
         pytest.skip("needs a git checkout to know the tracked sources")
     try:
         import setuptools
@@ -49,7 +38,7 @@ def installed(tmp_path_factory) -> Path:
         pytest.skip(f"setuptools {setuptools.__version__} < 77 (pyproject's build requirement); `make setup` installs it")
     tmp = tmp_path_factory.mktemp("install")
     src, wheels, venv = tmp / "src", tmp / "wheels", tmp / "venv"
-    _tracked_sources(src)
+    copy_tracked(src)
     env = {**os.environ, "PIP_NO_INDEX": "1"}  # offline: nothing may be downloaded
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(wheels), str(src)], check=True, env=env, timeout=600)
