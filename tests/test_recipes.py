@@ -25,7 +25,7 @@ GPU_CLUSTERS = {
 }
 TINY = ["tiny_cpu", "tiny_cpu_cgp_fgd", "tiny_cpu_extension_example", "tiny_cpu_reinforce_pp_baseline"]
 # Plain-dict nodes whose keys are free (passed on as keyword arguments), not verl dataclass fields.
-FREE_KEYS = ("ray_kwargs.ray_init.",)
+FREE_KEYS = ("ray_kwargs.ray_init.", "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.")
 
 
 @pytest.fixture(scope="module")
