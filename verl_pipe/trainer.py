@@ -186,6 +186,8 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
     def end(self) -> None:
         if self.progress_bar is not None:
             self.progress_bar.close()
+        if getattr(self, "_dump_executor", None) is not None:
+            self._shutdown_dump_executor()  # verl's: the rollout-data dumps (trainer.rollout_data_dir) are written
         self.rollout.shutdown()
 
     # ------------------------------------------------------------------ the step
