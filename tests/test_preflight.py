@@ -44,6 +44,8 @@ def test_gpu_launcher_checks_its_environment_and_blanks_the_workers(monkeypatch)
     env = select_platform(cfg)
     assert env == gpu_runtime_env()
     assert env["VERL_PLATFORM"] == "" and env["VERL_PIPE_ROLLOUT_CORES"] == "" and env["VERL_PIPE_TRAINER_CORES"] == ""
+    monkeypatch.setenv("VERL_PLATFORM", "nvidia")  # an explicit GPU platform is passed on, not blanked
+    assert select_platform(cfg)["VERL_PLATFORM"] == "nvidia"
 
 
 def test_registered_backend_passes():

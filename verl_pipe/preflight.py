@@ -3,8 +3,8 @@
 - ``check_environment``: on ``rolloutpipe.platform=gpu``, the launcher's environment must not carry what
   selects our CPU platform (``VERL_PLATFORM=cpu``, ``VLLM_TARGET_DEVICE=cpu``) or pins pools to cores
   (``VERL_PIPE_*_CORES``): left over from a CPU run, they would silently put a GPU run on CPU paths.
-  ``gpu_runtime_env`` blanks the same variables for every process Ray starts for the run, so a raylet that
-  inherited them (``ray start`` from such a shell) cannot pass them on either.
+  ``gpu_runtime_env`` overrides ``VERL_PLATFORM`` and the core lists for every process Ray starts for the
+  run, so a raylet that inherited them (``ray start`` from such a shell) cannot pass them on either.
 - ``check_runtime``, in the process that builds the workers, before any is created: the configured
   checkpoint-engine backend is registered in verl's ``CheckpointEngineRegistry`` (verl imports its engines
   optionally and only records a failed import, e.g. cupy missing for ``nccl``), and flash-attn is importable
@@ -44,10 +44,12 @@ def check_environment(config: DictConfig, environ: Mapping[str, str] | None = No
             f"{' '.join(v.split('=', 1)[0] for v in leftovers)}`), also in the shell that ran `ray start`")
 
 
-def gpu_runtime_env() -> dict[str, str]:
-    """Ray runtime_env variables of a GPU run: the CPU-run variables blanked (verl and our plugin read an empty
-    VERL_PLATFORM as unset; an empty core list pins nothing)."""
-    return {"VERL_PLATFORM": "", **{k: "" for k in CORE_VARS}}
+def gpu_runtime_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Ray runtime_env variables of a GPU run: the launcher's own VERL_PLATFORM (an explicit GPU platform such
+    as ``nvidia``, or empty: verl and our plugin read an empty value as unset) and the core lists blanked (an
+    empty core list pins nothing). Call after ``check_environment``."""
+    environ = os.environ if environ is None else environ
+    return {"VERL_PLATFORM": environ.get("VERL_PLATFORM", "").strip(), **{k: "" for k in CORE_VARS}}
 
 
 def check_runtime(config: DictConfig) -> None:
