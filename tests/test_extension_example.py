@@ -1,4 +1,4 @@
-"""The worked extension example (recipes/extension_example/, recipe tiny_cpu_extension_example): the recipe
+"""The worked extension example (verl_pipe/recipes/extension_example/, recipe tiny_cpu_extension_example): the recipe
 composes and selects the example, verl loads its trainer class and reward the way a run does, and the
 example's filter, admission priority and reward logic -- pure, no Ray. tests/e2e/test_zz_dapo.py runs it."""
 
@@ -28,7 +28,7 @@ def cfg():
 def test_recipe_selects_the_example_and_is_dapo_style(cfg):
     validate(cfg.copy(), check_paths=False)
     rp, actor = cfg.rolloutpipe, cfg.actor_rollout_ref.actor
-    assert rp.trainer_class == "recipes.extension_example.trainer.ExampleTrainer"
+    assert rp.trainer_class == "verl_pipe.recipes.extension_example.trainer.ExampleTrainer"
     assert rp.mode == "cgp" and rp.fgd.enable and cfg.actor_rollout_ref.rollout.scheduling_policy == "priority"
     assert rp.filter_zero_variance and rp.oversample > 0
     assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.loss_agg_mode) == (0.2, 0.28, "token-mean")
@@ -39,7 +39,7 @@ def test_recipe_selects_the_example_and_is_dapo_style(cfg):
 def test_trainer_class_loads_as_task_runner_loads_it(cfg):
     from verl.utils.import_utils import load_class_from_fqn
 
-    from recipes.extension_example.trainer import ExampleTrainer
+    from verl_pipe.recipes.extension_example.trainer import ExampleTrainer
     from verl_pipe.trainer import RolloutPipeTrainer
 
     cls = load_class_from_fqn(cfg.rolloutpipe.trainer_class, "rolloutpipe.trainer_class")
@@ -67,7 +67,7 @@ def test_reward_loads_through_verls_custom_reward_function(cfg):
     (None, {"score": 0.0, "exact": False, "has_number": False}),
 ])
 def test_correctness_plus_format_credit(text, expected):
-    from recipes.extension_example.reward import compute_score
+    from verl_pipe.recipes.extension_example.reward import compute_score
 
     assert compute_score("verl_pipe/digit_math", text, "7") == expected
 
@@ -83,7 +83,7 @@ def _piece(scores, index=3):
 
 
 def _bare_trainer(**attrs):
-    from recipes.extension_example.trainer import ExampleTrainer
+    from verl_pipe.recipes.extension_example.trainer import ExampleTrainer
 
     t = ExampleTrainer.__new__(ExampleTrainer)  # no workers: only the attributes the hooks read
     t.filter_zero_variance, t.prompt_history, t.last_policy = True, {}, None
@@ -113,7 +113,7 @@ def test_filter_needs_variance_and_a_minimum_spread():
 
 
 def test_prompt_keys_and_deferred_groups():
-    from recipes.extension_example.trainer import deferred_groups, prompt_key
+    from verl_pipe.recipes.extension_example.trainer import deferred_groups, prompt_key
 
     assert prompt_key({"index": 4, "split": "train"}) == 4
     assert prompt_key({}) is None and prompt_key(None) is None
@@ -136,7 +136,7 @@ def _step_batch(keys):
 
 
 def test_make_policy_keeps_the_configured_policy_and_adds_deferral(cfg):
-    from recipes.extension_example.trainer import DeferringFrontierPolicy
+    from verl_pipe.recipes.extension_example.trainer import DeferringFrontierPolicy
 
     keys = [100 + g for g in range(12)]
     t = _policy_trainer(cfg, history={101: False, 104: False, 105: True})
@@ -159,7 +159,7 @@ def test_make_policy_keeps_the_configured_policy_and_adds_deferral(cfg):
 
 
 def _deferring(deferred, num_groups=6, n=2, window=2, replicas=(0,), target=None):
-    from recipes.extension_example.trainer import DeferringFrontierPolicy
+    from verl_pipe.recipes.extension_example.trainer import DeferringFrontierPolicy
 
     return DeferringFrontierPolicy(num_groups=num_groups, n=n, groups_per_unit=1, replicas=list(replicas),
                                    target_groups=target or num_groups, window=window, deferred=deferred)

@@ -1,4 +1,4 @@
-"""recipes/: every recipe composes through the Hydra search path (plugin in hydra_plugins/), passes our
+"""verl_pipe/recipes/: every recipe composes through the Hydra search path (plugin in hydra_plugins/), passes our
 validation and verl's own config checks, and sets only keys that verl's config already has.
 
 No Ray, no model, no data: the recipes' files are for other machines (GPU clusters), so paths are not checked.
@@ -15,7 +15,8 @@ from verl_pipe.config import validate
 from verl_pipe.session import compose
 
 ROOT = Path(__file__).resolve().parent.parent
-RECIPES = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
+RECIPE_DIR = ROOT / "verl_pipe" / "recipes"
+RECIPES = sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
 # The cluster each GPU recipe is written for: (nodes, GPUs per node), from the recipe's header.
 GPU_CLUSTERS = {
     "qwen3_1p7b_gsm8k_4x4": (1, 8),
@@ -24,7 +25,7 @@ GPU_CLUSTERS = {
 }
 TINY = ["tiny_cpu", "tiny_cpu_cgp_fgd", "tiny_cpu_extension_example", "tiny_cpu_reinforce_pp_baseline"]
 # Plain-dict nodes whose keys are free (passed on as keyword arguments), not verl dataclass fields.
-FREE_KEYS = ("ray_kwargs.ray_init.",)
+FREE_KEYS = ("ray_kwargs.ray_init.", "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.")
 
 
 @pytest.fixture(scope="module")
@@ -88,22 +89,22 @@ def _exists(cfg: DictConfig, dotted: str) -> bool:
 @pytest.mark.parametrize("name", RECIPES)
 def test_recipe_sets_only_existing_keys(base, name):
     """A recipe overrides keys; it never invents one under verl's nodes (our own keys live in rolloutpipe:)."""
-    own = OmegaConf.to_container(OmegaConf.load(ROOT / "recipes" / f"{name}.yaml")) or {}
+    own = OmegaConf.to_container(OmegaConf.load(RECIPE_DIR / f"{name}.yaml")) or {}
     own.pop("defaults", None)
     own.pop("hydra", None)
     unknown = [k for k in _leaves(own) if not k.startswith(FREE_KEYS) and not _exists(base, k)]
-    assert not unknown, f"recipes/{name}.yaml sets keys that conf/rolloutpipe_trainer.yaml + verl lack: {unknown}"
+    assert not unknown, f"verl_pipe/recipes/{name}.yaml sets keys that verl_pipe/conf/rolloutpipe_trainer.yaml + verl lack: {unknown}"
 
 
 @pytest.mark.parametrize("name", RECIPES)
 def test_recipe_says_what_data_it_expects(name):
     header = []
-    for line in (ROOT / "recipes" / f"{name}.yaml").read_text().splitlines():
+    for line in (RECIPE_DIR / f"{name}.yaml").read_text().splitlines():
         if not line.startswith("#"):
             break
         header.append(line)
     assert header and any(line.startswith("# Data:") for line in header), \
-        f"recipes/{name}.yaml must open with a comment block with a '# Data:' line"
+        f"verl_pipe/recipes/{name}.yaml must open with a comment block with a '# Data:' line"
 
 
 @pytest.mark.parametrize("name", sorted(GPU_CLUSTERS))
@@ -162,7 +163,7 @@ def test_tiny_cgp_fgd_is_pipelined_with_a_long_tail(configs):
     assert rp.mode == "cgp" and rp.fgd.enable and rp.workload.kind == "lognormal"
 
 
-@pytest.mark.parametrize("script", sorted((ROOT / "recipes").glob("*.sh")), ids=lambda p: p.name)
+@pytest.mark.parametrize("script", sorted(RECIPE_DIR.glob("*.sh")), ids=lambda p: p.name)
 def test_run_scripts_parse_and_name_existing_recipes(script):
     subprocess.run(["bash", "-n", str(script)], check=True)
     names = re.findall(r"--config-name\s+(\S+)", script.read_text())

@@ -2,7 +2,7 @@
 [--charts DIR]``.
 
 One live stack (``PipeSession``: one Ray cluster, one vLLM start) per model size. For each setting (a named
-response-length workload, conf/bench/*.yaml) the modes run on the same workers, interleaved round-robin
+response-length workload, verl_pipe/conf/bench/*.yaml) the modes run on the same workers, interleaved round-robin
 (sync, cgp, cgp_group, cgp_fgd, sync, cgp, ...) so that machine noise hits every mode alike; in each round
 every mode generates exactly the same per-request lengths (EOS ignored). One warm-up step per session is
 discarded. Every step trains the model, so the weights differ between steps; the lengths, not the weights,
@@ -31,7 +31,7 @@ import yaml
 from verl_pipe.bench_report import BASE, MODES, check_schema, format_setting, format_sim_validation, format_sweep, \
     setting_entry
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf" / "bench"
+CONF_DIR = Path(__file__).resolve().parent / "conf" / "bench"  # package data: works installed too
 
 SEPARATE_ASYNC = "verl_separate_async"
 
@@ -465,8 +465,8 @@ def write_charts(result: dict, steps: list[dict], charts_dir: Path, shapes: dict
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m verl_pipe.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="the short run (conf/bench/quick.yaml)")
-    ap.add_argument("--config", help="a bench YAML (default conf/bench/default.yaml, or quick.yaml with --quick)")
+    ap.add_argument("--quick", action="store_true", help="the short run (verl_pipe/conf/bench/quick.yaml)")
+    ap.add_argument("--config", help="a bench YAML (default verl_pipe/conf/bench/default.yaml, or quick.yaml with --quick)")
     ap.add_argument("--settings", help="comma-separated setting names to run (default: all in the config)")
     ap.add_argument("--repeats", type=int, help="rounds of the interleaved modes per setting")
     ap.add_argument("--out", required=True, help="write the results JSON here")

@@ -54,6 +54,12 @@ NOT_GROUP_ESTIMATORS = {
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean")
 # Weight-sync backends: naive is verl's colocated engine; separate pools need one that crosses pools.
 CPU_CHECKPOINT_BACKENDS = ("ray_store",)
+CHECKPOINT_BACKEND_KEY = "actor_rollout_ref.rollout.checkpoint_engine.backend"
+# Backends that keep one collective group across syncs unless verl's own `rebuild_group` engine argument is
+# set (verl 0.9.1: NCCLCheckpointEngine.init_process_group asserts an unchanged rank and world size when the
+# group exists; HCCLCheckpointEngine registers as "nccl" on Ascend and does the same). A restarted replica is
+# a new process and a retired one shrinks the group, so with rebuild_group=false the next sync asserts or hangs.
+FIXED_GROUP_BACKENDS = ("nccl",)
 
 
 class CpuBf16Warning(UserWarning):
@@ -205,6 +211,7 @@ ROLLOUTPIPE: dict[str, Any] = {
         "window": integer(1, null=True),
     },
     "filter_zero_variance": BOOLEAN,
+    "allow_ray_store_on_gpu": BOOLEAN,
     "oversample": integer(0),
     "request_timeout_s": SECONDS,
     "weight_sync_timeout_s": SECONDS,
@@ -277,12 +284,13 @@ def _check_table(node: DictConfig, table: dict, prefix: str, config: DictConfig)
 def validate(config: DictConfig, check_paths: bool = True) -> None:
     rp = config.get("rolloutpipe")
     if not isinstance(rp, DictConfig):
-        raise _err("rolloutpipe", "missing: compose the run from conf/rolloutpipe_trainer.yaml (or a recipe on it)")
+        raise _err("rolloutpipe", "missing: compose the run from verl_pipe/conf/rolloutpipe_trainer.yaml (or a recipe on it)")
     _check_table(rp, ROLLOUTPIPE, "rolloutpipe", config)
     _validate_batching(config)
     _validate_algorithm(config)
     _validate_trainer_pool(config)
     _validate_rollout(config)
+    _validate_verl_hooks(config)
     if rp.platform == "cpu":
         _validate_cpu(config)
     elif config.trainer.device == "cpu":
@@ -436,11 +444,16 @@ def _validate_rollout(config: DictConfig) -> None:
     if backend == "naive":
         raise _err("actor_rollout_ref.rollout.checkpoint_engine.backend",
                    "'naive' only works with rollout and actor colocated; verl_pipe's pools are separate: use "
-                   "ray_store (CPU or any), nccl (GPU), or another cross-pool backend")
+                   "ray_store (CPU), nccl (GPU), or another cross-pool backend")
     if rp.platform == "cpu" and backend not in CPU_CHECKPOINT_BACKENDS:
         raise _err("actor_rollout_ref.rollout.checkpoint_engine.backend",
                    f"got {backend!r}; on CPU allowed: {', '.join(CPU_CHECKPOINT_BACKENDS)} (the others need "
                    "CUDA or RDMA)")
+    if rp.platform == "gpu" and backend == "ray_store" and not rp.get("allow_ray_store_on_gpu", False):
+        raise _err(CHECKPOINT_BACKEND_KEY,
+                   "'ray_store' (weights through Ray's object store, host memory) with rolloutpipe.platform=gpu: "
+                   "use nccl between GPU pools, or set rolloutpipe.allow_ray_store_on_gpu=true to ask for it")
+    _validate_weight_sync_faults(config, backend)
     if rp.fgd.enable and rp.mode != "cgp":
         raise _err("rolloutpipe.fgd.enable", "frontier-group dispatch feeds the CGP pipeline; set rolloutpipe.mode=cgp")
     if rp.fgd.enable and rollout.get("scheduling_policy", "fcfs") != "priority":
@@ -450,6 +463,51 @@ def _validate_rollout(config: DictConfig) -> None:
         raise _err("actor_rollout_ref.rollout.name",
                    f"got {rollout.name!r}; allowed: vllm (" + ("the CPU build is vLLM's" if rp.platform == "cpu"
                                                                else "FGD's priorities need vLLM's scheduler") + ")")
+
+
+def _validate_verl_hooks(config: DictConfig) -> None:
+    """verl's trainer switches that RolloutPipeTrainer honours only in some settings: refused where not."""
+    rp, trainer = config.rolloutpipe, config.trainer
+    if trainer.get("val_only", False) and not trainer.get("val_before_train", True):
+        raise _err("trainer.val_only", "needs trainer.val_before_train=true (as in verl, val_only stops the run after "
+                                       "the validation before training)")
+    if trainer.get("balance_batch", False) and rp.mode == "cgp" and rp.cgp.granularity == "group":
+        raise _err("trainer.balance_batch",
+                   "is applied per training unit (verl's _balance_batch over one PPO mini-batch); at "
+                   "rolloutpipe.cgp.granularity=group each group is trained as it arrives and nothing is balanced: "
+                   "set trainer.balance_batch=false, or rolloutpipe.cgp.granularity=minibatch")
+
+
+def rollout_replicas(config: DictConfig) -> int:
+    """How many vLLM replicas the rollout pool holds (verl: one per tensor x data x pipeline parallel group)."""
+    r = config.actor_rollout_ref.rollout
+    gpus = int(r.nnodes) * int(r.n_gpus_per_node)
+    per_replica = (int(r.tensor_model_parallel_size) * int(r.get("data_parallel_size", 1) or 1)
+                   * int(r.get("pipeline_model_parallel_size", 1) or 1))
+    return max(1, gpus // max(1, per_replica))
+
+
+def _validate_weight_sync_faults(config: DictConfig, backend) -> None:
+    """A replica restart or retirement changes the weight-sync group; a fixed-group backend must rebuild it."""
+    if backend not in FIXED_GROUP_BACKENDS:
+        return
+    kwargs = OmegaConf.select(config, f"actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.{backend}",
+                              default=None) or {}
+    if kwargs.get("rebuild_group", False):
+        return
+    rebuild = f"actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.{backend}.rebuild_group"
+    why = (f"verl's {backend!r} checkpoint engine keeps one collective group and asserts an unchanged world size "
+           f"unless {rebuild}=true, so the weight sync after a replica restart or retirement asserts or hangs")
+    if config.rolloutpipe.fault.replica_restart:
+        raise _err(CHECKPOINT_BACKEND_KEY,
+                   f"{backend!r} with rolloutpipe.fault.replica_restart=true: {why}. Set {rebuild}=true (the GPU "
+                   "recipes do; the group is rebuilt at every sync), or rolloutpipe.fault.replica_restart=false "
+                   "with a single rollout replica")
+    replicas = rollout_replicas(config)
+    if replicas > 1:
+        raise _err(CHECKPOINT_BACKEND_KEY,
+                   f"{backend!r} with rolloutpipe.fault.replica_restart=false and {replicas} rollout replicas: a dead "
+                   f"replica is retired and {why}. Set {rebuild}=true")
 
 
 def _validate_cpu(config: DictConfig) -> None:

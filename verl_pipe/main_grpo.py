@@ -15,7 +15,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+# The base config ships inside the package (verl_pipe/conf, package data), so an installed verl_pipe runs
+# outside a checkout; recipes and verl's ppo_trainer come from the search-path plugin (hydra_plugins/).
+CONF_MODULE = "verl_pipe.conf"
 
 
 def prepare_config(config: DictConfig) -> DictConfig:
@@ -52,9 +54,13 @@ def prepare_config(config: DictConfig) -> DictConfig:
 
 
 def select_platform(config: DictConfig) -> dict:
-    """Sets the platform's environment in this process (before verl resolves its platform); returns it."""
+    """Sets the platform's environment in this process (before verl resolves its platform); returns the
+    variables every process Ray starts for the run gets (its runtime_env)."""
     if config.rolloutpipe.platform != "cpu":
-        return {}
+        from verl_pipe.preflight import check_environment, gpu_runtime_env
+
+        check_environment(config)  # no CPU-run leftovers in the launcher's environment
+        return gpu_runtime_env()  # ... nor from a raylet's: blanked for the run's processes
     from verl_pipe.platform.env import cpu_env
     from verl_pipe.platform.plugin import activate_cpu
 
@@ -128,7 +134,7 @@ def stop(reason: str) -> None:
         ray.shutdown()
 
 
-@hydra.main(config_path=CONF_DIR, config_name="rolloutpipe_trainer", version_base=None)
+@hydra.main(config_path="conf", config_name="rolloutpipe_trainer", version_base=None)
 def main(config: DictConfig) -> None:
     t0 = time.perf_counter()
     config = prepare_config(config)

@@ -66,9 +66,9 @@ class PipeSession:
 def compose(overrides: list[str] | None = None, config_name: str = "rolloutpipe_trainer") -> DictConfig:
     """The Hydra config that ``main_grpo`` would see for these command-line overrides."""
     from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from hydra import initialize_config_module
 
-    from verl_pipe.main_grpo import CONF_DIR
+    from verl_pipe.main_grpo import CONF_MODULE
 
-    with initialize_config_dir(CONF_DIR, version_base=None):
+    with initialize_config_module(CONF_MODULE, version_base=None):
         return hydra_compose(config_name, overrides=list(overrides or []))

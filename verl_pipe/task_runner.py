@@ -30,10 +30,12 @@ def build_trainer(config):
     from verl.utils.dataset.rl_dataset import collate_fn
     from verl.utils.fs import copy_to_local
 
+    from verl_pipe.preflight import check_runtime
     from verl_pipe.trainer import RolloutPipeTrainer
     from verl_pipe.workers import PipeActorWorker
 
     OmegaConf.resolve(config)
+    check_runtime(config)  # before any worker: the weight-sync backend and the attention kernel are usable here
     role_worker_mapping, ray_worker_group_cls = create_role_worker_mapping(config)
     # Our actor worker: verl's DetachActorWorker pinned to the trainer pool's cores.
     for role in (Role.Actor, Role.RefPolicy):

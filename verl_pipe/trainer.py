@@ -38,7 +38,6 @@ from omegaconf import OmegaConf, open_dict
 
 from verl import DataProto
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
-from verl.trainer.ppo.metric_utils import compute_data_metrics
 from verl.utils.metric import reduce_metrics
 
 from verl_pipe.config import (AFFINE_BATCH_ESTIMATORS, BATCH_NORMALIZED_ESTIMATORS, ConfigError,
@@ -141,7 +140,12 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
 
     def fit(self):
         self.begin()
-        for epoch in range(self.config.trainer.total_epochs):
+        if self.config.trainer.get("val_only", False):  # verl's val_only: validate (in begin) and stop
+            self.end()
+            return
+        # On resume, go on in the epoch the checkpoint is in (verl's fit: global_steps // len(dataloader)).
+        first_epoch = (self.global_steps - 1) // max(1, len(self.train_dataloader))
+        for epoch in range(first_epoch, self.config.trainer.total_epochs):
             for batch_dict in self.train_dataloader:
                 self.epoch = epoch
                 self.fit_step(batch_dict)
@@ -173,10 +177,17 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         self.global_steps += 1
         self.last_val_metrics = None
         self.max_steps_duration = 0
+        # verl's profiler state (SeparateRayPPOTrainer.fit), read by its _fit_start_profile/_fit_stop_profile.
+        steps = self.config.global_profiler.get("steps")
+        self.prev_step_profile = False
+        self.curr_step_profile = self.global_steps in steps if steps is not None else False
+        self.next_step_profile = False
 
     def end(self) -> None:
         if self.progress_bar is not None:
             self.progress_bar.close()
+        if getattr(self, "_dump_executor", None) is not None:
+            self._shutdown_dump_executor()  # verl's: the rollout-data dumps (trainer.rollout_data_dir) are written
         self.rollout.shutdown()
 
     # ------------------------------------------------------------------ the step
@@ -188,11 +199,14 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
                 raise ConfigError(f"algorithm.adv_estimator: {problem}")
         self.metrics = {"training/global_step": self.global_steps, "training/epoch": self.epoch}
         self.timing_raw = {}
+        self.reward_extra_infos_dict = {}  # verl's _fit_dump_data reads it
         self._fit_prepare_step()
+        self._fit_start_profile()  # verl's (global_profiler.steps): the trainer pool's workers
         version = self.global_steps - 1  # θ_k: synced at the end of the previous step
         t_step = time.perf_counter()
         self._drop_train_state_snapshot()  # left over if the previous attempt at a step failed
         self._stepped = self._training_done = False
+        self._trained_batch = None
 
         try:
             batch = self._fit_get_batch(batch_dict)
@@ -215,8 +229,11 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         self._drop_train_state_snapshot()
 
         self.timing_raw["step"] = time.perf_counter() - t_step
+        if self._trained_batch is not None:
+            self._fit_dump_data(self._trained_batch)  # verl's trainer.rollout_data_dir dump
         self._fit_validate()
         self._fit_save_checkpoint()
+        self._fit_stop_profile()
         self._data_state = self.train_dataloader.state_dict()
         self._record_step(trained, timeline, rollout_result)
         self._fit_postprocess_step()
@@ -589,6 +606,14 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
             self.actor_wg.clear_cpu_model(CURRENT)
 
     def _update_unit(self, unit_batch: DataProto) -> None:
+        if self.config.trainer.balance_batch:
+            # verl's DP balancing (RayPPOTrainer._balance_batch) over this unit only: a unit is one PPO
+            # mini-batch, so reordering its rows across DP ranks moves no row to another optimizer step and
+            # the gradient is the same sum (exact up to float summation order). verl's whole-batch balancing
+            # would move rows between mini-batches, which CGP cannot do before the batch is complete.
+            dp = self._get_dp_size(self.actor_rollout_wg, "actor")
+            if dp > 1 and len(unit_batch) % dp == 0:  # a short last unit that does not split evenly stays as is
+                self._balance_batch(unit_batch, metrics=self.metrics)
         with self._mini_batch_of(len(unit_batch) // self.n):
             out = reduce_metrics(self._update_actor(unit_batch).meta_info["metrics"])
         self.unit_metrics.append(out)
@@ -657,7 +682,8 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         self.metrics.update(skip_metrics(self.config))  # records the launcher's data check skipped
         batch = getattr(self, "_trained_batch", None)
         if batch is not None:
-            self.metrics.update(compute_data_metrics(batch=batch, use_critic=False))
+            # verl's own step metrics (data, timing_s/*, throughput, variance proxy) on the trained groups.
+            self._fit_collect_metrics(self._with_token_counts(batch))
         self.metrics["timing_s/step"] = self.timing_raw["step"]
         self.last_step_record = {
             "step": self.global_steps,

@@ -6,7 +6,7 @@ import pytest
 # times, so a pipelined trainer has something to overlap with.
 LONGTAIL = {"kind": "lognormal", "median": 12, "sigma": 0.8, "rho": 0.7, "cap": 32, "seed": 0}
 
-PARTIAL_CREDIT_REWARD = ["reward.custom_reward_function.path=pkg://recipes.extension_example.reward",
+PARTIAL_CREDIT_REWARD = ["reward.custom_reward_function.path=pkg://verl_pipe.recipes.extension_example.reward",
                          "reward.custom_reward_function.name=compute_score"]
 
 E2E_OVERRIDES = [

@@ -1,6 +1,6 @@
 """A DAPO-style CGP + FGD step on the real stack, run by the worked extension example.
 
-The recipe tiny_cpu_extension_example (recipes/extension_example/): ExampleTrainer (custom trainability
+The recipe tiny_cpu_extension_example (verl_pipe/recipes/extension_example/): ExampleTrainer (custom trainability
 filter, deferring admission policy), its reward (correctness + format credit) through verl's custom_reward_function,
 clip-higher (0.2 / 0.28), token-mean loss, the zero-variance filter and oversampling (8 extra prompts).
 The tiny model's 0/1 reward is right about 3% of the time, so nearly every group would be
@@ -45,7 +45,7 @@ def test_dapo_step_with_the_extension_example(dapo_pipe):
     from verl import DataProto
     from verl.trainer.ppo.ray_trainer import compute_advantage
 
-    from recipes.extension_example.trainer import DeferringFrontierPolicy, ExampleTrainer, prompt_key
+    from verl_pipe.recipes.extension_example.trainer import DeferringFrontierPolicy, ExampleTrainer, prompt_key
 
     pipe = dapo_pipe
     trainer = pipe.trainer

@@ -4,7 +4,7 @@ workload.py  response lengths (correlated log-normal per group, capped; or equal
 engine.py    one vLLM-V1-like replica: continuous batching, KV pool, preemption, decode-step cost
 trainer.py   trainer cost model and its schedule per mode (sync, cgp, cgp_group, cgp_fgd, verl_separate_async)
 simulate.py  the event loop: frontier.py policies admit, replicas generate, StepTimeline records
-grid.py      the 12 cluster settings of conf/sim/cluster_grid.yaml, the T/R and FGD sweeps, text tables
+grid.py      the 12 cluster settings of verl_pipe/conf/sim/cluster_grid.yaml, the T/R and FGD sweeps, text tables
 """
 
 from verl_pipe.sim.engine import CPU_TINY, H100_QWEN3_1P7B, EngineParams, fit_engine_params

@@ -1,19 +1,37 @@
-"""python -m verl_pipe.sim --grid conf/sim/cluster_grid.yaml [--out FILE.json]"""
+"""python -m verl_pipe.sim --grid cluster_grid [--out FILE.json]
+
+``--grid`` is a grid YAML path, or the name of one shipped in verl_pipe/conf/sim/ (e.g. ``cluster_grid``).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from verl_pipe.sim.grid import format_setting, run_grid
+
+SIM_CONF = Path(__file__).resolve().parent.parent / "conf" / "sim"  # package data: works installed too
+
+
+def grid_path(arg: str) -> Path:
+    """A path as given if it exists, else the packaged grid of that name (``cluster_grid`` or ``cluster_grid.yaml``)."""
+    path = Path(arg)
+    if path.exists():
+        return path
+    packaged = SIM_CONF / (path.name if path.suffix == ".yaml" else f"{path.name}.yaml")
+    if packaged.exists():
+        return packaged
+    raise SystemExit(f"--grid {arg}: no such file, and no grid of that name in {SIM_CONF} "
+                     f"(shipped: {', '.join(sorted(p.stem for p in SIM_CONF.glob('*.yaml')))})")
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m verl_pipe.sim", description=__doc__)
-    ap.add_argument("--grid", required=True, help="grid YAML, e.g. conf/sim/cluster_grid.yaml")
+    ap.add_argument("--grid", required=True, help="grid YAML path, or a packaged grid name, e.g. cluster_grid")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
-    results = run_grid(args.grid)
+    results = run_grid(grid_path(args.grid))
     for r in results:
         print(format_setting(r), end="\n\n")
     if args.out:

@@ -83,7 +83,7 @@ def from_spec(spec: dict, num_groups: int, n: int, prompt_len: int, seed: int) -
     raise ValueError(f"unknown workload kind {kind!r}")
 
 
-# The four length distributions of sim_params.md §7 (D1..D4); sources are in conf/sim/cluster_grid.yaml.
+# The four length distributions of sim_params.md §7 (D1..D4); sources are in verl_pipe/conf/sim/cluster_grid.yaml.
 SETTINGS: dict[str, dict] = {
     "D1": {"name": "base-early", "mean": 1000, "sigma": 0.8, "rho": 0.72, "cap": 8192},
     "D2": {"name": "distill-8k", "mean": 3500, "sigma": 0.64, "rho": 0.72, "cap": 8192},

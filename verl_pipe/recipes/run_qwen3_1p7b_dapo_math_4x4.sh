@@ -2,7 +2,7 @@
 # Qwen3-1.7B DAPO-Math GRPO on one 8-GPU node, 4 rollout + 4 trainer GPUs (recipe qwen3_1p7b_dapo_math_4x4).
 # Downloads the data and the model on first run, then launches. Extra arguments are Hydra overrides.
 # The two parquet files and their default paths are those of verl's recipe/dapo/prepare_dapo_data.sh.
-# Needs: pip install -e .[gpu], network access for the first run.
+# Needs: pip install ".[gpu]" -c constraints/gpu.txt, network access for the first run.
 set -xeuo pipefail
 
 PYTHON=${PYTHON:-python3}

