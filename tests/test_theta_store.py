@@ -109,6 +109,28 @@ def test_swap_out_restores_even_when_the_block_raises():
     assert [p.data_ptr() for p in model.parameters()] == live_ptrs and not store.swapped
 
 
+def test_the_config_allows_the_store_placements():
+    from verl_pipe.config import THETA_K_PLACEMENTS
+    from verl_pipe.theta_store import PLACEMENTS
+
+    assert THETA_K_PLACEMENTS == PLACEMENTS
+
+
+def test_replaced_parameters_get_new_buffers():
+    model = _model()
+    store = ThetaStore(model, "device")
+    store.save()
+    model[1].weight = torch.nn.Parameter(torch.ones(16, 16))  # e.g. a checkpoint loaded with assign=True
+    theta_k = _params(model)
+    store.save()
+    with torch.no_grad():
+        model[1].weight.add_(1.0)
+    live = _params(model)
+    with store.at_theta_k():
+        assert _same(model, theta_k)
+    assert _same(model, live)
+
+
 def test_placement_errors_name_the_key():
     with pytest.raises(ThetaStoreError, match=r"^rolloutpipe\.theta_k\.store: got 'host'; allowed: one of device, "
                                               r"pinned, auto"):

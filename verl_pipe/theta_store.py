@@ -235,15 +235,27 @@ class ThetaStore:
             raise ValueError(f"swap: got {swap!r}; allowed: auto (pointer where possible), copy")
         self.module, self.key, self._swap_pref = module, key, swap
         self._margin, self._free_memory = margin_bytes, free_memory
-        reshard(module)  # the registered parameters are the sharded ones
-        fsdp = _fsdp_params_by_param(module)
-        self._slots = [_Slot(n, p, fsdp.get(id(p))) for n, p in module.named_parameters()]
+        self._slots = self._build_slots()
         if not self._slots:
             raise ValueError(f"{key}: the module has no parameters")
         self.stats = ThetaStats()
         self.valid = False
         self.swapped = False
         self._ready = None  # event after the last host-bound copies
+
+    def _build_slots(self) -> list[_Slot]:
+        reshard(self.module)  # the registered parameters are the sharded ones
+        fsdp = _fsdp_params_by_param(self.module)
+        return [_Slot(n, p, fsdp.get(id(p))) for n, p in self.module.named_parameters()]
+
+    def _params_replaced(self) -> bool:
+        """Whether the module's parameters are other objects than when the buffers were made (a checkpoint
+        loaded with assign=True, a re-wrap): then the buffers are made again."""
+        reshard(self.module)
+        current = [(n, id(p)) for n, p in self.module.named_parameters()]
+        fsdp = _fsdp_params_by_param(self.module)
+        return (current != [(s.name, id(s.param)) for s in self._slots]
+                or any(fsdp.get(id(s.param)) is not s.fsdp_param for s in self._slots))
 
     @property
     def placement(self) -> str | None:
@@ -274,6 +286,8 @@ class ThetaStore:
         if self.swapped:
             raise RuntimeError(f"{self.key}: save() while θ_k is swapped in")
         t = time.perf_counter()
+        if self.stats.placement and self._params_replaced():
+            self._slots, self.stats.placement = self._build_slots(), None  # frees the old buffers
         if not self.stats.placement:
             self._allocate()
         non_blocking = self.stats.placement == "pinned"
