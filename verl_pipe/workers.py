@@ -201,6 +201,14 @@ class PipeActorWorker(DetachActorWorker):
                 "optimizer_snapshot_bytes": float(opt.stats.nbytes if optimizer else 0)}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def train_state_stats(self) -> dict:
+        """The store's placement, swap kind, bytes and counts of saves and swaps so far (for checks and tests)."""
+        theta, opt = self._stores
+        return {"placement": theta.placement, "swap": theta.stats.swap, "theta_k_bytes": theta.nbytes,
+                "saves": len(theta.stats.save_s), "swaps": len(theta.stats.swap_s),
+                "optimizer_placement": opt.placement, "optimizer_bytes": opt.stats.nbytes}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def enter_theta_k(self) -> None:
         """The actor computes at θ_k until leave_theta_k (a pointer swap with ``device``, copies with ``pinned``)."""
         self._stores[0].swap_in()

@@ -1,4 +1,4 @@
-"""python -m verl_pipe.sim --grid conf/sim/cluster_grid.yaml [--out FILE.json]"""
+"""python -m verl_pipe.sim --grid conf/sim/cluster_grid.yaml [--placement pageable|pinned|device] [--out FILE.json]"""
 
 from __future__ import annotations
 
@@ -6,19 +6,22 @@ import argparse
 import json
 
 from verl_pipe.sim.grid import format_setting, run_grid
+from verl_pipe.sim.trainer import PLACEMENTS
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m verl_pipe.sim", description=__doc__)
     ap.add_argument("--grid", required=True, help="grid YAML, e.g. conf/sim/cluster_grid.yaml")
+    ap.add_argument("--placement", choices=PLACEMENTS,
+                    help="where CGP keeps theta_k and the rollback snapshot (default: the grid's theta_k.placement)")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
-    results = run_grid(args.grid)
+    results = run_grid(args.grid, args.placement)
     for r in results:
         print(format_setting(r), end="\n\n")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"grid": args.grid, "settings": results}, f, indent=1)
+            json.dump({"grid": args.grid, "placement": args.placement, "settings": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import yaml
 
 from verl_pipe.sim.engine import EngineParams
 from verl_pipe.sim.simulate import rollout_for_mode, timeline_for
-from verl_pipe.sim.trainer import TrainerParams
+from verl_pipe.sim.trainer import TrainerParams, placement_costs
 from verl_pipe.sim.workload import from_spec
 from verl_pipe.timeline import summarize
 
@@ -58,11 +58,14 @@ def _typed(cls, d: dict) -> dict:
             for k, v in d.items()}
 
 
-def _trainer(cfg: dict, gpus: int, time_scale: float = 1.0) -> TrainerParams:
-    t = dict(cfg["trainer"])
-    swap = float(t.pop("swap_bytes")) / (gpus * float(t.pop("swap_bw_Bps")))
-    return TrainerParams(**_typed(TrainerParams, dict(t, num_gpus=gpus, swap_save_s=swap, swap_restore_s=swap,
-                                                      time_scale=time_scale)))
+def _trainer(cfg: dict, gpus: int, time_scale: float = 1.0, placement: str | None = None) -> TrainerParams:
+    """The trainer's parameters for ``gpus`` trainer GPUs; model copies per theta_k placement (default: the
+    grid's ``theta_k.placement``) from the grid's measured figures, verl separate_async's always pageable."""
+    t = _typed(TrainerParams, dict(cfg["trainer"], num_gpus=gpus, time_scale=time_scale))
+    f = cfg["theta_k"]
+    verl = placement_costs("pageable", gpus, f)
+    return TrainerParams(**t, **placement_costs(placement or f["placement"], gpus, f),
+                         verl_swap_save_s=verl["swap_save_s"], verl_swap_restore_s=verl["swap_restore_s"])
 
 
 def _derived(m: dict, sync: dict, rollout_gpus: int, train_gpus: int) -> dict:
@@ -168,11 +171,13 @@ def _summary(ms: list[dict]) -> dict:
     return out
 
 
-def run_grid(path) -> list[dict]:
+def run_grid(path, placement: str | None = None) -> list[dict]:
     """Per setting: per-mode metrics (mean over seeds, with spread), reductions vs sync in %, gap to the
     ideal bound in %, rollout figures, and the T/R sweep."""
     cfg = load(path)
-    return [run_setting(cfg, s) for s in settings(cfg)]
+    if placement is not None:
+        cfg["theta_k"]["placement"] = placement
+    return [dict(run_setting(cfg, s), theta_k_placement=cfg["theta_k"]["placement"]) for s in settings(cfg)]
 
 
 # ---- plain-text report ----------------------------------------------------------------------------------
@@ -192,7 +197,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 def format_setting(r: dict) -> str:
     ro = r["rollout"]
-    lines = [f"== {r['name']}: sync T/R = {r['sync_train_to_rollout_ratio']:.2f}; mean len "
+    lines = [f"== {r['name']} (theta_k {r.get('theta_k_placement', '?')}): sync T/R = {r['sync_train_to_rollout_ratio']:.2f}; mean len "
              f"{ro['mean_response_len']:.0f}, truncated {100 * ro['truncated_fraction']:.1f}%; rollout end "
              f"FCFS {ro['fcfs_rollout_end_s']:.1f} s / FGD {ro['fgd_rollout_end_s']:.1f} s; preemptions "
              f"{ro['fcfs_preemptions']:.0f} / {ro['fgd_preemptions']:.0f}"]
