@@ -79,7 +79,9 @@ def _derived(m: dict, sync: dict, rollout_gpus: int, train_gpus: int) -> dict:
     return out
 
 
-def run_setting(cfg: dict, s: dict) -> dict:
+def run_setting(cfg: dict, s: dict, placements: list[str] | None = None, sweeps: bool = True) -> dict:
+    """One setting: per-mode metrics, the T/R and FGD sweeps (``sweeps``), and with ``placements`` the
+    reductions vs sync at T/R as is for each theta_k placement, on the same rollouts."""
     b, d = cfg["batch"], cfg["dispatch"]
     gpu_unit, modes = b["groups_per_unit"], cfg["modes"]
     engine = EngineParams(**_typed(EngineParams, cfg["engine"]))
@@ -94,8 +96,8 @@ def run_setting(cfg: dict, s: dict) -> dict:
             for wl in wls]
     fgd = fgd_rollouts(d["fgd_window"], d["fgd_affinity"])
 
-    def evaluate(time_scale: float, fgd=fgd, modes=modes) -> dict[str, list[dict]]:
-        trainer = _trainer(cfg, G, time_scale)
+    def evaluate(time_scale: float, fgd=fgd, modes=modes, placement=None) -> dict[str, list[dict]]:
+        trainer = _trainer(cfg, G, time_scale, placement)
         per_mode: dict[str, list[dict]] = {}
         for wl, fc, fg in zip(wls, fcfs, fgd):
             ms = {BASE: timeline_for(fc, wl, trainer, BASE, gpu_unit, cfg["weight_sync_s"]).metrics()}
@@ -133,7 +135,10 @@ def run_setting(cfg: dict, s: dict) -> dict:
         "tr_sweep": [],
         "fgd_sweep": [],
     }
-    for target in cfg.get("tr_sweep", []):
+    for pl in placements or []:
+        pm = evaluate(1.0, placement=pl)
+        result.setdefault("placements", {})[pl] = {k: _pick(v, _SWEEP_KEYS) for k, v in pm.items()}
+    for target in cfg.get("tr_sweep", []) if sweeps else []:
         scale = target / tr
         pm = evaluate(scale)
         result["tr_sweep"].append({
@@ -141,7 +146,7 @@ def run_setting(cfg: dict, s: dict) -> dict:
             "sync_train_to_rollout_ratio": _mean(m["trainer_busy_s"] / m["rollout_end_s"] for m in pm[BASE]),
             "modes": {k: _pick(v, _SWEEP_KEYS) for k, v in pm.items()},
         })
-    for variant in cfg.get("fgd_sweep", []):  # FGD's sensitivity to its window and to group affinity
+    for variant in cfg.get("fgd_sweep", []) if sweeps else []:  # FGD's sensitivity to its window and to group affinity
         pm = evaluate(1.0, fgd=fgd_rollouts(variant["window"], variant["affinity"]), modes=["cgp_fgd"])
         result["fgd_sweep"].append(dict(variant, **_pick(pm["cgp_fgd"], _SWEEP_KEYS + (
             "first_unit_ready_s", "rollout_end_s"))))
@@ -178,6 +183,24 @@ def run_grid(path, placement: str | None = None) -> list[dict]:
     if placement is not None:
         cfg["theta_k"]["placement"] = placement
     return [dict(run_setting(cfg, s), theta_k_placement=cfg["theta_k"]["placement"]) for s in settings(cfg)]
+
+
+def compare_placements(path, placements) -> list[dict]:
+    """Per setting, the reductions vs sync for each theta_k placement (no sweeps)."""
+    cfg = load(path)
+    return [run_setting(cfg, s, placements=list(placements), sweeps=False) for s in settings(cfg)]
+
+
+def format_placements(results: list[dict]) -> str:
+    """Reduction of rollout-to-train-end vs sync, per setting and mode, one column per placement."""
+    pls = list(results[0]["placements"])
+    modes = [k for k in results[0]["placements"][pls[0]] if k != BASE and "[" not in k] + ["cgp_fgd[group]"]
+    rows = []
+    for r in results:
+        for mode in modes:
+            rows.append([r["name"], mode] + [f"{r['placements'][pl][mode]['reduction_vs_sync_pct']:+.1f}" for pl in pls]
+                        + [f"{r['placements'][pls[0]][BASE]['rollout_to_train_end_s']:.1f}"])
+    return _table(["setting", "mode"] + [f"{pl} vs_sync%" for pl in pls] + ["sync_s"], rows)
 
 
 # ---- plain-text report ----------------------------------------------------------------------------------
