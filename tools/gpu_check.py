@@ -236,11 +236,15 @@ def overlap_check(args, device, model, optimizer, batch) -> dict:
         opt.save()
 
     def step_with_snapshot():
-        side.wait_stream(torch.cuda.current_stream(device))
+        main = torch.cuda.current_stream(device)
+        side.wait_stream(main)  # the weights and state as the main stream left them
         with torch.cuda.stream(side):
             theta.save()
-        opt.save(stream=side)
-        train_step(model, optimizer, batch, before_step=opt.fence)
+            opt.save()
+            done = torch.cuda.Event()
+            done.record(side)
+        # the forward and backward run beside the copies; the optimizer step waits for them
+        train_step(model, optimizer, batch, before_step=lambda: main.wait_event(done))
 
     a = statistics.median(_timed(device, step_alone)[0] for _ in range(n))
     s = statistics.median(_timed(device, snap_alone)[0] for _ in range(n))
