@@ -191,7 +191,8 @@ TRUE_ENGINE = CPU_TINY.with_(max_num_seqs=8, t0_s=4e-3, per_seq_s=8e-4, prefill_
                              prefill_flops_per_s=2000.0, kv_capacity_tokens=1 << 20)
 TRUE_TRAINER = TrainerParams(num_gpus=1, flops_per_s_per_gpu=1 / 7e-4, linear_flops_per_token=1.0, attn_flops_coef=0.0,
                              microbatch_overhead_s=0.1, max_tokens_per_microbatch=1 << 40, logprob_ratio=0.35,
-                             use_ref=False, optimizer_step_s=0.05)
+                             use_ref=False, optimizer_step_s=0.05,
+                             swap_cycle_s=0.0)  # the θ_k store's pointer swap (the default on CPU): no copy
 
 
 def simulated_steps(modes=("sync", "cgp", "cgp_fgd"), trainer=TRUE_TRAINER):
@@ -312,3 +313,13 @@ def test_simulator_is_calibrated_per_model_size():
     ratio = fits["tiny"].trainer.update_line[1] / fits["bench"].trainer.update_line[1]
     assert ratio == pytest.approx(0.3, rel=0.1)
     assert {r["model_size"] for r in sv["rows"]} == {"bench", "tiny"}
+
+
+def test_fit_with_a_copying_theta_k_swap():
+    """A store that copies (pinned): each later unit's swap costs save + 2 restores, 3 x the snapshot span."""
+    true = TRUE_TRAINER.with_(swap_save_s=0.02, swap_restore_s=0.02, swap_cycle_s=None)
+    steps = simulated_steps(("sync", "cgp"), true)
+    tr = fit_trainer(steps, SHAPE.micro_rows, swap_copies=3)
+    assert tr.swap_s == pytest.approx(0.02)
+    assert tr.params.theta_k_swap_s == pytest.approx(0.06)
+    assert tr.params.logprob_ratio == pytest.approx(0.35, abs=0.02)

@@ -15,7 +15,7 @@ from verl_pipe.sim import workload as W
 from verl_pipe.sim.engine import EngineParams, Replica, Seq, fit_engine_params
 from verl_pipe.sim.grid import format_setting, run_grid
 from verl_pipe.sim.simulate import make_policy, simulate_rollout, simulate_step, timeline_for
-from verl_pipe.sim.trainer import MODES, TrainerParams, schedule
+from verl_pipe.sim.trainer import MODES, TrainerParams, placement_costs, schedule
 
 # One decode step = exactly 1 s, no prefill cost, KV never binds: schedules can be worked out by hand.
 UNIT_STEP = EngineParams(max_num_seqs=2, kv_capacity_tokens=10**9, kv_bytes_per_token=0.0, weight_bytes=0.0,
@@ -254,7 +254,10 @@ def test_grid_smoke(tmp_path, capsys):
 seeds: {v: [0], src: t}
 batch: {num_groups: {v: 8, src: t}, n: {v: 4, src: t}, groups_per_unit: {v: 2, src: t}, prompt_len: {v: 20, src: t}}
 engine: {max_num_seqs: {v: 8, src: t}, weight_bytes: {v: 4.06e9, src: "PyYAML reads this as a string"}}
-trainer: {swap_bytes: {v: 1.0e9, src: t}, swap_bw_Bps: {v: 1.0e10, src: t}}
+trainer: {optimizer_step_s: {v: 0.015, src: t}}
+theta_k: {placement: pinned, param_bytes: 6.9e9, opt_bytes: 13.8e9, checkpoint_on_failure: true,
+          pageable_save_Bps: 1.23e9, pageable_restore_Bps: 6.7e9, pageable_opt_save_Bps: 1.27e9, pinned_Bps: 55.0e9,
+          measured_param_bytes: 6.9e9, device_snapshot_s: 0.004, device_swap_s: 0.012}
 weight_sync_s: {v: 0.5, src: t}
 dispatch: {baseline_order: interleave:2, baseline_window: 8, fgd_window: 4, fgd_frontier_groups: auto,
            fgd_slack: 0, fgd_affinity: true}
@@ -266,6 +269,7 @@ splits: {S1: {rollout_gpus: 2, train_gpus: 1}}
 controls: [{name: notail-eq, distribution: {kind: equal, length: 100}, split: S1}]
 """)
     res = run_grid(cfg)
+    assert {r["theta_k_placement"] for r in res} == {"pinned"}
     assert [r["name"] for r in res] == ["longtail-D1-x-2R1T", "notail-eq-2R1T"]
     r = res[0]
     assert set(MODES) <= set(r["modes"]) and r["modes"]["sync"]["reduction_vs_sync_pct"] == 0
@@ -275,3 +279,29 @@ controls: [{name: notail-eq, distribution: {kind: equal, length: 100}, split: S1
     assert len(r["fgd_sweep"]) == 1
     json.dumps(res)
     assert "verl_separate_async" in format_setting(r)
+
+
+def test_placement_costs_from_the_measured_figures():
+    f = dict(param_bytes=6.9e9, opt_bytes=13.8e9, pageable_save_Bps=6.9e9 / 5.61, pageable_restore_Bps=6.9e9 / 1.03,
+             pageable_opt_save_Bps=13.8e9 / 10.9, pinned_Bps=55e9, measured_param_bytes=6.9e9,
+             device_snapshot_s=0.004, device_swap_s=0.012)
+    page = TrainerParams(**placement_costs("pageable", 1, f))
+    assert page.swap_save_s == pytest.approx(5.61) and page.swap_restore_s == pytest.approx(1.03)
+    assert page.theta_k_swap_s == pytest.approx(5.61 + 2 * 1.03) and page.snapshot_s == pytest.approx(5.61 + 10.9)
+    pinned = TrainerParams(**placement_costs("pinned", 2, f))  # each GPU copies its half
+    assert pinned.swap_save_s == pytest.approx(6.9e9 / 2 / 55e9) and pinned.opt_snapshot_s == pytest.approx(13.8e9 / 2 / 55e9)
+    dev = TrainerParams(**placement_costs("device", 4, f))
+    assert dev.theta_k_swap_s == pytest.approx(0.003) and dev.snapshot_s == pytest.approx(0.001 + 0.002)
+    assert placement_costs("pinned", 1, dict(f, checkpoint_on_failure=False))["opt_snapshot_s"] == 0
+    with pytest.raises(ValueError, match="pageable, pinned, device"):
+        placement_costs("nvme", 1, f)
+    # CGP pays the snapshot at unit 0 and the swap on later units; sync pays neither
+    wl = W.equal_lengths(4, 2, 50, 10)
+    eng = EngineParams(max_num_seqs=8)
+    kw = dict(num_replicas=1, groups_per_unit=1, weight_sync_s=0.0)
+    ends = {pl: simulate_step(wl, eng, TrainerParams(**placement_costs(pl, 1, f)), "cgp", **kw).metrics()[
+        "rollout_to_train_end_s"] for pl in ("pageable", "pinned", "device")}
+    assert ends["device"] < ends["pinned"] < ends["pageable"]
+    syncs = {simulate_step(wl, eng, TrainerParams(**placement_costs(pl, 1, f)), "sync", **kw).metrics()[
+        "rollout_to_train_end_s"] for pl in ("pageable", "pinned", "device")}
+    assert len(syncs) == 1

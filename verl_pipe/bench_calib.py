@@ -21,8 +21,11 @@ longest row, so a call costs by *padded* tokens (``padded_tokens``). The simulat
 call is update = beta*tok + h + o, forward_backward = beta*tok + h and old_log_prob = lambda*(beta*tok + h)
 (h: per-call overhead, ``call_overhead_s``; o: optimizer step per unit); it is fitted by least squares to the
 measured spans, one sample per call (a group-granularity burst is one call). Old-log-prob calls of units after
-the first also swap theta_k in and out (save + 2 restores, each costed as the measured ``snapshot_theta_k``);
-that is taken off their duration before the fit and charged back by the simulator.
+the first also swap theta_k in and out, costed as ``swap_copies`` x the measured ``snapshot_theta_k`` span: 0
+with the default store on CPU (rolloutpipe.theta_k.store auto -> device: a pointer swap, no copy; its two worker
+calls stay in the fitted per-call overhead); 3 for a store that copies (save + 2 restores, as before the store,
+when the snapshot span held theta_k alone); that is taken off their duration before the fit and charged back by
+the simulator.
 """
 
 from __future__ import annotations
@@ -232,13 +235,14 @@ def trainer_span_samples(step: dict, micro_rows: int) -> dict[str, list[tuple[fl
     return out
 
 
-def fit_trainer(steps: list[dict], micro_rows: int, base: TrainerParams | None = None) -> TrainerFit:
+def fit_trainer(steps: list[dict], micro_rows: int, base: TrainerParams | None = None,
+                swap_copies: float = 0.0) -> TrainerFit:
     """Least squares of the simulator's trainer cost model on the measured spans.
 
     Model (TrainerParams, h = call_overhead_s per call): update = beta*tok + h + o, old_log_prob =
     lambda*(beta*tok + h); group granularity: forward_backward = beta*tok + h, optimizer_step = o.
-    Old-log-prob calls at theta_k after unit 0 first lose the modelled swap (save + 2 restores = 3 x the
-    mean measured snapshot). lambda is scanned on a grid; for each, (beta, h, o) >= 0 is a linear fit.
+    Old-log-prob calls at theta_k after unit 0 first lose the modelled swap (``swap_copies`` x the mean measured
+    snapshot). lambda is scanned on a grid; for each, (beta, h, o) >= 0 is a linear fit.
     """
     upd, fb, opt, lp, lp_sw, swap = [], [], [], [], [], []
     for s in steps:
@@ -250,7 +254,7 @@ def fit_trainer(steps: list[dict], micro_rows: int, base: TrainerParams | None =
         lp_sw += smp["old_log_prob_swapped"]
         swap += [d for _, d in smp["swap"]]
     swap_s = float(np.mean(swap)) if swap else 0.0
-    lp = lp + [(x, max(0.0, d - 3 * swap_s)) for x, d in lp_sw]
+    lp = lp + [(x, max(0.0, d - swap_copies * swap_s)) for x, d in lp_sw]
     if len(upd) + len(fb) < 2 or not lp:
         raise ValueError("need update (or forward_backward) and old_log_prob spans to fit the trainer")
     y = np.asarray([d for _, d in upd] + [d for _, d in fb] + opt + [d for _, d in lp], dtype=float)
@@ -268,7 +272,7 @@ def fit_trainer(steps: list[dict], micro_rows: int, base: TrainerParams | None =
         num_gpus=1, flops_per_s_per_gpu=1.0 / beta, efficiency=1.0, linear_flops_per_token=1.0,
         attn_flops_coef=0.0, call_overhead_s=float(h), microbatch_overhead_s=0.0, max_tokens_per_microbatch=1 << 40,
         logprob_ratio=lam, use_ref=False, optimizer_step_s=float(o), time_scale=1.0,
-        swap_save_s=swap_s, swap_restore_s=swap_s)
+        swap_save_s=swap_s, swap_restore_s=swap_s, swap_cycle_s=swap_copies * swap_s, opt_snapshot_s=0.0)
     return TrainerFit(params, (float(h + o), beta), (lam * float(h), lam * beta), swap_s,
                       {"update": len(upd), "forward_backward": len(fb), "optimizer_step": len(opt),
                        "old_log_prob": len(lp), "old_log_prob_swapped": len(lp_sw), "swap": len(swap)})

@@ -52,6 +52,9 @@ NOT_GROUP_ESTIMATORS = {
 }
 # Loss aggregations whose normalizer group granularity can rescale (verl_pipe.workers.unit_loss_scale).
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean")
+# Where θ_k and the optimizer's rollback snapshot live (verl_pipe.theta_store.PLACEMENTS; not imported here:
+# it imports torch).
+THETA_K_PLACEMENTS = ("device", "pinned", "auto")
 # Weight-sync backends: naive is verl's colocated engine; separate pools need one that crosses pools.
 CPU_CHECKPOINT_BACKENDS = ("ray_store",)
 CHECKPOINT_BACKEND_KEY = "actor_rollout_ref.rollout.checkpoint_engine.backend"
@@ -200,6 +203,11 @@ ROLLOUTPIPE: dict[str, Any] = {
     },
     "trace_dir": PATH_OR_NULL,
     "cgp": {"granularity": choice(*GRANULARITIES)},
+    "theta_k": {
+        "store": choice(*THETA_K_PLACEMENTS),
+        "auto_margin_gib": Rule("null (a quarter of the device's memory) or a number of GiB >= 0",
+                                lambda v: v is None or (_is_number(v) and v >= 0)),
+    },
     "fgd": {
         "enable": BOOLEAN,
         "frontier_groups": FRONTIER_GROUPS,
@@ -420,10 +428,10 @@ def _validate_trainer_pool(config: DictConfig) -> None:
     units = int(config.data.train_batch_size) // groups_per_unit(config)
     if rp.mode != "cgp" or units < 2:
         return
-    # CGP with several units per step keeps θ_k on the host (DetachActorWorker.save_model_to_cpu) for
-    # later units' old log-probs. verl's sharded save copies each shard with .cpu(): with parameters
-    # offloaded to the host that copy aliases the live parameters, and the swap back after each
-    # θ_k pass (restore_model_from_cpu copies in place) would silently drop the updates.
+    # CGP with several units per step keeps θ_k in the worker's store (verl_pipe/theta_store.py) for later
+    # units' old log-probs: persistent buffers beside this rank's FSDP2 shards, swapped in by rebinding the
+    # shards' storage. Parameters that verl moves between host and device (offload) replace that storage
+    # behind the store's back.
     fsdp = actor.get("fsdp_config") or {}
     for leaf in ("param_offload", "offload_policy"):
         if fsdp.get(leaf, False):
@@ -431,10 +439,10 @@ def _validate_trainer_pool(config: DictConfig) -> None:
                        f"must be false with rolloutpipe.mode=cgp and {units} units per step: the θ_k snapshot for "
                        "later units' old log-probs needs the actor's parameters on the device "
                        "(optimizer_offload is fine)")
-    if rp.platform == "cpu" and actor.strategy != "fsdp2":
+    if actor.strategy != "fsdp2":
         raise _err("actor_rollout_ref.actor.strategy",
-                   f"got {actor.strategy!r}; on CPU CGP needs fsdp2 (the θ_k snapshot is a real copy only for "
-                   "FSDP2, verl_pipe/platform/patches.py)")
+                   f"got {actor.strategy!r}; CGP with {units} units per step needs fsdp2 (rolloutpipe.theta_k.store "
+                   "keeps this rank's FSDP2 shards, verl_pipe/theta_store.py)")
 
 
 def _validate_rollout(config: DictConfig) -> None:

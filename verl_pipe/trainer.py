@@ -54,8 +54,6 @@ from verl_pipe.whitening import affine_coefficients, basis_advantages, combinati
 
 logger = logging.getLogger(__name__)
 
-THETA_K = "theta_k"  # CPU snapshot key of the step's rollout weights
-CURRENT = "current"
 
 
 def _verl_dispatch_order(config) -> str:
@@ -122,7 +120,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         reward_handles = self.reward_loop_manager.reward_loop_workers
         # The trainer thread and a mid-step replica restart (which loads θ_k from the actor) share the actor.
         self._actor_lock = threading.RLock()
-        self._theta_k_saved = False  # θ_k (and the optimizer state before the step) are on CPU
+        self._theta_k_saved = False  # θ_k (and the optimizer state before the step) are in the worker's store
         self._stepped = False  # an optimizer step of the current step has run
         self.rollout = StreamingRollout(self.config, servers, reward_handles, mgr.global_load_balancer)
         fault = rp.fault
@@ -242,18 +240,18 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
 
     def _snapshot_train_state(self) -> None:
         """Before the step's first optimizer step: θ_k (for later units' old log-probs, a restarted
-        replica, a rollback) and, for a rollback, the optimizer state."""
-        self.actor_wg.save_model_to_cpu(THETA_K)
-        if self.config.rolloutpipe.fault.checkpoint_on_failure:
-            self.actor_wg.save_optimizer_to_cpu()
+        replica, a rollback) and, for a rollback, the optimizer state, in the worker's store
+        (rolloutpipe.theta_k.store, verl_pipe/theta_store.py)."""
+        rp = self.config.rolloutpipe
+        info = self.actor_wg.save_train_state(rp.theta_k.store, rp.theta_k.auto_margin_gib,
+                                              bool(rp.fault.checkpoint_on_failure))[0]
+        self.metrics.update({f"rolloutpipe/{k}": v for k, v in info.items()})
         self._theta_k_saved = True
 
     def _drop_train_state_snapshot(self) -> None:
         if self._theta_k_saved:
             with self._actor_lock:
-                self.actor_wg.clear_cpu_model(THETA_K)
-                if self.config.rolloutpipe.fault.checkpoint_on_failure:
-                    self.actor_wg.clear_optimizer_snapshot()
+                self.actor_wg.drop_train_state()
                 self._theta_k_saved = False
 
     def _push_theta_k(self, replica, version: int) -> None:
@@ -295,8 +293,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
                 if self._stepped:
                     if not self._theta_k_saved:
                         raise RuntimeError("the step's first optimizer step ran without a snapshot to undo it")
-                    self.actor_wg.restore_model_from_cpu(THETA_K)
-                    self.actor_wg.restore_optimizer_from_cpu()
+                    self.actor_wg.restore_train_state()
                 self._save_checkpoint_at(last, self._data_state)
         except Exception as save_error:
             raise StepFailedError(f"step {step} failed: {self._describe(exc)}; rolling back to step {last} "
@@ -451,7 +448,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
                     with timeline.span("ref_log_prob", unit=u):
                         unit_batch = self._fit_compute_ref_log_prob(unit_batch)
                 if u == 0 and snapshot:
-                    # Keep θ_k on CPU for later units' old log-probs (verl's DetachActorWorker swap).
+                    # Keep θ_k for later units' old log-probs (the worker's θ_k store).
                     with timeline.span("snapshot_theta_k", unit=u):
                         self._snapshot_train_state()
                 with timeline.span("update", unit=u):
@@ -584,26 +581,21 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         return int(self.config.data.train_batch_size) // self.groups_per_unit
 
     def _old_log_prob_at_theta_k(self, unit_batch: DataProto) -> DataProto:
-        # Earlier units' optimizer steps moved the actor past θ_k. Swap θ_k in, compute, swap back.
-        # Chosen by measurement (tiny CPU model, 16-response units, medians of 12 units): one CPU
-        # snapshot copy costs ~16 ms and a whole swapped old-log-prob pass ~165 ms, so the two extra
-        # copies are ~20% of the pass and hidden under the rollout for all but the last unit. A frozen
-        # second model copy would avoid them but double the trainer's parameter memory; computing old
-        # log-probs for every group before the first update would serialize the trainer behind the
-        # whole rollout, which is what CGP removes.
-        with self._at_theta_k():
+        # Earlier units' optimizer steps moved the actor past θ_k. Swap θ_k in, compute, swap back: with
+        # rolloutpipe.theta_k.store=device a pointer swap on the device (no copy), with pinned two host copies
+        # into preallocated buffers. With bypass_mode the old log-probs are vLLM's: no actor pass, no swap.
+        bypass = OmegaConf.select(self.config, "algorithm.rollout_correction.bypass_mode", default=False)
+        with nullcontext() if bypass else self._at_theta_k():
             return self._fit_compute_log_prob(unit_batch)
 
     @contextmanager
     def _at_theta_k(self):
-        """The actor holds θ_k (from the CPU snapshot) inside the block, its current weights again after."""
-        self.actor_wg.save_model_to_cpu(CURRENT)
-        self.actor_wg.restore_model_from_cpu(THETA_K)
+        """The actor holds θ_k (from the worker's store) inside the block, its current weights again after."""
+        self.actor_wg.enter_theta_k()
         try:
             yield
         finally:
-            self.actor_wg.restore_model_from_cpu(CURRENT)
-            self.actor_wg.clear_cpu_model(CURRENT)
+            self.actor_wg.leave_theta_k()
 
     def _update_unit(self, unit_batch: DataProto) -> None:
         if self.config.trainer.balance_batch:

@@ -1,9 +1,12 @@
 """The trainer-pool worker: verl's DetachActorWorker, pinned, plus per-group gradient accumulation.
 
 ``DetachActorWorker`` (verl/experimental/separation) is verl's actor worker for
-separate pools; it adds ``save_model_to_cpu`` / ``restore_model_from_cpu``, which
-CGP uses to compute old log-probs under the step's rollout weights θ_k after
-earlier units already moved the actor. On a CPU machine the worker pins itself
+separate pools. CGP computes later units' old log-probs under the step's rollout
+weights θ_k after earlier units already moved the actor: θ_k and the optimizer's
+rollback snapshot live in verl_pipe.theta_store (``rolloutpipe.theta_k.store``:
+on the device with a pointer swap, or in pinned host buffers allocated once),
+instead of verl's ``save_model_to_cpu`` / ``restore_model_from_cpu`` (a fresh
+pageable host copy per call). On a CPU machine the worker pins itself
 to ``VERL_PIPE_TRAINER_CORES`` so the trainer pool and the rollout pool run on
 disjoint cores, like separate GPUs.
 
@@ -37,6 +40,8 @@ from verl.utils.tensordict_utils import maybe_fix_3d_position_ids
 from verl.workers.utils.padding import no_padding_2_padding
 
 from verl_pipe.platform.env import pin_current_process
+from verl_pipe.theta_store import KEY as THETA_KEY
+from verl_pipe.theta_store import OptimizerSnapshot, ThetaStore
 
 # Keys of verl's mini-batch iterator that a single accumulated micro-batch does not use.
 _ITERATOR_KEYS = ("mini_batch_size", "num_mini_batch", "epochs", "seed", "dataloader_kwargs",
@@ -161,47 +166,77 @@ class PipeActorWorker(DetachActorWorker):
         lr = engine.lr_scheduler_step()
         return {"actor/grad_norm": float(grad_norm), "actor/lr": float(lr[0] if isinstance(lr, list) else lr)}
 
-    # ------------------------------------------------------------------ roll back a failed step
+    # ------------------------------------------------------------------ θ_k and the rollback snapshot
+
+    def _train_state_stores(self, placement: str, margin_gib: float | None) -> tuple[ThetaStore, OptimizerSnapshot]:
+        """The θ_k store and the optimizer snapshot (verl_pipe.theta_store), built on first use: their buffers
+        are allocated once and reused every step. Seam: verl's FSDP engine exposes the FSDP2 module and the
+        torch optimizer as ``actor.engine.module`` / ``actor.engine.optimizer``."""
+        stores = getattr(self, "_stores", None)
+        if stores is None or stores[0].requested != placement:
+            strategy = self.config.actor.strategy
+            if strategy != "fsdp2":
+                raise RuntimeError(f"{THETA_KEY}: keeps FSDP2 shards; actor_rollout_ref.actor.strategy is {strategy!r}")
+            engine = self.actor.engine
+            margin = None if margin_gib is None else int(float(margin_gib) * (1 << 30))
+            stores = (ThetaStore(engine.module, placement, margin_bytes=margin),
+                      OptimizerSnapshot(engine.optimizer, placement, margin_bytes=margin))
+            self._stores = stores
+        return stores
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_optimizer_to_cpu(self) -> None:
-        """A CPU copy of the optimizer and LR-schedule state (this rank's shards), taken before the step's
-        first optimizer step; with the θ_k parameter snapshot it is the state at the end of the last
-        completed step, so a step that fails for good can be rolled back and checkpointed."""
-        engine = self.actor.engine
-        opt = engine.optimizer
-        params = [p for g in opt.param_groups for p in g["params"]]
-        self._opt_snapshot = {
-            "state": [{k: _cpu_copy(v) for k, v in opt.state[p].items()} if p in opt.state else None
-                      for p in params],
-            "groups": [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups],
-            "lr_scheduler": copy.deepcopy(engine.lr_scheduler.state_dict()) if engine.lr_scheduler else None,
-        }
+    def save_train_state(self, placement: str, margin_gib: float | None, optimizer: bool) -> dict:
+        """Before the step's first optimizer step: θ_k := the live weights (later units' old log-probs, a
+        restarted replica, a rollback) and, with ``optimizer``, the optimizer and LR-schedule state (this rank's
+        shards) for a rollback of a step that fails for good. ``placement``: rolloutpipe.theta_k.store."""
+        theta, opt = self._train_state_stores(placement, margin_gib)
+        theta.save()
+        self._lr_snapshot = None
+        if optimizer:
+            opt.save()
+            scheduler = self.actor.engine.lr_scheduler
+            self._lr_snapshot = copy.deepcopy(scheduler.state_dict()) if scheduler else None
+        return {"theta_k_on_device": float(theta.placement == "device"), "theta_k_bytes": float(theta.nbytes),
+                "optimizer_snapshot_on_device": float(opt.placement == "device"),
+                "optimizer_snapshot_bytes": float(opt.stats.nbytes if optimizer else 0)}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def restore_optimizer_from_cpu(self) -> None:
-        engine = self.actor.engine
-        opt = engine.optimizer
-        snap = self._opt_snapshot
-        params = [p for g in opt.param_groups for p in g["params"]]
-        for p, saved in zip(params, snap["state"], strict=True):
-            if saved is None:
-                opt.state.pop(p, None)  # the optimizer had not stepped yet
-                continue
-            state = opt.state[p]
-            for k, v in saved.items():
-                if torch.is_tensor(v) and torch.is_tensor(state.get(k)):
-                    _local(state[k]).copy_(v)
-                else:
-                    state[k] = copy.deepcopy(v)
-        for group, saved in zip(opt.param_groups, snap["groups"], strict=True):
-            group.update(saved)
-        if snap["lr_scheduler"] is not None:
-            engine.lr_scheduler.load_state_dict(snap["lr_scheduler"])
+    def train_state_stats(self) -> dict:
+        """The store's placement, swap kind, bytes and counts of saves and swaps so far (for checks and tests)."""
+        theta, opt = self._stores
+        return {"placement": theta.placement, "swap": theta.stats.swap, "theta_k_bytes": theta.nbytes,
+                "saves": len(theta.stats.save_s), "swaps": len(theta.stats.swap_s),
+                "optimizer_placement": opt.placement, "optimizer_bytes": opt.stats.nbytes}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def clear_optimizer_snapshot(self) -> None:
-        self._opt_snapshot = None
+    def enter_theta_k(self) -> None:
+        """The actor computes at θ_k until leave_theta_k (a pointer swap with ``device``, copies with ``pinned``)."""
+        self._stores[0].swap_in()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def leave_theta_k(self) -> None:
+        """The live weights again, bit for bit."""
+        self._stores[0].swap_out()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def restore_train_state(self) -> None:
+        """Roll back to the saved state: θ_k into the live weights and, if it was saved, the optimizer state."""
+        theta, opt = self._stores
+        theta.restore()
+        if opt.valid:
+            opt.restore()
+            if self._lr_snapshot is not None:
+                self.actor.engine.lr_scheduler.load_state_dict(self._lr_snapshot)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def drop_train_state(self) -> None:
+        """The step is over: forget θ_k and the optimizer snapshot (the buffers stay for the next step)."""
+        stores = getattr(self, "_stores", None)
+        if stores is not None:
+            theta, opt = stores
+            theta.invalidate()
+            opt.clear()
+        self._lr_snapshot = None
 
 
 def _check_ratio_unclipped(actor_config, model_output, data) -> None:
@@ -220,11 +255,3 @@ def _check_ratio_unclipped(actor_config, model_output, data) -> None:
             f"ratio in [{float(ratio.min()):.4f}, {float(ratio.max()):.4f}], outside the clip range "
             f"[{1 - low}, {1 + high}]; its gradient would not be linear in the advantages. Old log-probs must be "
             "the actor's under θ_k (algorithm.rollout_correction.bypass_mode=false)")
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def _cpu_copy(v):
-    return _local(v).detach().to("cpu", copy=True) if torch.is_tensor(v) else copy.deepcopy(v)

@@ -32,7 +32,7 @@ def quick_bench_time_limit_s() -> float:
     from verl_pipe.platform.cpu_info import probe_matmul
     from verl_pipe.session import compose
 
-    with open(REPO / "conf" / "bench" / "quick.yaml") as f:
+    with open(REPO / "verl_pipe" / "conf" / "bench" / "quick.yaml") as f:
         quick = yaml.safe_load(f)
     cfg = compose(quick["overrides"])
     sizes = {s.get("model_size", quick["model_size"]) for s in quick["settings"]}

@@ -130,12 +130,28 @@ def test_cgp_group_granularity_step(pipe):
     assert {"forward_backward", "optimizer_step"} <= kinds
 
 
-def test_same_responses_same_parameters_in_every_mode(pipe, tmp_path):
+@pytest.mark.parametrize("store", ["device", "pinned"])
+def test_same_responses_same_parameters_in_every_mode(pipe, tmp_path, store):
     """Given the same responses, sync, CGP (mini-batch) and CGP (group granularity) produce the
     same old log-probs under θ_k, the same gradients and the same parameters; the test fixes the
-    unit order (dispatch order) and restores the actor and optimizer between runs."""
+    unit order (dispatch order) and restores the actor and optimizer between runs. With each θ_k
+    placement CPU has (rolloutpipe.theta_k.store: device swaps by pointer, pinned by copies)."""
+    from omegaconf import open_dict
+
     trainer = pipe.trainer
     trainer.workload_spec = LONGTAIL
+    rp = trainer.config.rolloutpipe
+    with open_dict(rp):
+        before, rp.theta_k.store = rp.theta_k.store, store
+    try:
+        _same_responses_in_every_mode(pipe, tmp_path, store)
+    finally:
+        with open_dict(rp):
+            rp.theta_k.store = before
+
+
+def _same_responses_in_every_mode(pipe, tmp_path, store):
+    trainer = pipe.trainer
 
     def runs(groups, version):
         return [(name, train, prefilled_queue(groups, version))
@@ -167,6 +183,10 @@ def test_same_responses_same_parameters_in_every_mode(pipe, tmp_path):
             # ~1e-3 in the unit-0 gradient norm; docs/cgp.md).
             assert norms == pytest.approx(base_norms, rel=1e-5), f"{name}: gradient norms differ"
             assert dev < 1e-3, f"{name}: parameter update deviates from sync by {dev:.2e}"
+    stats = trainer.actor_wg.train_state_stats()[0]
+    print(f"[equivalence] θ_k store: {stats}")
+    assert stats["placement"] == store and stats["swap"] == ("pointer" if store == "device" else "copy")
+    assert stats["swaps"] > 0 and stats["theta_k_bytes"] > 0
 
 
 def test_fgd_makes_the_first_unit_ready_earlier(pipe):

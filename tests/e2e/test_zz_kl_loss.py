@@ -11,7 +11,7 @@ from tests.e2e.conftest import (E2E_OVERRIDES, LONGTAIL, PARTIAL_CREDIT_REWARD, 
 pytestmark = pytest.mark.e2e
 
 
-# The tiny CPU default trains in fp32 (conf/rolloutpipe_trainer.yaml: fsdp_config.mixed_precision, actor and
+# The tiny CPU default trains in fp32 (verl_pipe/conf/rolloutpipe_trainer.yaml: fsdp_config.mixed_precision, actor and
 # ref): the whitened-estimator check below compares two ways of computing the same gradient, which bf16
 # rounding would blur to ~1e-3.
 

@@ -1,4 +1,4 @@
-"""python -m verl_pipe.sim --grid cluster_grid [--out FILE.json]
+"""python -m verl_pipe.sim --grid cluster_grid [--placement pageable|pinned|device] [--compare-placements] [--out FILE.json]
 
 ``--grid`` is a grid YAML path, or the name of one shipped in verl_pipe/conf/sim/ (e.g. ``cluster_grid``).
 """
@@ -9,7 +9,8 @@ import argparse
 import json
 from pathlib import Path
 
-from verl_pipe.sim.grid import format_setting, run_grid
+from verl_pipe.sim.grid import compare_placements, format_placements, format_setting, run_grid
+from verl_pipe.sim.trainer import PLACEMENTS
 
 SIM_CONF = Path(__file__).resolve().parent.parent / "conf" / "sim"  # package data: works installed too
 
@@ -29,14 +30,26 @@ def grid_path(arg: str) -> Path:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m verl_pipe.sim", description=__doc__)
     ap.add_argument("--grid", required=True, help="grid YAML path, or a packaged grid name, e.g. cluster_grid")
+    ap.add_argument("--placement", choices=PLACEMENTS,
+                    help="where CGP keeps theta_k and the rollback snapshot (default: the grid's theta_k.placement)")
+    ap.add_argument("--compare-placements", action="store_true",
+                    help="reductions vs sync per theta_k placement (pageable, pinned, device), no sweeps")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
-    results = run_grid(grid_path(args.grid))
+    grid = grid_path(args.grid)
+    if args.compare_placements:
+        results = compare_placements(grid, PLACEMENTS)
+        print(format_placements(results))
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"grid": str(grid), "placements": PLACEMENTS, "settings": results}, f, indent=1)
+        return
+    results = run_grid(grid, args.placement)
     for r in results:
         print(format_setting(r), end="\n\n")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"grid": args.grid, "settings": results}, f, indent=1)
+            json.dump({"grid": str(grid), "placement": args.placement, "settings": results}, f, indent=1)
 
 
 if __name__ == "__main__":

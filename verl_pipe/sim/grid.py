@@ -12,7 +12,7 @@ import yaml
 
 from verl_pipe.sim.engine import EngineParams
 from verl_pipe.sim.simulate import rollout_for_mode, timeline_for
-from verl_pipe.sim.trainer import TrainerParams
+from verl_pipe.sim.trainer import TrainerParams, placement_costs
 from verl_pipe.sim.workload import from_spec
 from verl_pipe.timeline import summarize
 
@@ -58,11 +58,14 @@ def _typed(cls, d: dict) -> dict:
             for k, v in d.items()}
 
 
-def _trainer(cfg: dict, gpus: int, time_scale: float = 1.0) -> TrainerParams:
-    t = dict(cfg["trainer"])
-    swap = float(t.pop("swap_bytes")) / (gpus * float(t.pop("swap_bw_Bps")))
-    return TrainerParams(**_typed(TrainerParams, dict(t, num_gpus=gpus, swap_save_s=swap, swap_restore_s=swap,
-                                                      time_scale=time_scale)))
+def _trainer(cfg: dict, gpus: int, time_scale: float = 1.0, placement: str | None = None) -> TrainerParams:
+    """The trainer's parameters for ``gpus`` trainer GPUs; model copies per theta_k placement (default: the
+    grid's ``theta_k.placement``) from the grid's measured figures, verl separate_async's always pageable."""
+    t = _typed(TrainerParams, dict(cfg["trainer"], num_gpus=gpus, time_scale=time_scale))
+    f = cfg["theta_k"]
+    verl = placement_costs("pageable", gpus, f)
+    return TrainerParams(**t, **placement_costs(placement or f["placement"], gpus, f),
+                         verl_swap_save_s=verl["swap_save_s"], verl_swap_restore_s=verl["swap_restore_s"])
 
 
 def _derived(m: dict, sync: dict, rollout_gpus: int, train_gpus: int) -> dict:
@@ -76,7 +79,9 @@ def _derived(m: dict, sync: dict, rollout_gpus: int, train_gpus: int) -> dict:
     return out
 
 
-def run_setting(cfg: dict, s: dict) -> dict:
+def run_setting(cfg: dict, s: dict, placements: list[str] | None = None, sweeps: bool = True) -> dict:
+    """One setting: per-mode metrics, the T/R and FGD sweeps (``sweeps``), and with ``placements`` the
+    reductions vs sync at T/R as is for each theta_k placement, on the same rollouts."""
     b, d = cfg["batch"], cfg["dispatch"]
     gpu_unit, modes = b["groups_per_unit"], cfg["modes"]
     engine = EngineParams(**_typed(EngineParams, cfg["engine"]))
@@ -91,8 +96,8 @@ def run_setting(cfg: dict, s: dict) -> dict:
             for wl in wls]
     fgd = fgd_rollouts(d["fgd_window"], d["fgd_affinity"])
 
-    def evaluate(time_scale: float, fgd=fgd, modes=modes) -> dict[str, list[dict]]:
-        trainer = _trainer(cfg, G, time_scale)
+    def evaluate(time_scale: float, fgd=fgd, modes=modes, placement=None) -> dict[str, list[dict]]:
+        trainer = _trainer(cfg, G, time_scale, placement)
         per_mode: dict[str, list[dict]] = {}
         for wl, fc, fg in zip(wls, fcfs, fgd):
             ms = {BASE: timeline_for(fc, wl, trainer, BASE, gpu_unit, cfg["weight_sync_s"]).metrics()}
@@ -130,7 +135,10 @@ def run_setting(cfg: dict, s: dict) -> dict:
         "tr_sweep": [],
         "fgd_sweep": [],
     }
-    for target in cfg.get("tr_sweep", []):
+    for pl in placements or []:
+        pm = evaluate(1.0, placement=pl)
+        result.setdefault("placements", {})[pl] = {k: _pick(v, _SWEEP_KEYS) for k, v in pm.items()}
+    for target in cfg.get("tr_sweep", []) if sweeps else []:
         scale = target / tr
         pm = evaluate(scale)
         result["tr_sweep"].append({
@@ -138,7 +146,7 @@ def run_setting(cfg: dict, s: dict) -> dict:
             "sync_train_to_rollout_ratio": _mean(m["trainer_busy_s"] / m["rollout_end_s"] for m in pm[BASE]),
             "modes": {k: _pick(v, _SWEEP_KEYS) for k, v in pm.items()},
         })
-    for variant in cfg.get("fgd_sweep", []):  # FGD's sensitivity to its window and to group affinity
+    for variant in cfg.get("fgd_sweep", []) if sweeps else []:  # FGD's sensitivity to its window and to group affinity
         pm = evaluate(1.0, fgd=fgd_rollouts(variant["window"], variant["affinity"]), modes=["cgp_fgd"])
         result["fgd_sweep"].append(dict(variant, **_pick(pm["cgp_fgd"], _SWEEP_KEYS + (
             "first_unit_ready_s", "rollout_end_s"))))
@@ -168,11 +176,31 @@ def _summary(ms: list[dict]) -> dict:
     return out
 
 
-def run_grid(path) -> list[dict]:
+def run_grid(path, placement: str | None = None) -> list[dict]:
     """Per setting: per-mode metrics (mean over seeds, with spread), reductions vs sync in %, gap to the
     ideal bound in %, rollout figures, and the T/R sweep."""
     cfg = load(path)
-    return [run_setting(cfg, s) for s in settings(cfg)]
+    if placement is not None:
+        cfg["theta_k"]["placement"] = placement
+    return [dict(run_setting(cfg, s), theta_k_placement=cfg["theta_k"]["placement"]) for s in settings(cfg)]
+
+
+def compare_placements(path, placements) -> list[dict]:
+    """Per setting, the reductions vs sync for each theta_k placement (no sweeps)."""
+    cfg = load(path)
+    return [run_setting(cfg, s, placements=list(placements), sweeps=False) for s in settings(cfg)]
+
+
+def format_placements(results: list[dict]) -> str:
+    """Reduction of rollout-to-train-end vs sync, per setting and mode, one column per placement."""
+    pls = list(results[0]["placements"])
+    modes = [k for k in results[0]["placements"][pls[0]] if k != BASE and "[" not in k] + ["cgp_fgd[group]"]
+    rows = []
+    for r in results:
+        for mode in modes:
+            rows.append([r["name"], mode] + [f"{r['placements'][pl][mode]['reduction_vs_sync_pct']:+.1f}" for pl in pls]
+                        + [f"{r['placements'][pls[0]][BASE]['rollout_to_train_end_s']:.1f}"])
+    return _table(["setting", "mode"] + [f"{pl} vs_sync%" for pl in pls] + ["sync_s"], rows)
 
 
 # ---- plain-text report ----------------------------------------------------------------------------------
@@ -192,7 +220,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 def format_setting(r: dict) -> str:
     ro = r["rollout"]
-    lines = [f"== {r['name']}: sync T/R = {r['sync_train_to_rollout_ratio']:.2f}; mean len "
+    lines = [f"== {r['name']} (theta_k {r.get('theta_k_placement', '?')}): sync T/R = {r['sync_train_to_rollout_ratio']:.2f}; mean len "
              f"{ro['mean_response_len']:.0f}, truncated {100 * ro['truncated_fraction']:.1f}%; rollout end "
              f"FCFS {ro['fcfs_rollout_end_s']:.1f} s / FGD {ro['fgd_rollout_end_s']:.1f} s; preemptions "
              f"{ro['fcfs_preemptions']:.0f} / {ro['fgd_preemptions']:.0f}"]

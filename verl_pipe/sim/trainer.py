@@ -19,10 +19,14 @@ mode's schedule follows ``verl_pipe/trainer.py`` call by call:
   optimizer step once the unit is complete. When the trainer lags behind the rollout, bursts merge groups and
   the per-call overhead is paid once per burst, not once per group. An idle trainer wakes on the first group
   and takes it alone (measured: 0 of 49 idle takes in the benchmark runs got more than one group);
-- CGP's exact on-policy old log-probs: unit 0 runs at theta_k as is and then keeps a CPU snapshot of theta_k
-  (``snapshot_theta_k``, one save); every later unit's old_log_prob call swaps theta_k in and back out
-  (``_old_log_prob_at_theta_k``: save the current weights, restore theta_k, compute, restore the current
-  weights), recorded inside the old_log_prob span as the real trainer does.
+- CGP's exact on-policy old log-probs: unit 0 runs at theta_k as is and then keeps a snapshot of theta_k
+  (``snapshot_theta_k``: one save, plus the optimizer's rollback snapshot with fault.checkpoint_on_failure);
+  every later unit's old_log_prob call swaps theta_k in and back out (``_old_log_prob_at_theta_k``), recorded
+  inside the old_log_prob span as the real trainer does. The copy costs depend on where theta_k is kept
+  (``placement_costs``, rolloutpipe.theta_k.store): ``pageable`` (verl's save_model_to_cpu, what the trainer
+  did before the store: save the current weights, restore theta_k, compute, restore the current weights),
+  ``pinned`` (the same copies into preallocated pinned buffers) or ``device`` (a device-to-device snapshot and
+  a swap on the device).
 """
 
 from __future__ import annotations
@@ -47,11 +51,15 @@ class TrainerParams:
     use_ref: bool = True  # KL loss on -> a ref log-prob pass as costly as old_log_prob [A]
     optimizer_step_s: float = 0.1  # grad reduce + AdamW step per mini-batch [A]
     time_scale: float = 1.0
-    # CPU model copies (device <-> host): CGP's theta_k snapshot and swaps, and verl V1 separate_async's pi_old
+    # Model copies: CGP's theta_k snapshot and swaps, and verl V1 separate_async's pi_old (placement_costs)
     swap_save_s: float = 0.34  # save_model_to_cpu: 8.12 GB fp32 params / 2 GPUs / 12 GB/s [A]
     swap_restore_s: float = 0.34  # restore_model_from_cpu, same volume [A]
+    swap_cycle_s: float | None = None  # a swap in + out measured as one figure (device placement); None: save + 2 restores
+    opt_snapshot_s: float = 0.0  # CGP's optimizer rollback snapshot at unit 0 (fault.checkpoint_on_failure)
     # verl V1 separate_async only:
     poll_interval_s: float = 2.0  # ReplayBuffer poll_interval default [S: verl v1/replay_buffer.py]
+    verl_swap_save_s: float | None = None  # its pi_old copies (verl's own pageable path); None: swap_save_s
+    verl_swap_restore_s: float | None = None  # None: swap_restore_s
 
     def with_(self, **kw) -> "TrainerParams":
         return replace(self, **kw)
@@ -83,7 +91,36 @@ class TrainerParams:
     def theta_k_swap_s(self) -> float:
         """Extra cost of an old_log_prob call at theta_k after the first unit: save current, restore theta_k,
         (compute), restore current."""
+        if self.swap_cycle_s is not None:
+            return self.swap_cycle_s
         return self.swap_save_s + 2 * self.swap_restore_s
+
+    @property
+    def snapshot_s(self) -> float:
+        """CGP's unit-0 snapshot: theta_k, and the optimizer state for a rollback."""
+        return self.swap_save_s + self.opt_snapshot_s
+
+
+PLACEMENTS = ("pageable", "pinned", "device")
+
+
+def placement_costs(placement: str, num_gpus: int, f: dict) -> dict:
+    """TrainerParams copy fields for a theta_k placement, per GPU of an FSDP trainer sharded ``num_gpus`` ways,
+    from measured figures ``f`` (verl_pipe/conf/sim/cluster_grid.yaml ``theta_k``: bytes and the one-GPU measurements).
+    Each GPU copies its 1/num_gpus shard over its own host link at the one-GPU rate [A]."""
+    theta = float(f["param_bytes"]) / num_gpus
+    opt = float(f["opt_bytes"]) / num_gpus if f.get("checkpoint_on_failure", True) else 0.0
+    if placement == "pageable":
+        return dict(swap_save_s=theta / float(f["pageable_save_Bps"]), swap_restore_s=theta / float(
+            f["pageable_restore_Bps"]), swap_cycle_s=None, opt_snapshot_s=opt / float(f["pageable_opt_save_Bps"]))
+    if placement == "pinned":
+        bw = float(f["pinned_Bps"])
+        return dict(swap_save_s=theta / bw, swap_restore_s=theta / bw, swap_cycle_s=None, opt_snapshot_s=opt / bw)
+    if placement == "device":
+        per_byte = float(f["device_snapshot_s"]) / float(f["measured_param_bytes"])  # a device-to-device copy
+        return dict(swap_save_s=theta * per_byte, swap_restore_s=theta * per_byte, opt_snapshot_s=opt * per_byte,
+                    swap_cycle_s=float(f["device_swap_s"]) * theta / float(f["measured_param_bytes"]))
+    raise ValueError(f"theta_k placement: got {placement!r}; allowed: {', '.join(PLACEMENTS)}")
 
 
 @dataclass
@@ -147,7 +184,7 @@ def schedule(mode: str, completions: list[tuple[float, int]], seq_lens, p: Train
             x = lens(groups)
             old_log_prob(ready, x, u)
             if u == 0 and multi:
-                tr.run("snapshot_theta_k", ready, p.swap_save_s, u)
+                tr.run("snapshot_theta_k", ready, p.snapshot_s, u)
             tr.run("update", ready, p.update_s(x), u)
             tr.run("optimizer_step", ready, p.optimizer_s, u)
     elif mode == "cgp_group":  # bursts of arrived groups are gradient-accumulation micro-batches
@@ -168,7 +205,7 @@ def schedule(mode: str, completions: list[tuple[float, int]], seq_lens, p: Train
                 tr.run("forward_backward", take, p.update_s(x), u, burst[-1])
                 i = j
             if u == 0 and multi:
-                tr.run("snapshot_theta_k", ready, p.swap_save_s, u)
+                tr.run("snapshot_theta_k", ready, p.snapshot_s, u)
             tr.run("optimizer_step", ready, p.optimizer_s, u)
     else:  # verl_separate_async: mini-batches, a polling replay buffer, pi_old kept by a CPU model swap
         for u, groups, ready in plan.units:
@@ -178,10 +215,11 @@ def schedule(mode: str, completions: list[tuple[float, int]], seq_lens, p: Train
             x = lens(groups)
             # trainer_separate_async._compute_old_log_prob: mini-step 0 saves pi_old; later mini-steps save
             # the current weights, restore pi_old, compute, restore the current weights
-            swap_in = p.swap_save_s + (p.swap_restore_s if u > 0 else 0.0)
-            tr.run("cpu_swap", ready, swap_in, u)
+            save = p.swap_save_s if p.verl_swap_save_s is None else p.verl_swap_save_s
+            restore = p.swap_restore_s if p.verl_swap_restore_s is None else p.verl_swap_restore_s
+            tr.run("cpu_swap", ready, save + (restore if u > 0 else 0.0), u)
             tr.run("old_log_prob", ready, p.logprob_s(x), u)
-            tr.run("cpu_swap", ready, p.swap_restore_s if u > 0 else 0.0, u)
+            tr.run("cpu_swap", ready, restore if u > 0 else 0.0, u)
             tr.run("ref_log_prob", ready, p.ref_s(x), u)
             tr.run("update", ready, p.update_s(x), u)
             tr.run("optimizer_step", ready, p.optimizer_s, u)
