@@ -4,8 +4,10 @@ precision, on the same stack sizing, workload and cores. Prints per-step rollout
     .venv/bin/python tools/dtype_ab.py [--steps 2] [--out ab.json]
 
 To see the AVX2-only path on a CPU that has AMX/AVX512_BF16, run it with
-``ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2`` (the one-second matmul probe
-printed first tells which path the processes get; Ray's workers inherit the launcher's environment).
+``ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2`` and a separate
+``TORCHINDUCTOR_CACHE_DIR`` (kernels that vLLM's sampler compiles under the capped ISA must not land in the
+shared inductor cache: later normal runs' vLLM workers aborted on them). The one-second matmul probe printed
+first tells which path the processes get; Ray's workers inherit the launcher's environment.
 """
 
 import argparse

@@ -165,6 +165,10 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
             config=OmegaConf.to_container(self.config, resolve=True),
         )
         self.global_steps = 0
+        # verl's rollout-data dump writer (trainer.rollout_data_dir): RayPPOTrainer.__init__ makes it, the
+        # separate-pool trainer we build on does not; fit() re-makes a shut-down one, as here.
+        if getattr(self, "_dump_executor", None) is None or self._dump_executor._shutdown:
+            self._init_dump_executor()
         self._load_checkpoint()
         self._data_state = self.train_dataloader.state_dict()  # before the next step draws its batch
         self.checkpoint_manager.update_weights(self.global_steps)
