@@ -1,7 +1,9 @@
 """Faults injected for real on the live CPU stack: a rollout replica killed by pid mid-step, requests that
 vLLM rejects, no replica left (rollback + checkpoint), and resuming from that checkpoint.
 
-The tests share one stack and run in file order; the last ones take the stack down on purpose.
+The tests share one stack; each reads the weight version and step it starts from off the trainer. The last test
+takes the stack down on purpose (no replica left), then resumes from the checkpoint it wrote, in one test: the
+resume needs that failure, so the two are not separate tests that would depend on running in file order.
 """
 
 import os
@@ -181,7 +183,12 @@ def test_rejected_requests_drop_their_group_or_fail_the_step(stack):
     assert rec["step"] == step and len(rec["trained_groups"]) == GROUPS
 
 
-def test_no_replica_left_rolls_back_and_checkpoints(stack, ckpt_dir):
+def test_no_replica_left_rolls_back_checkpoints_and_resumes(stack, ckpt_dir):
+    _no_replica_left_rolls_back_and_checkpoints(stack, ckpt_dir)
+    _resume_from_the_rolled_back_checkpoint(stack, ckpt_dir)
+
+
+def _no_replica_left_rolls_back_and_checkpoints(stack, ckpt_dir):
     from verl_pipe.trainer import StepFailedError
 
     trainer = stack.trainer
@@ -209,7 +216,7 @@ def test_no_replica_left_rolls_back_and_checkpoints(stack, ckpt_dir):
     stack.closed = True
 
 
-def test_resume_from_the_rolled_back_checkpoint(stack, ckpt_dir):
+def _resume_from_the_rolled_back_checkpoint(stack, ckpt_dir):
     from verl_pipe.session import PipeSession, compose
 
     assert stack.closed
