@@ -40,8 +40,8 @@ from verl import DataProto
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
 from verl.utils.metric import reduce_metrics
 
-from verl_pipe.config import (AFFINE_BATCH_ESTIMATORS, BATCH_NORMALIZED_ESTIMATORS, ConfigError,
-                              cgp_estimator_problem, groups_per_unit)
+from verl_pipe import estimators
+from verl_pipe.config import ConfigError, cgp_estimator_problem, groups_per_unit
 from verl_pipe.data_check import skip_metrics
 from verl_pipe.deadline import call_with_deadline
 from verl_pipe.frontier import FCFSPolicy, FrontierPolicy
@@ -405,7 +405,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         if not units:
             return []
         batch = self._concat(groups)
-        if str(self.config.algorithm.adv_estimator) in BATCH_NORMALIZED_ESTIMATORS:
+        if estimators.streaming(str(self.config.algorithm.adv_estimator)) != estimators.GROUP:
             batch = advantages(batch, self.config, self.n)  # normalized across the whole batch, as verl
         with timeline.span("old_log_prob"):
             batch = self._fit_compute_log_prob(batch)  # θ_k: nothing has been updated yet
@@ -472,7 +472,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         pieces: list[tuple[list[Group], DataProto, bool]] = []  # groups, their batch, trained into buffers
         snapshot = self._units_per_step() > 1
         loss_agg_mode = self.config.actor_rollout_ref.actor.loss_agg_mode
-        whiten = str(self.config.algorithm.adv_estimator) in AFFINE_BATCH_ESTIMATORS
+        whiten = estimators.streaming(str(self.config.algorithm.adv_estimator)) == estimators.AFFINE_BATCH
         target = self._units_per_step() * self.groups_per_unit
         seen: list[Group] = []  # every group taken this step
         final = None  # (advantages by group index, buffer coefficients) once the batch is complete
