@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verl_pipe.frontier import FCFSPolicy, FrontierPolicy
-from verl_pipe.sim import workload as W
+from verl_pipe import workload as W
 from verl_pipe.sim.engine import EngineParams, Replica, Seq, fit_engine_params
 from verl_pipe.sim.grid import format_setting, run_grid
 from verl_pipe.sim.simulate import make_policy, simulate_rollout, simulate_step, timeline_for

@@ -136,7 +136,7 @@ INTERNAL = object()  # written by the launcher (data check counts), not set by u
 
 
 def _check_workload(value, key: str, config: DictConfig) -> None:
-    """rolloutpipe.workload: null or a length spec as verl_pipe.sim.workload.from_spec reads it."""
+    """rolloutpipe.workload: null or a length spec as verl_pipe.workload.from_spec reads it."""
     if value is None:
         return
     if not isinstance(value, DictConfig):

@@ -384,7 +384,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         spec = self.workload_spec
         if not spec:
             return None
-        from verl_pipe.sim.workload import from_spec
+        from verl_pipe.workload import from_spec
 
         workload = from_spec(spec, num_groups, self.n, prompt_len=0, seed=int(spec.get("seed", 0)) + self.global_steps)
 

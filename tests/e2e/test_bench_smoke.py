@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_pipe.bench_report import MODES, REPORTED, check_schema
+from verl_pipe.bench.report import MODES, REPORTED, check_schema
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,6 +1,6 @@
 """Trainer cost model and the trainer's schedule for each mode.
 
-Cost (sim_params.md §4, §7): a trainer call (one old_log_prob, ref, update or forward_backward call on the
+Cost (docs/sim_sources.md §4, §7): a trainer call (one old_log_prob, ref, update or forward_backward call on the
 worker group) over a set of sequences costs ``call_overhead_s`` + FLOPs / (GPUs * FLOP rate * eta) + a fixed
 overhead per micro-batch, where the micro-batches per GPU are ceil(tokens / GPUs / max_tokens_per_microbatch)
 (verl's dynamic batch size packs tokens). FLOPs per sequence of length L = L * linear + attn_coef * L^2 (6N +
