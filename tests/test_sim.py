@@ -67,7 +67,7 @@ def test_hand_computed_trainer(mode, swap, end, spans):
 
 
 def test_hand_computed_group_bursts():
-    # verl_pipe/trainer.py _train_each_group_as_it_arrives: the trainer takes every group that has arrived (up
+    # verl_pipe/schedule.py group_schedule: the trainer takes every group that has arrived (up
     # to the unit's remainder) in one call. A call costs 1 s + 1 s per group (10 tokens at 10 tokens/s);
     # old_log_prob half of that; optimizer step 0.5 s; CPU copies 0.1 s. Units of 3 groups, groups done at
     # 1, 2, 3 | 4, 5, 9.

@@ -3,7 +3,7 @@
 Response lengths come from verl_pipe/workload.py (shared with the trainer's rolloutpipe.workload).
 
 engine.py    one vLLM-V1-like replica: continuous batching, KV pool, preemption, decode-step cost
-trainer.py   trainer cost model and its schedule per mode (sync, cgp, cgp_group, cgp_fgd, verl_separate_async)
+trainer.py   trainer cost model: executes the real trainer's schedule (verl_pipe/schedule.py); verl_separate_async
 simulate.py  the event loop: frontier.py policies admit, replicas generate, StepTimeline records
 grid.py      the 12 cluster settings of verl_pipe/conf/sim/cluster_grid.yaml, the T/R and FGD sweeps, text tables
 """
