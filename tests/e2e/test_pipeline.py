@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.e2e.conftest import (LONGTAIL, check_whitened_equivalence, prefilled_queue,
-                                train_same_responses, update_deviation, whitened_estimator_equivalence, with_estimator)
+from tests.e2e.conftest import (LONGTAIL, check_whitened_equivalence, prefilled_queue, train_same_responses,
+                                trainer_in, update_deviation, whitened_estimator_equivalence, with_estimator)
 
 pytestmark = pytest.mark.e2e
 
@@ -19,7 +19,7 @@ GROUPS = 8
 
 
 def _trained_batch(pipe):
-    return pipe.trainer._trained_batch
+    return pipe.trainer.last_outcome.batch
 
 
 def _check_timeline(tm: dict) -> None:
@@ -158,10 +158,9 @@ def _same_responses_in_every_mode(pipe, tmp_path, store):
     trainer = pipe.trainer
 
     def runs(groups, version):
-        return [(name, train, prefilled_queue(groups, version))
-                for name, train in [("sync", trainer._train_after_rollout),
-                                    ("cgp", trainer._train_while_rollout_runs),
-                                    ("cgp_group", trainer._train_each_group_as_it_arrives)]]
+        return [(name, trainer_in(trainer, mode, granularity), prefilled_queue(groups, version))
+                for name, mode, granularity in [("sync", "sync", "minibatch"), ("cgp", "cgp", "minibatch"),
+                                                ("cgp_group", "cgp", "group")]]
 
     out = train_same_responses(pipe, tmp_path, runs)
     assert len(out["groups"]) == GROUPS
