@@ -22,7 +22,7 @@ action; what that gives per mode:
   and takes it alone (measured: 0 of 49 idle takes in the benchmark runs got more than one group);
 - CGP's exact on-policy old log-probs: unit 0 runs at theta_k as is and then keeps a snapshot of theta_k
   (``snapshot_theta_k``: one save, plus the optimizer's rollback snapshot with fault.checkpoint_on_failure);
-  every later unit's old_log_prob call swaps theta_k in and back out (``_old_log_prob_at_theta_k``), recorded
+  every later unit's old_log_prob call swaps theta_k in and back out (``ActorBackend._old_log_prob_at_theta_k``), recorded
   inside the old_log_prob span as the real trainer does. The copy costs depend on where theta_k is kept
   (``placement_costs``, rolloutpipe.theta_k.store): ``pageable`` (verl's save_model_to_cpu, what the trainer
   did before the store: save the current weights, restore theta_k, compute, restore the current weights),
