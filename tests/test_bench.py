@@ -6,15 +6,15 @@ import math
 
 import pytest
 
-from verl_pipe import bench
-from verl_pipe.bench_calib import (PaddedWorkload, StepShape, engine_intervals, fit_engine, fit_trainer, nonneg_lstsq,
+from verl_pipe.bench import run as bench
+from verl_pipe.bench.calib import (PaddedWorkload, StepShape, engine_intervals, fit_engine, fit_trainer, nonneg_lstsq,
                                    padded_tokens, sim_validation, simulate_like, trainer_span_samples)
-from verl_pipe.bench_report import (MODES, REPORTED, check_schema, format_setting, format_sim_validation, format_sweep,
+from verl_pipe.bench.report import (MODES, REPORTED, check_schema, format_setting, format_sim_validation, format_sweep,
                                     mode_entry, setting_entry, train_to_rollout_ratio)
 from verl_pipe.sim.engine import CPU_TINY
 from verl_pipe.sim.simulate import simulate_step
 from verl_pipe.sim.trainer import TrainerParams
-from verl_pipe.sim.workload import from_spec
+from verl_pipe.workload import from_spec
 
 
 def fake_metrics(r2t, wait, rollout=4.0, busy=6.0, **kw):

@@ -111,7 +111,7 @@ VERL_BAD = [
     (["algorithm.adv_estimator=remax"], "algorithm.adv_estimator", "greedy baseline"),
     (["algorithm.adv_estimator=reinforce_plus_plus"], "algorithm.adv_estimator", "grpo"),
     (["algorithm.adv_estimator=gdpo"], "algorithm.adv_estimator", "grpo"),
-    (["algorithm.adv_estimator=my_estimator"], "algorithm.adv_estimator", "STREAMABLE_ESTIMATORS"),
+    (["algorithm.adv_estimator=my_estimator"], "algorithm.adv_estimator", "register_streaming"),
     ([CGP, "algorithm.adv_estimator=reinforce_plus_plus_baseline"], "algorithm.adv_estimator",
      "rolloutpipe.cgp.granularity=group"),
     ([CGP, RPPB, "rolloutpipe.cgp.granularity=group", "actor_rollout_ref.actor.policy_loss.loss_mode=gspo"],

@@ -263,3 +263,57 @@ def test_random_drive_keeps_every_invariant(seed):
     first_deferred = next((i for i, g in enumerate(order) if g in deferred), len(order))
     assert all(g not in deferred for g in order[:first_deferred]) and len(order[:first_deferred]) == len(regular), \
         f"a deferred group started before a regular one: {order} (deferred {sorted(deferred)})"
+
+
+# --- the estimator (registered with verl and with verl_pipe.estimators) ----------------------------------------
+
+def test_example_estimator_is_registered_with_verl_and_streams(cfg):
+    from verl.trainer.ppo import core_algos
+
+    from verl_pipe import estimators
+    from verl_pipe.config import ConfigError
+    from verl_pipe.recipes.extension_example.estimator import NAME, compute_grpo_median_advantage
+
+    assert core_algos.get_adv_estimator_fn(NAME) is compute_grpo_median_advantage
+    assert estimators.streaming(NAME) == estimators.GROUP
+    # the recipe's trainer class carries the registration: CGP accepts it at either granularity
+    for granularity in ("minibatch", "group"):
+        validate(compose([f"algorithm.adv_estimator={NAME}", f"rolloutpipe.cgp.granularity={granularity}"],
+                         config_name=RECIPE), check_paths=False)
+    # re-declaring it with another streaming kind is refused
+    with pytest.raises(ValueError, match="already registered"):
+        estimators.register_streaming(NAME, how="batch")
+    # an unregistered name is refused with the way to register it
+    with pytest.raises(ConfigError, match="register_streaming"):
+        validate(compose(["algorithm.adv_estimator=not_registered_anywhere"], config_name=RECIPE), check_paths=False)
+
+
+def test_example_estimator_values_through_verls_compute_advantage():
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    from verl_pipe.recipes.extension_example.estimator import NAME
+
+    scores = torch.tensor([1.0, 0.0, 0.25, 0.0, 1.0, 1.0])
+    mask = torch.tensor([[1, 1, 0]] * 6, dtype=torch.float32)
+    rewards = torch.zeros(6, 3)
+    rewards[:, 1] = scores
+    uid = np.array(["a", "a", "a", "b", "b", "b"], dtype=object)
+    data = DataProto.from_dict(tensors={"token_level_rewards": rewards, "response_mask": mask},
+                               non_tensors={"uid": uid})
+    adv = compute_advantage(data, adv_estimator=NAME, num_repeat=3).batch["advantages"]
+    expected = torch.tensor([0.75, -0.25, 0.0, -1.0, 0.0, 0.0]).unsqueeze(-1) * mask
+    torch.testing.assert_close(adv, expected)
+
+
+def test_estimator_registry_builtins_and_cgp_problems():
+    from verl_pipe import estimators
+    from verl_pipe.config import cgp_estimator_problem
+
+    assert {"grpo", "rloo", "grpo_passk", "opo"} <= set(estimators.registered(estimators.GROUP))
+    assert estimators.registered(estimators.AFFINE_BATCH) == ("reinforce_plus_plus_baseline",)
+    assert cgp_estimator_problem("grpo", "minibatch") is None
+    assert cgp_estimator_problem("reinforce_plus_plus_baseline", "group") is None
+    assert "granularity=group" in cgp_estimator_problem("reinforce_plus_plus_baseline", "minibatch")
+    assert "mode=sync" in cgp_estimator_problem("gpg", "group")
+    with pytest.raises(ValueError, match="how must be one of"):
+        estimators.register_streaming("x", how="sometimes")

@@ -24,23 +24,13 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from verl_pipe import estimators
+
 MODES = ("sync", "cgp")
 GRANULARITIES = ("minibatch", "group")
 PLATFORMS = ("cpu", "gpu")
 ON_REQUEST_FAILURE = ("fail", "drop_group")
-# verl estimators whose advantage of a response depends only on its own group (uid): a group's
-# advantages are final the moment it completes, so CGP can stream it.
-STREAMABLE_ESTIMATORS = ("grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "grpo_passk", "opo")
-# Group-based estimators that also normalize across the whole batch (masked_whiten over the batch
-# in reinforce_plus_plus_baseline, the batch's non-zero share in gpg, ...): exact only when the
-# batch is complete: sync mode, or (the affine ones below) CGP at group granularity.
-BATCH_NORMALIZED_ESTIMATORS = ("reinforce_plus_plus_baseline", "gpg", "optimal_token_baseline",
-                               "tir_optimal_token_baseline")
-GROUP_ESTIMATORS = STREAMABLE_ESTIMATORS + BATCH_NORMALIZED_ESTIMATORS
-# Batch-normalized estimators whose batch step is affine per token, trained exactly in CGP at group
-# granularity (verl_pipe/whitening.py).
-AFFINE_BATCH_ESTIMATORS = ("reinforce_plus_plus_baseline",)
-SYNC_ONLY_ESTIMATORS = tuple(e for e in BATCH_NORMALIZED_ESTIMATORS if e not in AFFINE_BATCH_ESTIMATORS)
+# Which estimators stream, and how: verl_pipe/estimators.py (register_streaming, beside verl's register_adv_est).
 # verl estimators that are not group-based: verl_pipe computes advantages per group (sync mode
 # recomputes only the batch-normalized ones over the whole batch), so these would be wrong or fail.
 NOT_GROUP_ESTIMATORS = {
@@ -146,7 +136,7 @@ INTERNAL = object()  # written by the launcher (data check counts), not set by u
 
 
 def _check_workload(value, key: str, config: DictConfig) -> None:
-    """rolloutpipe.workload: null or a length spec as verl_pipe.sim.workload.from_spec reads it."""
+    """rolloutpipe.workload: null or a length spec as verl_pipe.workload.from_spec reads it."""
     if value is None:
         return
     if not isinstance(value, DictConfig):
@@ -357,14 +347,22 @@ def _validate_algorithm(config: DictConfig) -> None:
     algo = config.algorithm
     est = str(algo.adv_estimator)
     n = int(config.actor_rollout_ref.rollout.n)
-    if est not in GROUP_ESTIMATORS:
-        why = NOT_GROUP_ESTIMATORS.get(est, "is not known to be group-based")
+    import_error = None
+    if estimators.streaming(est) is None and rp.get("trainer_class"):
+        # a custom estimator registers in the module of the trainer class (or one it imports)
+        import_error = _import_module_of(str(rp.trainer_class))
+    if estimators.streaming(est) is None:
+        why = NOT_GROUP_ESTIMATORS.get(est, "is not registered with verl_pipe.estimators.register_streaming")
+        if import_error:
+            why += f" (importing rolloutpipe.trainer_class's module failed: {import_error})"
         raise _err("algorithm.adv_estimator",
                    f"{est!r} {why}. verl_pipe computes advantages per group; allowed: "
-                   f"{', '.join(STREAMABLE_ESTIMATORS)} (any mode), {', '.join(AFFINE_BATCH_ESTIMATORS)} "
-                   f"(sync, or CGP at group granularity), {', '.join(SYNC_ONLY_ESTIMATORS)} "
-                   "(rolloutpipe.mode=sync). A custom group-based estimator: add its name to "
-                   "verl_pipe.config.STREAMABLE_ESTIMATORS")
+                   f"{', '.join(estimators.registered(estimators.GROUP))} (any mode), "
+                   f"{', '.join(estimators.registered(estimators.AFFINE_BATCH))} (sync, or CGP at group granularity), "
+                   f"{', '.join(estimators.registered(estimators.BATCH))} (rolloutpipe.mode=sync). A custom "
+                   "group-based estimator: register it with verl_pipe.estimators.register_streaming beside verl's "
+                   "core_algos.register_adv_est, in the module of rolloutpipe.trainer_class or one it imports "
+                   "(docs/extending.md)")
     if n < 2:
         raise _err("actor_rollout_ref.rollout.n",
                    f"the group-based estimator {est!r} needs at least 2 responses per prompt, got n={n}")
@@ -384,26 +382,30 @@ def _validate_algorithm(config: DictConfig) -> None:
                    "vLLM's); or set bypass_mode=false to recompute them under θ_k")
 
 
+def _import_module_of(fqn: str) -> str | None:
+    """Imports the module of a class path, so that its estimator registrations run; returns the import error."""
+    import importlib
+
+    try:
+        importlib.import_module(fqn.rsplit(".", 1)[0])
+    except Exception as e:  # noqa: BLE001 -- reported in the estimator's error message
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
 def cgp_estimator_problem(est: str, granularity: str) -> str | None:
-    """Why CGP at this granularity cannot train estimator ``est`` exactly (None: it can)."""
-    if est not in BATCH_NORMALIZED_ESTIMATORS:
+    """Why CGP at this granularity cannot train estimator ``est`` exactly (None: it can, or it is unknown: the
+    config check reports that)."""
+    if estimators.streaming(est) is None:
         return None
-    if est in AFFINE_BATCH_ESTIMATORS:
-        if granularity == "group":
-            return None
-        return (f"{est!r} whitens across the whole batch; CGP trains it exactly only at group granularity "
-                "(verl_pipe/whitening.py): set rolloutpipe.cgp.granularity=group (or rolloutpipe.mode=sync)")
-    return (f"{est!r} normalizes across the whole batch, so a group's advantages are not final when it "
-            f"completes; CGP supports: {', '.join(STREAMABLE_ESTIMATORS)}, and "
-            f"{', '.join(AFFINE_BATCH_ESTIMATORS)} at rolloutpipe.cgp.granularity=group (use "
-            "rolloutpipe.mode=sync for the others)")
+    return estimators.cgp_problem(est, granularity)
 
 
 def _validate_batch_normalized_in_cgp(config: DictConfig, est: str) -> None:
     problem = cgp_estimator_problem(est, config.rolloutpipe.cgp.granularity)
     if problem:
         raise _err("algorithm.adv_estimator", problem)
-    if est not in AFFINE_BATCH_ESTIMATORS:
+    if estimators.streaming(est) != estimators.AFFINE_BATCH:
         return
     # Groups trained before the batch is complete rely on the policy gradient being linear in the
     # advantages at θ_k: verl's vanilla PPO loss, old log-probs recomputed under θ_k.

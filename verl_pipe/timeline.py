@@ -1,7 +1,7 @@
 """Per-step timeline: the one place that records a training step's events and computes every metric.
 
 The real trainer, the benchmark and the simulator all record into a ``StepTimeline`` and read metrics and
-Chrome/Perfetto traces from it, so a metric means the same thing everywhere (see DESIGN.md, "Metrics").
+Chrome/Perfetto traces from it, so a metric means the same thing everywhere (docs/metrics.md).
 Pure stdlib on purpose: the simulator and the tests must not pull in Ray, vLLM or torch.
 
 Recorders store raw events only (cheap, under a lock, callable from any thread); all derivation happens
@@ -176,7 +176,7 @@ class StepTimeline:
         return max(ends)
 
     def metrics(self) -> dict[str, float]:
-        """All step metrics in seconds since t0 (definitions: DESIGN.md, "Metrics"); every value a float.
+        """All step metrics in seconds since t0 (definitions: docs/metrics.md); every value a float.
 
         ``ideal_lower_bound_s`` bounds ``rollout_to_train_end_s`` only for a causal trainer whose last unit
         starts after the rollout ends; when late groups are untrainable the trainer may finish earlier and
@@ -385,7 +385,7 @@ def write_chrome_trace(timelines: list[StepTimeline], path) -> None:
 def summarize(metrics_list: list[dict]) -> dict:
     """Mean per metric over repeated runs, plus ``runs`` and ``spread`` (max - min) per metric.
 
-    Shaped like one mode's entry of the benchmark JSON (DESIGN.md, "Benchmark output").
+    Shaped like one mode's entry of the benchmark JSON (docs/metrics.md, "Benchmark output").
     """
     if not metrics_list:
         raise ValueError("summarize: no metrics given")

@@ -34,23 +34,23 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf, open_dict
+from omegaconf import OmegaConf
 
 from verl import DataProto
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
-from verl.utils.metric import reduce_metrics
 
-from verl_pipe.config import (AFFINE_BATCH_ESTIMATORS, BATCH_NORMALIZED_ESTIMATORS, ConfigError,
-                              cgp_estimator_problem, groups_per_unit)
+from verl_pipe import estimators
+from verl_pipe.actor_backend import ActorBackend, StepOutcome, save_checkpoint_at
+from verl_pipe.config import ConfigError, cgp_estimator_problem, groups_per_unit
 from verl_pipe.data_check import skip_metrics
 from verl_pipe.deadline import call_with_deadline
 from verl_pipe.frontier import FCFSPolicy, FrontierPolicy
 from verl_pipe.group_queue import Group, GroupQueue
-from verl_pipe.rollout.materialize import advantages, is_trainable, materialize_group, weight_versions
+from verl_pipe.rollout.materialize import is_trainable, materialize_group, weight_versions
 from verl_pipe.rollout.replicas import ReplicaSupervisor
 from verl_pipe.rollout.stream import StepRequest, StreamingRollout, group_rows
+from verl_pipe.schedule import drive, train_schedule
 from verl_pipe.timeline import StepTimeline, write_chrome_trace
-from verl_pipe.whitening import affine_coefficients, basis_advantages, combination, has_aux_loss
 
 logger = logging.getLogger(__name__)
 
@@ -61,42 +61,13 @@ def _verl_dispatch_order(config) -> str:
     return f"interleave:{workers}" if workers > 1 else "group_major"
 
 
-class _AccumulateInsteadOfUpdate:
-    """Routes RayPPOTrainer._update_actor's worker call to ``accumulate_group``.
-
-    _update_actor turns a DataProto into the worker's TensorDict (no-padding layout,
-    entropy/loss flags, mini-batch keys); reusing it keeps group granularity on exactly
-    verl's preprocessing instead of a copy of it.
-    """
-
-    def __init__(self, worker_group):
-        self._wg = worker_group
-
-    def update_actor(self, batch_td):
-        return self._wg.accumulate_group(batch_td)
-
-    def __getattr__(self, name):
-        return getattr(self._wg, name)
-
-
 class StepFailedError(RuntimeError):
     """A step failed for good; the message says which checkpoint the run resumes from."""
 
 
-class _DataStateAt:
-    """The train dataloader as it was before a step drew its batch (for a rolled-back checkpoint)."""
-
-    def __init__(self, loader, state):
-        self._loader, self._state = loader, state
-
-    def state_dict(self):
-        return self._state
-
-    def __getattr__(self, name):
-        return getattr(self._loader, name)
-
-
 class RolloutPipeTrainer(OneStepOffRayTrainer):
+    backend_cls = ActorBackend  # executes the step's schedule on verl's worker group (tests wrap it to inject faults)
+
     def init_workers(self):
         super().init_workers()
         rp = self.config.rolloutpipe
@@ -120,8 +91,8 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         reward_handles = self.reward_loop_manager.reward_loop_workers
         # The trainer thread and a mid-step replica restart (which loads θ_k from the actor) share the actor.
         self._actor_lock = threading.RLock()
-        self._theta_k_saved = False  # θ_k (and the optimizer state before the step) are in the worker's store
-        self._stepped = False  # an optimizer step of the current step has run
+        self._current: ActorBackend | None = None  # the step in training: does the worker's store hold θ_k, ...
+        self.last_outcome = StepOutcome()
         self.rollout = StreamingRollout(self.config, servers, reward_handles, mgr.global_load_balancer)
         fault = rp.fault
         self.rollout.supervisor = ReplicaSupervisor(
@@ -207,61 +178,66 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         version = self.global_steps - 1  # θ_k: synced at the end of the previous step
         t_step = time.perf_counter()
         self._drop_train_state_snapshot()  # left over if the previous attempt at a step failed
-        self._stepped = self._training_done = False
-        self._trained_batch = None
+        self._current, outcome = None, None
 
         try:
             batch = self._fit_get_batch(batch_dict)
             index = batch.non_tensor_batch.get("index")
-            self._step_data_index = [int(i) for i in index] if index is not None else []
+            data_index = [int(i) for i in index] if index is not None else []  # the dataset rows, in order
             timeline = StepTimeline(self.global_steps, self.groups_per_unit)
             queue = GroupQueue(weight_version=version)
-            rollout = self._start_rollout(batch, timeline, queue, version)        # admission + generation
-            if self.mode == "sync":
-                trained = self._train_after_rollout(queue, timeline)               # baseline
-            elif self.granularity == "group":
-                trained = self._train_each_group_as_it_arrives(queue, timeline)    # CGP, group granularity
-            else:
-                trained = self._train_while_rollout_runs(queue, timeline)          # CGP, mini-batch units
-            self._training_done = True
+            rollout = self._start_rollout(batch, timeline, queue, version)         # admission + generation
+            outcome = self.train(queue, timeline)                                  # the mode's schedule
             rollout_result = rollout.result()
             self._sync_weights(timeline)                                           # θ_{k+1} → rollout pool
         except Exception as e:
-            self._fail_step(e)  # roll back to the last completed step, checkpoint it, raise
+            self._fail_step(e, trained=outcome is not None)  # roll back to the last completed step, checkpoint, raise
         self._drop_train_state_snapshot()
+        self.last_outcome = outcome
 
         self.timing_raw["step"] = time.perf_counter() - t_step
-        if self._trained_batch is not None:
-            self._fit_dump_data(self._trained_batch)  # verl's trainer.rollout_data_dir dump
+        if outcome.batch is not None:
+            self._fit_dump_data(outcome.batch)  # verl's trainer.rollout_data_dir dump
         self._fit_validate()
         self._fit_save_checkpoint()
         self._fit_stop_profile()
         self._data_state = self.train_dataloader.state_dict()
-        self._record_step(trained, timeline, rollout_result)
+        self._record_step(outcome, timeline, rollout_result, data_index)
         self._fit_postprocess_step()
+
+    def train(self, queue: GroupQueue, timeline: StepTimeline, mode: str | None = None,
+              granularity: str | None = None) -> StepOutcome:
+        """Trains the step's groups from ``queue`` in ``mode`` / ``granularity`` (default: the trainer's): the pure
+        schedule (verl_pipe/schedule.py) executed on verl's worker group (verl_pipe/actor_backend.py)."""
+        mode, granularity = mode or self.mode, granularity or self.granularity
+        how = estimators.streaming(str(self.config.algorithm.adv_estimator))
+        backend = self._current = self.backend_cls(self, queue, timeline, order=self.unit_order_hook)
+        whiten = mode == "cgp" and granularity == "group" and how == estimators.AFFINE_BATCH
+        steps = train_schedule(mode, granularity, self.groups_per_unit, self._units_per_step(),
+                               use_ref=bool(self.use_reference_policy), whiten=whiten,
+                               batch_normalized=how != estimators.GROUP,
+                               order=backend.order_indices if self.unit_order_hook is not None else None)
+        outcome = backend.outcome(drive(steps, backend), mode)
+        if whiten:
+            self.metrics["rolloutpipe/groups_trained_before_batch_complete"] = len(outcome.buffered)
+        return outcome
 
     # ------------------------------------------------------------------ faults
 
-    def _snapshot_train_state(self) -> None:
-        """Before the step's first optimizer step: θ_k (for later units' old log-probs, a restarted
-        replica, a rollback) and, for a rollback, the optimizer state, in the worker's store
-        (rolloutpipe.theta_k.store, verl_pipe/theta_store.py)."""
-        rp = self.config.rolloutpipe
-        info = self.actor_wg.save_train_state(rp.theta_k.store, rp.theta_k.auto_margin_gib,
-                                              bool(rp.fault.checkpoint_on_failure))[0]
-        self.metrics.update({f"rolloutpipe/{k}": v for k, v in info.items()})
-        self._theta_k_saved = True
+    def _theta_k_saved(self) -> bool:
+        """The worker's store holds θ_k and the optimizer state from before the step's first optimizer step."""
+        return self._current is not None and self._current.saved
 
     def _drop_train_state_snapshot(self) -> None:
-        if self._theta_k_saved:
+        if self._theta_k_saved():
             with self._actor_lock:
                 self.actor_wg.drop_train_state()
-                self._theta_k_saved = False
+                self._current.saved = False
 
     def _push_theta_k(self, replica, version: int) -> None:
         """Loads θ_k into one (restarted) replica, without touching the others' in-flight requests."""
         # Without a snapshot the actor has not stepped past θ_k yet and holds it already.
-        with self._actor_lock, (self._at_theta_k() if self._theta_k_saved else nullcontext()):
+        with self._actor_lock, (self._at_theta_k() if self._theta_k_saved() else nullcontext()):
             manager = type(self.checkpoint_manager)(config=self.checkpoint_manager.config,
                                                     actor_wg=self.checkpoint_manager.actor_wg,
                                                     replicas=[replica])
@@ -277,7 +253,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         cause = exc.__cause__
         return text if cause is None else f"{text} ({type(cause).__name__}: {cause})"
 
-    def _fail_step(self, exc: Exception):
+    def _fail_step(self, exc: Exception, trained: bool):
         """A step failed for good. Roll the trainer back to the end of the last completed step (θ_k and the
         optimizer state from the CPU snapshot; nothing to undo if no optimizer step ran yet), save a checkpoint
         there with the data loader as it was before this step's batch, and raise. Resuming
@@ -287,18 +263,18 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         if not self.config.rolloutpipe.fault.checkpoint_on_failure:
             raise StepFailedError(f"step {step} failed: {self._describe(exc)} "
                                   f"(no checkpoint written: rolloutpipe.fault.checkpoint_on_failure=false)") from exc
-        if self._training_done:  # only the weight sync failed: the trainer holds a complete step k
-            self._save_checkpoint_at(step, self.train_dataloader.state_dict())
+        if trained:  # only the weight sync failed: the trainer holds a complete step k
+            save_checkpoint_at(self, step, self.train_dataloader.state_dict())
             raise StepFailedError(f"step {step} failed after training: {self._describe(exc)}. Saved "
                                   f"{os.path.join(str(where), f'global_step_{step}')}; run again with "
                                   f"trainer.resume_mode=auto to go on at step {step + 1}") from exc
         try:
             with self._actor_lock:
-                if self._stepped:
-                    if not self._theta_k_saved:
+                if self._current is not None and self._current.stepped:
+                    if not self._theta_k_saved():
                         raise RuntimeError("the step's first optimizer step ran without a snapshot to undo it")
                     self.actor_wg.restore_train_state()
-                self._save_checkpoint_at(last, self._data_state)
+                save_checkpoint_at(self, last, self._data_state)
         except Exception as save_error:
             raise StepFailedError(f"step {step} failed: {self._describe(exc)}; rolling back to step {last} "
                                   f"failed too ({type(save_error).__name__}: {save_error}); resume from the "
@@ -307,15 +283,6 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
             f"step {step} failed: {self._describe(exc)}. Rolled back to the end of step {last} and saved "
             f"{os.path.join(str(where), f'global_step_{last}')}; run again with trainer.resume_mode=auto to "
             f"resume at step {step} with the same data") from exc
-
-    def _save_checkpoint_at(self, step: int, data_state) -> None:
-        """verl's checkpoint, labelled ``step``, with the given data-loader state."""
-        loader, steps = self.train_dataloader, self.global_steps
-        self.train_dataloader, self.global_steps = _DataStateAt(loader, data_state), step
-        try:
-            self._save_checkpoint()
-        finally:
-            self.train_dataloader, self.global_steps = loader, steps
 
     # ------------------------------------------------------------------ rollout side
 
@@ -388,7 +355,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         spec = self.workload_spec
         if not spec:
             return None
-        from verl_pipe.sim.workload import from_spec
+        from verl_pipe.workload import from_spec
 
         workload = from_spec(spec, num_groups, self.n, prompt_len=0, seed=int(spec.get("seed", 0)) + self.global_steps)
 
@@ -398,199 +365,10 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
 
         return overrides
 
-    # ------------------------------------------------------------------ trainer side
-
-    def _train_after_rollout(self, queue: GroupQueue, timeline: StepTimeline) -> list[Group]:
-        """Sync mode: wait for every group, old log-probs for the whole batch, then each unit."""
-        self.unit_metrics: list[dict] = []  # per unit, in training order (grad norm, loss, ...)
-        groups = sorted(queue.drain(), key=lambda g: g.index)  # dispatch order, like verl
-        groups = self._ordered(groups)
-        units = [groups[i:i + self.groups_per_unit] for i in range(0, len(groups), self.groups_per_unit)]
-        if not units:
-            return []
-        batch = self._concat(groups)
-        if str(self.config.algorithm.adv_estimator) in BATCH_NORMALIZED_ESTIMATORS:
-            batch = advantages(batch, self.config, self.n)  # normalized across the whole batch, as verl
-        with timeline.span("old_log_prob"):
-            batch = self._fit_compute_log_prob(batch)  # θ_k: nothing has been updated yet
-        if self.use_reference_policy:
-            with timeline.span("ref_log_prob"):
-                batch = self._fit_compute_ref_log_prob(batch)
-        offset = 0
-        for u, unit in enumerate(units):
-            rows = len(unit) * self.n
-            timeline.unit_ready(u, [g.index for g in unit])
-            unit_batch = self._with_token_counts(batch.slice(offset, offset + rows))
-            offset += rows
-            with timeline.span("update", unit=u):
-                self._stepped = True
-                self._update_unit(unit_batch)
-        self._trained_batch = batch
-        return groups
-
-    def _train_while_rollout_runs(self, queue: GroupQueue, timeline: StepTimeline) -> list[Group]:
-        """CGP: train each unit as soon as its groups are in the FIFO."""
-        self.unit_metrics: list[dict] = []  # per unit, in training order (grad norm, loss, ...)
-        trained: list[Group] = []
-        pieces = []
-        u = 0
-        snapshot = self._units_per_step() > 1
-        while True:
-            unit = queue.take(self.groups_per_unit)
-            if not unit:
-                break
-            unit = self._ordered(unit)
-            timeline.unit_ready(u, [g.index for g in unit])
-            unit_batch = self._concat(unit)
-            with self._actor_lock:
-                with timeline.span("old_log_prob", unit=u):
-                    if u == 0:
-                        unit_batch = self._fit_compute_log_prob(unit_batch)  # the actor still holds θ_k
-                    else:
-                        unit_batch = self._old_log_prob_at_theta_k(unit_batch)
-                if self.use_reference_policy:
-                    with timeline.span("ref_log_prob", unit=u):
-                        unit_batch = self._fit_compute_ref_log_prob(unit_batch)
-                if u == 0 and snapshot:
-                    # Keep θ_k for later units' old log-probs (the worker's θ_k store).
-                    with timeline.span("snapshot_theta_k", unit=u):
-                        self._snapshot_train_state()
-                with timeline.span("update", unit=u):
-                    self._stepped = True
-                    self._update_unit(unit_batch)
-            trained.extend(unit)
-            pieces.append(unit_batch)
-            u += 1
-        self._trained_batch = DataProto.concat([self._without_meta(p) for p in pieces]) if pieces else None
-        return trained
-
-    def _train_each_group_as_it_arrives(self, queue: GroupQueue, timeline: StepTimeline) -> list[Group]:
-        """CGP, group granularity: each arriving group is a micro-batch of the unit's gradient
-        accumulation; the optimizer steps when the unit's last group is in.
-
-        A batch-whitened estimator (reinforce_plus_plus_baseline, verl_pipe.whitening) trains the
-        groups that arrive before the batch is complete into gradient buffers, and the first
-        unit's step waits for the end of the rollout, when the batch's coefficients exist."""
-        self.unit_metrics: list[dict] = []  # per unit, in training order (grad norm, loss, ...)
-        trained: list[Group] = []
-        pieces: list[tuple[list[Group], DataProto, bool]] = []  # groups, their batch, trained into buffers
-        snapshot = self._units_per_step() > 1
-        loss_agg_mode = self.config.actor_rollout_ref.actor.loss_agg_mode
-        whiten = str(self.config.algorithm.adv_estimator) in AFFINE_BATCH_ESTIMATORS
-        target = self._units_per_step() * self.groups_per_unit
-        seen: list[Group] = []  # every group taken this step
-        final = None  # (advantages by group index, buffer coefficients) once the batch is complete
-        for u in range(self._units_per_step()):
-            self.actor_wg.begin_unit()
-            unit: list[Group] = []
-            tokens = 0
-            buffered = False
-            while len(unit) < self.groups_per_unit:
-                # Whatever has arrived, up to the unit's remainder: one θ_k swap for a burst of groups.
-                got = self._ordered(queue.take_available(self.groups_per_unit - len(unit)))
-                if not got:
-                    break
-                seen.extend(got)
-                if whiten and final is None and (len(seen) == target or queue.closed):
-                    final = self._whiten_batch(seen, queue, target)  # the batch is complete
-                last = got[-1].index
-                batch = self._concat(got)
-                with self._actor_lock:
-                    with timeline.span("old_log_prob", unit=u, group=last):
-                        batch = (self._fit_compute_log_prob(batch) if u == 0
-                                 else self._old_log_prob_at_theta_k(batch))
-                    if self.use_reference_policy:
-                        with timeline.span("ref_log_prob", unit=u, group=last):
-                            batch = self._fit_compute_ref_log_prob(batch)
-                    into_buffers = whiten and final is None
-                    with timeline.span("forward_backward", unit=u, group=last):
-                        if into_buffers:
-                            self._accumulate_basis(batch)
-                            buffered = True
-                        else:
-                            if whiten:
-                                self._set_final_advantages(batch, got, final[0])
-                            self._accumulate(batch)
-                tokens += int(batch.batch["response_mask"].sum())
-                unit.extend(got)
-                pieces.append((got, batch, into_buffers))
-            if not unit:
-                break
-            timeline.unit_ready(u, [g.index for g in unit])
-            if buffered and final is None:
-                # Trained before the batch was complete: the step needs the whole batch's statistics.
-                final = self._whiten_batch(seen, queue, target)
-            with self._actor_lock:
-                if u == 0 and snapshot:
-                    with timeline.span("snapshot_theta_k", unit=u):
-                        self._snapshot_train_state()
-                with timeline.span("optimizer_step", unit=u):
-                    self._stepped = True
-                    out = self.actor_wg.finish_unit(loss_agg_mode, tokens, len(unit) * self.n,
-                                                    final[1] if buffered else None)[0]
-            self.unit_metrics.append(out)
-            self.metrics.update(out)
-            trained.extend(unit)
-        if whiten:
-            buffered_pieces = [(got, batch) for got, batch, into in pieces if into]
-            self.metrics["rolloutpipe/groups_trained_before_batch_complete"] = sum(len(g) for g, _ in buffered_pieces)
-            for got, batch in buffered_pieces:  # the advantages they were trained with, for metrics and checks
-                self._set_final_advantages(batch, got, final[0])
-        self._trained_batch = DataProto.concat([self._without_meta(p) for _, p, _ in pieces]) if pieces else None
-        return trained
-
-    def _whiten_batch(self, seen: list[Group], queue: GroupQueue, target: int) -> tuple[dict, dict]:
-        """verl's advantages over the whole batch (the first ``target`` groups taken or still queued, in sync
-        mode's order; waits for the end of the rollout unless ``target`` were taken), and the coefficients
-        of the gradient buffers of groups trained before it was complete."""
-        groups = (seen + (queue.wait_rest() if len(seen) < target else []))[:target]
-        ordered = self._ordered(sorted(groups, key=lambda g: g.index))
-        batch = advantages(DataProto.concat([g.data for g in ordered]), self.config, self.n)
-        adv = batch.batch["advantages"]
-        by_group = {g.index: adv[i * self.n:(i + 1) * self.n] for i, g in enumerate(ordered)}
-        alpha, beta = affine_coefficients(batch.batch["token_level_rewards"], batch.batch["response_mask"],
-                                          batch.non_tensor_batch["uid"])
-        return by_group, combination(alpha, beta, has_aux_loss(self.config.actor_rollout_ref.actor))
-
-    def _set_final_advantages(self, batch: DataProto, groups: list[Group], by_group: dict) -> None:
-        adv = torch.cat([by_group[g.index] for g in groups])
-        batch.batch["advantages"] = adv
-        batch.batch["returns"] = adv.clone()
-
-    def _accumulate_basis(self, batch: DataProto) -> None:
-        """The gradient passes of a group trained before the batch is complete (verl_pipe.whitening),
-        each into its own buffer on the worker."""
-        own = batch.batch["advantages"]
-        passes = basis_advantages(batch.batch["token_level_rewards"], batch.batch["response_mask"],
-                                  batch.non_tensor_batch["uid"], has_aux_loss(self.config.actor_rollout_ref.actor))
-        try:
-            for name, adv in passes.items():
-                batch.batch["advantages"] = adv.to(own.dtype)
-                batch.meta_info["grad_buffer"] = name
-                self._accumulate(batch)
-        finally:
-            batch.batch["advantages"] = own
-            batch.meta_info.pop("grad_buffer", None)
-
-    def _accumulate(self, batch: DataProto) -> None:
-        """verl's _update_actor preprocessing, sent to accumulate_group instead of update_actor."""
-        real = self.actor_rollout_wg
-        self.actor_rollout_wg = _AccumulateInsteadOfUpdate(real)
-        try:
-            self._update_actor(batch)
-        finally:
-            self.actor_rollout_wg = real
+    # ------------------------------------------------------------------ trainer side (verl_pipe/actor_backend.py)
 
     def _units_per_step(self) -> int:
         return int(self.config.data.train_batch_size) // self.groups_per_unit
-
-    def _old_log_prob_at_theta_k(self, unit_batch: DataProto) -> DataProto:
-        # Earlier units' optimizer steps moved the actor past θ_k. Swap θ_k in, compute, swap back: with
-        # rolloutpipe.theta_k.store=device a pointer swap on the device (no copy), with pinned two host copies
-        # into preallocated buffers. With bypass_mode the old log-probs are vLLM's: no actor pass, no swap.
-        bypass = OmegaConf.select(self.config, "algorithm.rollout_correction.bypass_mode", default=False)
-        with nullcontext() if bypass else self._at_theta_k():
-            return self._fit_compute_log_prob(unit_batch)
 
     @contextmanager
     def _at_theta_k(self):
@@ -601,51 +379,11 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         finally:
             self.actor_wg.leave_theta_k()
 
-    def _update_unit(self, unit_batch: DataProto) -> None:
-        if self.config.trainer.balance_batch:
-            # verl's DP balancing (RayPPOTrainer._balance_batch) over this unit only: a unit is one PPO
-            # mini-batch, so reordering its rows across DP ranks moves no row to another optimizer step and
-            # the gradient is the same sum (exact up to float summation order). verl's whole-batch balancing
-            # would move rows between mini-batches, which CGP cannot do before the batch is complete.
-            dp = self._get_dp_size(self.actor_rollout_wg, "actor")
-            if dp > 1 and len(unit_batch) % dp == 0:  # a short last unit that does not split evenly stays as is
-                self._balance_batch(unit_batch, metrics=self.metrics)
-        with self._mini_batch_of(len(unit_batch) // self.n):
-            out = reduce_metrics(self._update_actor(unit_batch).meta_info["metrics"])
-        self.unit_metrics.append(out)
-        self.metrics.update(out)
-
-    @contextmanager
-    def _mini_batch_of(self, groups: int):
-        """A short last unit (the zero-variance filter left fewer trainable groups than the batch
-        needs) is still one optimizer step: verl's _update_actor reads the mini-batch size from
-        the config, so it is set to the unit's size for that call only."""
-        actor = self.config.actor_rollout_ref.actor
-        if groups == self.groups_per_unit:
-            yield
-            return
-        with open_dict(actor):
-            actor.ppo_mini_batch_size = groups
-            try:
-                yield
-            finally:
-                actor.ppo_mini_batch_size = self.groups_per_unit
-
-    def _concat(self, groups: list[Group]) -> DataProto:
-        return self._with_token_counts(DataProto.concat([g.data for g in groups]))
-
     def _with_token_counts(self, batch: DataProto) -> DataProto:
         batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
         batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
         batch.meta_info.setdefault("images_seqlens", [])
         return batch
-
-    @staticmethod
-    def _without_meta(batch: DataProto) -> DataProto:
-        return DataProto(batch=batch.batch, non_tensor_batch=batch.non_tensor_batch, meta_info={})
-
-    def _ordered(self, groups: list[Group]) -> list[Group]:
-        return self.unit_order_hook(groups) if self.unit_order_hook is not None else groups
 
     # ------------------------------------------------------------------ weight sync and metrics
 
@@ -660,7 +398,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         if sync_metrics:
             self.metrics.update(sync_metrics)
 
-    def _record_step(self, trained: list[Group], timeline: StepTimeline, rollout_result) -> None:
+    def _record_step(self, outcome: StepOutcome, timeline: StepTimeline, rollout_result, data_index: list) -> None:
         self.timelines.append(timeline)
         tm = timeline.metrics()
         self.metrics.update({f"rolloutpipe/{k}": v for k, v in tm.items()})
@@ -674,17 +412,16 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         self.metrics["rolloutpipe/requeued_requests"] = rollout_result.requeued_requests
         if rollout_result.recovery_s:
             self.metrics["rolloutpipe/replica_recovery_s"] = max(rollout_result.recovery_s)
-        self.metrics["rolloutpipe/trained_groups"] = len(trained)
+        self.metrics["rolloutpipe/trained_groups"] = len(outcome.trained)
         self.metrics.update(skip_metrics(self.config))  # records the launcher's data check skipped
-        batch = getattr(self, "_trained_batch", None)
-        if batch is not None:
+        if outcome.batch is not None:
             # verl's own step metrics (data, timing_s/*, throughput, variance proxy) on the trained groups.
-            self._fit_collect_metrics(self._with_token_counts(batch))
+            self._fit_collect_metrics(self._with_token_counts(outcome.batch))
         self.metrics["timing_s/step"] = self.timing_raw["step"]
         self.last_step_record = {
             "step": self.global_steps,
-            "data_index": self._step_data_index,  # the dataset rows the step drew, in order
-            "trained_groups": [g.index for g in trained],
+            "data_index": data_index,  # the dataset rows the step drew, in order
+            "trained_groups": [g.index for g in outcome.trained],
             "timeline": tm,
         }
         trace_dir = self.config.rolloutpipe.trace_dir

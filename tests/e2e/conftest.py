@@ -98,7 +98,7 @@ def with_estimator(trainer, name: str):
 
 def train_same_responses(session, tmp_path, runs) -> dict:
     """One step's responses, generated once, trained by each of ``runs(groups, version)`` -> [(name,
-    train function, queue)] from the same θ_k and optimizer state. Returns ``theta_k`` (parameters), the
+    train function (queue, timeline) -> StepOutcome, queue)] from the same θ_k and optimizer state. Returns ``theta_k`` (parameters), the
     ``groups``, and per run the unit grad norms, the parameters after, the step's metrics and the trained
     batch. Leaves the actor at θ_k, as the vLLM replica has it."""
     from verl_pipe.group_queue import GroupQueue
@@ -117,14 +117,19 @@ def train_same_responses(session, tmp_path, runs) -> dict:
         for name, train, q in runs(groups, version):
             trainer.actor_wg.load_checkpoint(ckpt)
             trainer.metrics = {}
-            trained = train(q, StepTimeline(0, trainer.groups_per_unit))
-            assert [g.index for g in trained] == sorted(g.index for g in groups), name
-            out[name] = {"norms": [m["actor/grad_norm"] for m in trainer.unit_metrics],
+            outcome = train(q, StepTimeline(0, trainer.groups_per_unit))
+            assert [g.index for g in outcome.trained] == sorted(g.index for g in groups), name
+            out[name] = {"norms": [m["actor/grad_norm"] for m in outcome.unit_metrics],
                          "state": session.actor_state(), "metrics": dict(trainer.metrics),
-                         "batch": trainer._trained_batch}
+                         "batch": outcome.batch}
     finally:
         trainer.actor_wg.load_checkpoint(ckpt)
     return out
+
+
+def trainer_in(trainer, mode: str, granularity: str):
+    """The trainer's training of one step's queue in ``mode`` / ``granularity``: (queue, timeline) -> StepOutcome."""
+    return lambda queue, timeline: trainer.train(queue, timeline, mode=mode, granularity=granularity)
 
 
 def update_deviation(state, base_state, theta_k) -> float:
@@ -139,12 +144,12 @@ def whitened_estimator_equivalence(session, tmp_path) -> dict:
     batch complete from the start (final advantages only); CGP group granularity with unit 0's groups
     trained before the batch is complete (gradient buffers, verl_pipe/whitening.py)."""
     trainer = session.trainer
+    sync, group = trainer_in(trainer, "sync", "minibatch"), trainer_in(trainer, "cgp", "group")
 
     def runs(groups, version):
-        return [("sync", trainer._train_after_rollout, prefilled_queue(groups, version)),
-                ("group_complete", trainer._train_each_group_as_it_arrives, prefilled_queue(groups, version)),
-                ("group_buffered", trainer._train_each_group_as_it_arrives,
-                 trickled_queue(groups, version, first=trainer.groups_per_unit))]
+        return [("sync", sync, prefilled_queue(groups, version)),
+                ("group_complete", group, prefilled_queue(groups, version)),
+                ("group_buffered", group, trickled_queue(groups, version, first=trainer.groups_per_unit))]
 
     with with_estimator(trainer, "reinforce_plus_plus_baseline"):
         return train_same_responses(session, tmp_path, runs)

@@ -1,7 +1,9 @@
 """Faults injected for real on the live CPU stack: a rollout replica killed by pid mid-step, requests that
 vLLM rejects, no replica left (rollback + checkpoint), and resuming from that checkpoint.
 
-The tests share one stack and run in file order; the last ones take the stack down on purpose.
+The tests share one stack; each reads the weight version and step it starts from off the trainer. The last test
+takes the stack down on purpose (no replica left), then resumes from the checkpoint it wrote, in one test: the
+resume needs that failure, so the two are not separate tests that would depend on running in file order.
 """
 
 import os
@@ -89,17 +91,25 @@ def _gone(pids, timeout=30.0) -> bool:
 
 
 class _KillAfterFirstUnit:
-    """Wraps the trainer's unit update: once the first unit has trained (the actor is past θ_k), SIGKILL
-    the vLLM server process while the long groups are still being generated."""
+    """Wraps the trainer's unit update (a subclass of its schedule executor, ``backend_cls``, for one step): once the
+    first unit has trained (the actor is past θ_k), SIGKILL the vLLM server process while the long groups are still
+    being generated."""
 
     def __init__(self, trainer, pid: int):
         self.trainer, self.pid = trainer, pid
-        self.real = trainer._update_unit
         self.killed_at = None
         self.inflight_at_kill = None
+        kill = self
 
-    def __call__(self, unit_batch):
-        self.real(unit_batch)
+        class Backend(type(trainer).backend_cls):
+            def update_unit(self, unit_batch):
+                out = super().update_unit(unit_batch)
+                kill.after_update()
+                return out
+
+        self.backend_cls = Backend
+
+    def after_update(self):
         if self.killed_at is None:
             self.inflight_at_kill = self.trainer.rollout._tasks and len(self.trainer.rollout._tasks)
             os.kill(self.pid, signal.SIGKILL)
@@ -116,9 +126,9 @@ def test_replica_killed_mid_step_restarts_with_theta_k(stack):
     kill = _KillAfterFirstUnit(trainer, pid)
 
     t0 = time.perf_counter()
-    rec = stack.step(sampling_overrides=_lengths, _update_unit=kill)
+    rec = stack.step(sampling_overrides=_lengths, backend_cls=kill.backend_cls)
     took = time.perf_counter() - t0
-    del trainer._update_unit  # back to the class's method
+    del trainer.backend_cls  # back to the class's executor
     m = rec["metrics"]
     # the bad records were skipped and counted, and the run went on with the good ones
     for reason, n in stack.expected_skips.items():
@@ -131,7 +141,7 @@ def test_replica_killed_mid_step_restarts_with_theta_k(stack):
     assert m["rolloutpipe/replica_restarts"] == 1
     assert m["rolloutpipe/requeued_requests"] > 0
     # every trainable group trained once, nothing lost or twice
-    batch = trainer._trained_batch
+    batch = trainer.last_outcome.batch
     assert_every_group_once_at(rec, batch, GROUPS, N, version)
     # The restarted replica generated with θ_k (not with the actor's state after unit 0): its samples'
     # vLLM log-probs match the trainer's θ_k old log-probs as closely as the other replica's did.
@@ -146,7 +156,7 @@ def test_replica_killed_mid_step_restarts_with_theta_k(stack):
     # the next step syncs θ_{k+1} into the restarted replica and runs normally
     rec2 = stack.step(sampling_overrides=_lengths)
     assert rec2["metrics"]["rolloutpipe/replica_failures"] == 0
-    assert set(trainer._trained_batch.non_tensor_batch["min_global_steps"]) == {version + 1}
+    assert set(trainer.last_outcome.batch.non_tensor_batch["min_global_steps"]) == {version + 1}
 
 
 def test_rejected_requests_drop_their_group_or_fail_the_step(stack):
@@ -181,7 +191,12 @@ def test_rejected_requests_drop_their_group_or_fail_the_step(stack):
     assert rec["step"] == step and len(rec["trained_groups"]) == GROUPS
 
 
-def test_no_replica_left_rolls_back_and_checkpoints(stack, ckpt_dir):
+def test_no_replica_left_rolls_back_checkpoints_and_resumes(stack, ckpt_dir):
+    _no_replica_left_rolls_back_and_checkpoints(stack, ckpt_dir)
+    _resume_from_the_rolled_back_checkpoint(stack, ckpt_dir)
+
+
+def _no_replica_left_rolls_back_and_checkpoints(stack, ckpt_dir):
     from verl_pipe.trainer import StepFailedError
 
     trainer = stack.trainer
@@ -195,7 +210,7 @@ def test_no_replica_left_rolls_back_and_checkpoints(stack, ckpt_dir):
     stack.theta_k = theta_k
     kill = _KillAfterFirstUnit(trainer, _server_pid(trainer))
     with pytest.raises(StepFailedError, match="no replica is left") as err:
-        stack.step(batch_dict=batch_dict, sampling_overrides=_lengths, _update_unit=kill)
+        stack.step(batch_dict=batch_dict, sampling_overrides=_lengths, backend_cls=kill.backend_cls)
     print(f"\n[fault] {err.value}")
     assert kill.killed_at is not None and kill.inflight_at_kill
     assert "resume_mode=auto" in str(err.value)
@@ -209,7 +224,7 @@ def test_no_replica_left_rolls_back_and_checkpoints(stack, ckpt_dir):
     stack.closed = True
 
 
-def test_resume_from_the_rolled_back_checkpoint(stack, ckpt_dir):
+def _resume_from_the_rolled_back_checkpoint(stack, ckpt_dir):
     from verl_pipe.session import PipeSession, compose
 
     assert stack.closed
@@ -225,7 +240,7 @@ def test_resume_from_the_rolled_back_checkpoint(stack, ckpt_dir):
         rec = resumed.step(batch_dict=first, sampling_overrides=_lengths)
         m = rec["metrics"]
         assert rec["step"] == stack.failed_step and len(rec["trained_groups"]) == GROUPS
-        assert set(trainer._trained_batch.non_tensor_batch["min_global_steps"]) == {stack.failed_step - 1}
+        assert set(trainer.last_outcome.batch.non_tensor_batch["min_global_steps"]) == {stack.failed_step - 1}
         assert np.isfinite(m["actor/pg_loss"]) and np.isfinite(m["actor/grad_norm"])
     finally:
         resumed.close()

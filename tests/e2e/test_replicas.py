@@ -62,28 +62,29 @@ def test_replica_killed_without_restart_is_retired(two):
     version = trainer.global_steps - 1
     handle = trainer.llm_server_manager.server_handles[0]
     pid = ray.get(handle.__ray_call__.remote(lambda self: os.getpid()))
-    real = trainer._update_unit
     killed = []
 
-    def update_then_kill(unit_batch):
-        real(unit_batch)
-        if not killed:
-            killed.append(len(trainer.rollout._tasks))
-            os.kill(pid, signal.SIGKILL)
+    class UpdateThenKill(type(trainer).backend_cls):  # the trainer's schedule executor, for one step
+        def update_unit(self, unit_batch):
+            out = super().update_unit(unit_batch)
+            if not killed:
+                killed.append(len(trainer.rollout._tasks))
+                os.kill(pid, signal.SIGKILL)
+            return out
 
-    rec = two.step(sampling_overrides=_lengths, _update_unit=update_then_kill)
-    del trainer._update_unit
+    rec = two.step(sampling_overrides=_lengths, backend_cls=UpdateThenKill)
+    del trainer.backend_cls
     m = rec["metrics"]
     print(f"\n[replicas] killed replica 0 with {killed[0]} requests in flight; "
           f"{m['rolloutpipe/requeued_requests']} requeued to replica 1")
     assert killed and killed[0] > 0
     assert m["rolloutpipe/replica_failures"] == 1 and m["rolloutpipe/replica_restarts"] == 0
     assert m["rolloutpipe/requeued_requests"] > 0
-    batch = trainer._trained_batch
+    batch = trainer.last_outcome.batch
     assert_every_group_once_at(rec, batch, GROUPS, N, version)
     assert trainer.rollout.live_replicas() == [1]
     # the next step runs on the survivor only and gets θ_{k+1} (the weight sync skips the retired replica)
     rec2 = two.step(sampling_overrides=_lengths)
     assert rec2["metrics"]["rolloutpipe/replica_failures"] == 0
     assert {ev["replica"] for ev in trainer.timelines[-1]._ev["requests"]} == {1}
-    assert set(trainer._trained_batch.non_tensor_batch["min_global_steps"]) == {version + 1}
+    assert set(trainer.last_outcome.batch.non_tensor_batch["min_global_steps"]) == {version + 1}

@@ -85,11 +85,11 @@ def test_dapo_step_with_the_extension_example(dapo_pipe):
     units = [u["groups"] for u in trainer.timelines[-1].to_dict()["units_ready"]]
     assert [len(u) for u in units] == [min(GROUPS_PER_UNIT, len(trained) - i)
                                        for i in range(0, len(trained), GROUPS_PER_UNIT)]
-    assert tm["num_units"] == math.ceil(len(trained) / GROUPS_PER_UNIT) == len(trainer.unit_metrics)
+    assert tm["num_units"] == math.ceil(len(trained) / GROUPS_PER_UNIT) == len(trainer.last_outcome.unit_metrics)
     assert tm["num_trainable_groups"] == len(trained)
 
     # ---- the trained groups: n responses each, all with reward variance (the custom filter's spread)
-    batch = trainer._trained_batch
+    batch = trainer.last_outcome.batch
     assert len(batch) == len(trained) * N
     scores = batch.batch["token_level_scores"].sum(-1)
     assert set(scores.tolist()) <= {0.0, 0.25, 1.0}, "the example's reward: correct 1, a number 0.25, else 0"

@@ -32,7 +32,7 @@ def kl_pipe(tmp_path_factory):
 
 def test_cgp_with_kl_loss_against_the_reference(kl_pipe):
     rec = kl_pipe.step(mode="cgp", granularity="minibatch", fgd=True, workload=LONGTAIL)
-    batch = kl_pipe.trainer._trained_batch
+    batch = kl_pipe.trainer.last_outcome.batch
     assert "ref_log_prob" in batch.batch.keys()
     mask = batch.batch["response_mask"].bool()
     # step 1: the actor still is the reference model, so the first unit's old log-probs equal the

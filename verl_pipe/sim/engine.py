@@ -8,7 +8,7 @@ What is mirrored, because it decides who finishes when:
 - the waiting queue: fcfs (a preempted request is prepended) or a heap on (priority, arrival). A waiting
   high-priority request never evicts a running one when ``max_num_seqs`` binds (vLLM V1; vllm#40004).
 
-Decode cost (sim_params.md §3): t_step = t0 + per_seq_s*b + (W + sum ctx_i * kv_bytes) / BW_eff, plus
+Decode cost (docs/sim_sources.md §3): t_step = t0 + per_seq_s*b + (W + sum ctx_i * kv_bytes) / BW_eff, plus
 prefill FLOPs / FLOP rate for the prompts (or recomputed contexts) admitted in that step; one token per
 running request per step. Between scheduling decisions the batch is fixed, so the engine advances many
 steps at once in closed form (step k of a segment costs a + c*k) instead of looping per token.
@@ -25,7 +25,7 @@ import numpy as np
 
 @dataclass(frozen=True)
 class EngineParams:
-    """Defaults: Qwen3-1.7B, TP=1 on an H100-class GPU (sim_params.md §3 and §7; tags in the YAML)."""
+    """Defaults: Qwen3-1.7B, TP=1 on an H100-class GPU (docs/sim_sources.md §3 and §7; tags in the YAML)."""
 
     max_num_seqs: int = 256  # verl rollout.yaml [S]
     max_num_batched_tokens: int = 8192  # verl rollout.yaml [S]
@@ -50,7 +50,7 @@ class EngineParams:
 H100_QWEN3_1P7B = EngineParams()
 
 # The 2-core CPU runs of verl_pipe (tiny Qwen3, vLLM CPU on one AMD EPYC core). Calibrated by
-# `python -m verl_pipe.bench` (bench_calib.fit_engine: fit_engine_params on decode-step samples of the tiny-model
+# `python -m verl_pipe.bench` (verl_pipe/bench/calib.py fit_engine: fit_engine_params on decode-step samples of the tiny-model
 # sync runs, rollout alone, batches <= 16): t ~ 0.14 ms + 0.39 ms per running sequence, prefill ~0.16 ms per
 # prompt token; t0/per_seq are only jointly identified near b = 16 (larger batches are an extrapolation).
 # KV: 1 GiB (rolloutpipe.cpu.kv_cache_gib) / 1 KiB per token (2 layers x 1 KV head x 64 x 2 x fp32).
@@ -148,9 +148,6 @@ class Replica:
 
     def generated(self, s: Seq) -> int:
         return s.base + (self.steps - s.joined_at_step if s.running else 0)
-
-    def _ctx(self, s: Seq) -> int:
-        return s.prompt + self.generated(s)
 
     @property
     def idle(self) -> bool:

@@ -13,7 +13,7 @@ import yaml
 from verl_pipe.sim.engine import EngineParams
 from verl_pipe.sim.simulate import rollout_for_mode, timeline_for
 from verl_pipe.sim.trainer import TrainerParams, placement_costs
-from verl_pipe.sim.workload import from_spec
+from verl_pipe.workload import from_spec
 from verl_pipe.timeline import summarize
 
 BASE = "sync"

@@ -18,7 +18,7 @@ import numpy as np
 from verl_pipe.frontier import FCFSPolicy, FrontierPolicy, Request
 from verl_pipe.sim.engine import EngineParams, Replica, Seq
 from verl_pipe.sim.trainer import MODES, TrainerParams, schedule
-from verl_pipe.sim.workload import Workload
+from verl_pipe.workload import Workload
 from verl_pipe.timeline import StepTimeline
 
 _EVENT, _PLAN = 0, 1  # at equal times, arrivals and completions are all in before any replica schedules

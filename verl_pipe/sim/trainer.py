@@ -1,6 +1,6 @@
 """Trainer cost model and the trainer's schedule for each mode.
 
-Cost (sim_params.md §4, §7): a trainer call (one old_log_prob, ref, update or forward_backward call on the
+Cost (docs/sim_sources.md §4, §7): a trainer call (one old_log_prob, ref, update or forward_backward call on the
 worker group) over a set of sequences costs ``call_overhead_s`` + FLOPs / (GPUs * FLOP rate * eta) + a fixed
 overhead per micro-batch, where the micro-batches per GPU are ceil(tokens / GPUs / max_tokens_per_microbatch)
 (verl's dynamic batch size packs tokens). FLOPs per sequence of length L = L * linear + attn_coef * L^2 (6N +
@@ -9,8 +9,9 @@ overhead per micro-batch, where the micro-batches per GPU are ceil(tokens / GPUs
 by ``time_scale``, the knob of the T/R sweep (CPU model copies and polling are not compute and are not scaled).
 
 The rollout never waits for the trainer (separate pools, fixed weights), so the trainer is a single server
-that consumes group completions in order; its schedule is a pure function of the completion times. Each
-mode's schedule follows ``verl_pipe/trainer.py`` call by call:
+that consumes group completions in order. Our modes run the real trainer's own schedule (``verl_pipe.schedule``,
+the same generator ``verl_pipe/trainer.py`` executes on verl's workers) on ``CostModel``, which prices each
+action; what that gives per mode:
 
 - sync: one old_log_prob (and ref) call over the whole batch after the rollout, then one update per unit;
 - cgp (mini-batch units): per unit, when its groups are in, old_log_prob, ref and update calls;
@@ -21,7 +22,7 @@ mode's schedule follows ``verl_pipe/trainer.py`` call by call:
   and takes it alone (measured: 0 of 49 idle takes in the benchmark runs got more than one group);
 - CGP's exact on-policy old log-probs: unit 0 runs at theta_k as is and then keeps a snapshot of theta_k
   (``snapshot_theta_k``: one save, plus the optimizer's rollback snapshot with fault.checkpoint_on_failure);
-  every later unit's old_log_prob call swaps theta_k in and back out (``_old_log_prob_at_theta_k``), recorded
+  every later unit's old_log_prob call swaps theta_k in and back out (``ActorBackend._old_log_prob_at_theta_k``), recorded
   inside the old_log_prob span as the real trainer does. The copy costs depend on where theta_k is kept
   (``placement_costs``, rolloutpipe.theta_k.store): ``pageable`` (verl's save_model_to_cpu, what the trainer
   did before the store: save the current weights, restore theta_k, compute, restore the current weights),
@@ -33,6 +34,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+
+from verl_pipe import schedule as S
 
 MODES = ("sync", "cgp", "cgp_group", "cgp_fgd", "verl_separate_async")
 
@@ -147,80 +150,120 @@ class _Trainer:
             self.plan.spans.append((kind, start, self.free, unit, group))
 
 
+# The simulator's modes as the trainer's (mode, granularity); verl_separate_async is verl's trainer, not ours.
+TRAINER_MODES = {"sync": ("sync", "minibatch"), "cgp": ("cgp", "minibatch"), "cgp_fgd": ("cgp", "minibatch"),
+                 "cgp_group": ("cgp", "group")}
+
+
+class CostModel:
+    """Executes verl_pipe.schedule's actions on the clock: the simulator's executor of the real trainer's schedule.
+
+    The FIFO is the completion list: a ``Take`` waits for its groups' completion times (or the rollout's end)
+    like ``GroupQueue.take`` / ``take_available``; each compute action costs what ``TrainerParams`` says and runs
+    when both the trainer and its input are free.
+    """
+
+    def __init__(self, completions: list[tuple[float, int]], seq_lens, p: TrainerParams, groups_per_unit: int,
+                 rollout_end: float):
+        self.fifo, self.next = completions, 0
+        self.at = {g: t for t, g in completions}
+        self.seq_lens, self.p, self.gpu, self.rollout_end = seq_lens, p, groups_per_unit, rollout_end
+        self.plan = TrainPlan()
+        self.tr = _Trainer(self.plan)
+        self.ready = 0.0  # when the current input was taken
+
+    def _lens(self, groups) -> list[int]:
+        return [L for g in groups for L in self.seq_lens(g)]
+
+    def _run(self, kind: str, dur: float, action) -> None:
+        self.tr.run(kind, self.ready, dur, action.unit, getattr(action, "tag", None))
+
+    def __call__(self, a):
+        p, rest = self.p, self.fifo[self.next:]
+        if isinstance(a, S.Take):
+            if a.need > 1:  # GroupQueue.take: the need-th next group's completion, or the rollout's end
+                got = rest[:a.max_k]
+                self.ready = got[-1][0] if len(got) >= a.need else self.rollout_end
+            elif not rest:  # take_available at the end: the queue closes with the rollout
+                got, self.ready = [], max(self.ready, self.rollout_end)
+            else:
+                # take_available: an idle trainer wakes on the next group and takes it alone (groups are
+                # materialized one at a time, so even simultaneous completions reach the FIFO one by one); a busy
+                # trainer takes every group that arrived meanwhile
+                take, j = max(self.tr.free, rest[0][0]), 1
+                if self.tr.free >= rest[0][0]:
+                    while j < min(len(rest), a.max_k) and rest[j][0] <= take:
+                        j += 1
+                got, self.ready = rest[:j], take
+            self.next += len(got)
+            return S.Arrivals(tuple(g for _, g in got), closed=max(self.tr.free, self.ready) >= self.rollout_end)
+        if isinstance(a, S.Drain):
+            self.next = len(self.fifo)
+            self.ready = max([t for t, _ in rest] + [self.rollout_end])
+            return S.Arrivals(tuple(g for _, g in rest), closed=True)
+        if isinstance(a, S.WaitRest):
+            self.ready = max(self.ready, self.rollout_end)
+            return tuple(g for _, g in rest)
+        if isinstance(a, S.UnitReady):
+            full = len(a.groups) == self.gpu
+            self.plan.units.append((a.unit, list(a.groups), self.at[a.groups[-1]] if full else self.rollout_end))
+        elif isinstance(a, S.OldLogProb):  # after unit 0's step, θ_k is swapped in and back out
+            self._run(a.span, p.logprob_s(self._lens(a.groups)) + (p.theta_k_swap_s if a.at_theta_k else 0.0), a)
+        elif isinstance(a, S.RefLogProb):
+            self._run(a.span, p.ref_s(self._lens(a.groups)), a)
+        elif isinstance(a, S.Snapshot):
+            self._run(a.span, p.snapshot_s, a)
+        elif isinstance(a, S.Update):  # verl's update_actor: forward/backward, then the optimizer step
+            self._run(a.span, p.update_s(self._lens(a.groups)), a)
+            self._run("optimizer_step", p.optimizer_s, a)
+        elif isinstance(a, S.Accumulate):
+            self._run(a.span, p.update_s(self._lens(a.groups)), a)
+        elif isinstance(a, S.OptimizerStep):
+            self._run(a.span, p.optimizer_s, a)
+        return None  # BeginUnit, BatchAdvantages, Whiten, FinalAdvantages: no cost here
+
+
 def schedule(mode: str, completions: list[tuple[float, int]], seq_lens, p: TrainerParams,
              groups_per_unit: int, rollout_end: float) -> TrainPlan:
     """Trainer spans for one step.
 
     ``completions``: (time, group) of the groups to train, in completion order (the GroupQueue FIFO).
-    ``seq_lens(group)`` -> the group's prompt+response lengths. Units take groups FIFO; a partial last unit
-    is only known complete at ``rollout_end``.
+    ``seq_lens(group)`` -> the group's prompt+response lengths. Our modes run the real trainer's schedule
+    (verl_pipe.schedule) on the cost model; verl_separate_async is a model of verl's own trainer.
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}")
+    if mode == "verl_separate_async":
+        return _verl_separate_async(completions, seq_lens, p, groups_per_unit, rollout_end)
+    tmode, granularity = TRAINER_MODES[mode]
+    units = max(1, math.ceil(len(completions) / groups_per_unit))  # the steps' units (the real one: configured)
+    cost = CostModel(completions, seq_lens, p, groups_per_unit, rollout_end)
+    S.drive(S.train_schedule(tmode, granularity, groups_per_unit, units, use_ref=p.use_ref), cost)
+    return cost.plan
+
+
+def _verl_separate_async(completions, seq_lens, p: TrainerParams, groups_per_unit: int,
+                         rollout_end: float) -> TrainPlan:
+    """verl V1's separate_async trainer: mini-batches, a polling replay buffer, pi_old kept by a CPU model swap."""
     plan = TrainPlan()
     units = [completions[i:i + groups_per_unit] for i in range(0, len(completions), groups_per_unit)]
     for u, members in enumerate(units):
         full = len(members) == groups_per_unit
         plan.units.append((u, [g for _, g in members], members[-1][0] if full else rollout_end))
     tr = _Trainer(plan)
-    lens = lambda groups: [L for g in groups for L in seq_lens(g)]  # noqa: E731
-    multi = len(units) > 1  # the real trainer keeps theta_k only when the step has more than one unit
-
-    def old_log_prob(ready: float, x: list[int], u: int, group: int | None = None) -> None:
-        swap = p.theta_k_swap_s if u > 0 else 0.0  # unit 0 runs before any optimizer step: no swap
-        tr.run("old_log_prob", ready, p.logprob_s(x) + swap, u, group)
-        tr.run("ref_log_prob", ready, p.ref_s(x), u, group)
-
-    if mode == "sync":  # the whole batch first, whole-batch log-probs, then one optimizer step per unit
-        batch_ready = max([t for t, _ in completions] + [rollout_end])
-        all_lens = lens([g for _, g in completions])
-        tr.run("old_log_prob", batch_ready, p.logprob_s(all_lens), None)
-        tr.run("ref_log_prob", batch_ready, p.ref_s(all_lens), None)
-        for u, groups, _ in plan.units:
-            tr.run("update", batch_ready, p.update_s(lens(groups)), u)
-            tr.run("optimizer_step", batch_ready, p.optimizer_s, u)
-    elif mode in ("cgp", "cgp_fgd"):  # a mini-batch as soon as its groups are in (GroupQueue.take)
-        for u, groups, ready in plan.units:
-            x = lens(groups)
-            old_log_prob(ready, x, u)
-            if u == 0 and multi:
-                tr.run("snapshot_theta_k", ready, p.snapshot_s, u)
-            tr.run("update", ready, p.update_s(x), u)
-            tr.run("optimizer_step", ready, p.optimizer_s, u)
-    elif mode == "cgp_group":  # bursts of arrived groups are gradient-accumulation micro-batches
-        for u, groups, ready in plan.units:
-            members = units[u]
-            i = 0
-            while i < len(members):
-                # take_available: an idle trainer wakes on the next group and takes it alone (groups are
-                # materialized one at a time, so even simultaneous completions reach the FIFO one by one); a
-                # busy trainer takes every group that arrived meanwhile
-                take, j = max(tr.free, members[i][0]), i + 1
-                if tr.free >= members[i][0]:
-                    while j < len(members) and members[j][0] <= take:
-                        j += 1
-                burst = [g for _, g in members[i:j]]
-                x = lens(burst)
-                old_log_prob(take, x, u, burst[-1])
-                tr.run("forward_backward", take, p.update_s(x), u, burst[-1])
-                i = j
-            if u == 0 and multi:
-                tr.run("snapshot_theta_k", ready, p.snapshot_s, u)
-            tr.run("optimizer_step", ready, p.optimizer_s, u)
-    else:  # verl_separate_async: mini-batches, a polling replay buffer, pi_old kept by a CPU model swap
-        for u, groups, ready in plan.units:
-            # ReplayBuffer.sample checks at once, then every poll_interval after the call
-            polls = max(0, math.ceil((ready - tr.free) / p.poll_interval_s - 1e-9))
-            tr.free += polls * p.poll_interval_s
-            x = lens(groups)
-            # trainer_separate_async._compute_old_log_prob: mini-step 0 saves pi_old; later mini-steps save
-            # the current weights, restore pi_old, compute, restore the current weights
-            save = p.swap_save_s if p.verl_swap_save_s is None else p.verl_swap_save_s
-            restore = p.swap_restore_s if p.verl_swap_restore_s is None else p.verl_swap_restore_s
-            tr.run("cpu_swap", ready, save + (restore if u > 0 else 0.0), u)
-            tr.run("old_log_prob", ready, p.logprob_s(x), u)
-            tr.run("cpu_swap", ready, restore if u > 0 else 0.0, u)
-            tr.run("ref_log_prob", ready, p.ref_s(x), u)
-            tr.run("update", ready, p.update_s(x), u)
-            tr.run("optimizer_step", ready, p.optimizer_s, u)
+    for u, groups, ready in plan.units:
+        # ReplayBuffer.sample checks at once, then every poll_interval after the call
+        polls = max(0, math.ceil((ready - tr.free) / p.poll_interval_s - 1e-9))
+        tr.free += polls * p.poll_interval_s
+        x = [L for g in groups for L in seq_lens(g)]
+        # trainer_separate_async._compute_old_log_prob: mini-step 0 saves pi_old; later mini-steps save
+        # the current weights, restore pi_old, compute, restore the current weights
+        save = p.swap_save_s if p.verl_swap_save_s is None else p.verl_swap_save_s
+        restore = p.swap_restore_s if p.verl_swap_restore_s is None else p.verl_swap_restore_s
+        tr.run("cpu_swap", ready, save + (restore if u > 0 else 0.0), u)
+        tr.run("old_log_prob", ready, p.logprob_s(x), u)
+        tr.run("cpu_swap", ready, restore if u > 0 else 0.0, u)
+        tr.run("ref_log_prob", ready, p.ref_s(x), u)
+        tr.run("update", ready, p.update_s(x), u)
+        tr.run("optimizer_step", ready, p.optimizer_s, u)
     return plan

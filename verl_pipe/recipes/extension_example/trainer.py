@@ -15,6 +15,9 @@ weight-version checks, verl's actor -- is inherited unchanged; each override cal
    priority. With oversampling, the step fills its batch from the other prompts first, and the deferred
    ones are the leftovers that get aborted: less rollout work spent on groups likely to be dropped.
 3. **Reward**: not a trainer hook; verl's ``reward.custom_reward_function`` (``reward.py`` next to this file).
+4. **Estimator**: not a trainer hook either; ``estimator.py`` next to this file registers ``grpo_median`` with verl
+   and with ``verl_pipe.estimators.register_streaming``; importing it here makes both registrations run wherever
+   this class is loaded (``algorithm.adv_estimator=grpo_median``).
 
 The pure logic (``reward_spread``, ``prompt_key``, ``deferred_groups``, ``DeferringFrontierPolicy``) is
 tested without Ray in tests/test_extension_example.py; tests/e2e/test_zz_dapo.py runs a step with it.
@@ -27,6 +30,7 @@ from typing import Iterable, Mapping
 from verl import DataProto
 
 from verl_pipe.frontier import FrontierPolicy, Request
+from verl_pipe.recipes.extension_example import estimator  # noqa: F401 -- registers grpo_median
 from verl_pipe.rollout.materialize import sequence_scores
 from verl_pipe.trainer import RolloutPipeTrainer
 

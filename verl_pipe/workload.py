@@ -1,6 +1,6 @@
 """Response lengths of one RL step: who finishes when is what the whole pipeline question hinges on.
 
-Lengths are log-normal with a per-group latent (sim_params.md §7, "Length sampler"):
+Lengths are log-normal with a per-group latent (docs/sim_sources.md §7, "Length sampler"):
 
     log L_ij = mu + sigma * (sqrt(rho) * Z_i + sqrt(1 - rho) * E_ij),   then min(L_ij, cap)
 
@@ -31,10 +31,6 @@ class Workload:
         if any(x < 1 for g in self.lengths for x in g):
             raise ValueError("every response needs at least one token")
 
-    def group_tokens(self, group: int) -> int:
-        """Prompt + response tokens of a whole group: what the trainer processes for it."""
-        return sum(self.lengths[group]) + self.n * self.prompt_len
-
     def seq_lens(self, group: int) -> list[int]:
         return [self.prompt_len + x for x in self.lengths[group]]
 
@@ -50,7 +46,7 @@ def lognormal(num_groups: int, n: int, *, sigma: float, rho: float, cap: int, pr
               seed: int, mean: float | None = None, median: float | None = None, name: str = "") -> Workload:
     """Correlated log-normal lengths; give the body's `mean` or `median` (before the cap), not both.
 
-    The mean is that of the uncapped log-normal, as the sources quote it (sim_params.md §1c, §7).
+    The mean is that of the uncapped log-normal, as the sources quote it (docs/sim_sources.md §1c, §7).
     """
     if (mean is None) == (median is None):
         raise ValueError("give exactly one of mean, median")
@@ -83,7 +79,7 @@ def from_spec(spec: dict, num_groups: int, n: int, prompt_len: int, seed: int) -
     raise ValueError(f"unknown workload kind {kind!r}")
 
 
-# The four length distributions of sim_params.md §7 (D1..D4); sources are in verl_pipe/conf/sim/cluster_grid.yaml.
+# The four length distributions of docs/sim_sources.md §7 (D1..D4); sources are in verl_pipe/conf/sim/cluster_grid.yaml.
 SETTINGS: dict[str, dict] = {
     "D1": {"name": "base-early", "mean": 1000, "sigma": 0.8, "rho": 0.72, "cap": 8192},
     "D2": {"name": "distill-8k", "mean": 3500, "sigma": 0.64, "rho": 0.72, "cap": 8192},

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from verl_pipe.bench_calib import engine_intervals
+from verl_pipe.bench.calib import engine_intervals
 from verl_pipe.timeline import StepTimeline, _assign_lanes
 
 _KIND_COLORS = {"old_log_prob": "#4c72b0", "update": "#dd8452", "forward_backward": "#dd8452",
@@ -26,7 +26,7 @@ def _plt():
 
 def draw_timeline(ax, tl: dict, max_num_seqs: int | None = None, title: str = "") -> None:
     """Rollout requests as bars on engine lanes per replica (from the engine's start of the request, see
-    ``bench_calib.engine_intervals``; the grey curve under them counts requests queued before a slot freed),
+    ``calib.engine_intervals``; the grey curve under them counts requests queued before a slot freed),
     group completions as ticks, trainer spans per unit, weight sync; x = seconds since t0."""
     step = StepTimeline.from_dict(tl)
     t0 = step.t0

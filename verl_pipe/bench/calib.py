@@ -37,7 +37,7 @@ import numpy as np
 
 from verl_pipe.sim.engine import CPU_TINY, EngineParams, fit_engine_params
 from verl_pipe.sim.trainer import TrainerParams
-from verl_pipe.sim.workload import Workload
+from verl_pipe.workload import Workload
 
 # Requests shorter than this say more about per-request latency than about decode steps.
 MIN_TOKENS_FOR_STEP_SAMPLE = 4
@@ -182,12 +182,6 @@ class TrainerFit:
     logprob_line: tuple[float, float]  # of an old_log_prob call
     swap_s: float
     num_spans: dict
-
-
-def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    X = np.stack([np.ones(len(xs)), np.asarray(xs, dtype=float)], axis=1)
-    c = nonneg_lstsq(X, np.asarray(ys, dtype=float))
-    return float(c[0]), float(c[1])
 
 
 def trainer_span_samples(step: dict, micro_rows: int) -> dict[str, list[tuple[float, float]]]:

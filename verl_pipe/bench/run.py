@@ -8,10 +8,10 @@ every mode generates exactly the same per-request lengths (EOS ignored). One war
 discarded. Every step trains the model, so the weights differ between steps; the lengths, not the weights,
 decide the rollout's timing.
 
-Output: plain-text tables, and a JSON in DESIGN.md's "Benchmark output" schema (``bench_report``), with a
-``sim_validation`` (the simulator calibrated on these very runs re-simulates each of them, ``bench_calib``)
+Output: plain-text tables, and a JSON in docs/metrics.md's "Benchmark output" schema (``report``), with a
+``sim_validation`` (the simulator calibrated on these very runs re-simulates each of them, ``calib``)
 and a ``sim`` section (the calibrated simulator's figures for every mode, verl's V1 separate_async trainer
-included, and a T/R sweep). Charts with ``--charts`` (``bench_charts``).
+included, and a T/R sweep). Charts with ``--charts`` (``charts``).
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from pathlib import Path
 
 import yaml
 
-from verl_pipe.bench_report import BASE, MODES, check_schema, format_setting, format_sim_validation, format_sweep, \
+from verl_pipe.bench.report import BASE, MODES, check_schema, format_setting, format_sim_validation, format_sweep, \
     setting_entry
 
-CONF_DIR = Path(__file__).resolve().parent / "conf" / "bench"  # package data: works installed too
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "bench"  # package data: works installed too
 
 SEPARATE_ASYNC = "verl_separate_async"
 
@@ -62,7 +62,7 @@ def mode_kwargs(mode: str, granularity: str = "minibatch") -> dict:
 
 
 def workload_for(spec: dict, num_groups: int, n: int, seed: int):
-    from verl_pipe.sim.workload import from_spec
+    from verl_pipe.workload import from_spec
 
     return from_spec(dict(spec), num_groups, n, prompt_len=0, seed=seed)
 
@@ -125,7 +125,7 @@ class BenchRunner:
         self.steps: list[dict] = []  # every measured step (not the warm-up)
         self.skipped: dict[str, str] = {}  # mode -> reason, for the whole session
         self.granularity: dict[str, str] = {}  # setting -> cgp_fgd granularity
-        self.shapes: dict = {}  # model size -> bench_calib.StepShape
+        self.shapes: dict = {}  # model size -> calib.StepShape
         self.startup_s = 0.0
 
     def dump(self) -> dict:
@@ -134,7 +134,7 @@ class BenchRunner:
                 "granularity": self.granularity, "startup_s": self.startup_s, "steps": self.steps}
 
     def load(self, path: str | Path) -> None:
-        from verl_pipe.bench_calib import StepShape
+        from verl_pipe.bench.calib import StepShape
 
         with open(path) as f:
             d = json.load(f)
@@ -170,7 +170,7 @@ class BenchRunner:
             shutil.rmtree(ckpt, ignore_errors=True)
 
     def _shape(self, session):
-        from verl_pipe.bench_calib import StepShape
+        from verl_pipe.bench.calib import StepShape
 
         c = session.config
         roll = c.actor_rollout_ref.rollout
@@ -324,7 +324,7 @@ def _size(st: dict) -> str:
 
 def validate_per_size(steps: list[dict], shapes: dict) -> tuple[dict, dict]:
     """``sim_validation`` over every model size (each calibrated on its own runs); returns it and the fits."""
-    from verl_pipe.bench_calib import sim_validation
+    from verl_pipe.bench.calib import sim_validation
 
     per_size, fits, rows, errors = {}, {}, [], []
     for size, shape in shapes.items():
@@ -366,7 +366,7 @@ def validate_per_size(steps: list[dict], shapes: dict) -> tuple[dict, dict]:
 def simulated_section(settings, steps, granularity, shapes, fits, tr_points) -> dict:
     """The calibrated simulator on each measured setting's workloads, for every mode (peers included), and a
     T/R sweep on the balanced setting's workloads by scaling the trainer's cost."""
-    from verl_pipe.bench_calib import simulate_like
+    from verl_pipe.bench.calib import simulate_like
     from verl_pipe.sim.trainer import MODES as SIM_MODES
     from verl_pipe.timeline import summarize
 
@@ -440,7 +440,7 @@ def format_sim_section(sim: dict) -> str:
 
 def write_charts(result: dict, steps: list[dict], charts_dir: Path, shapes: dict,
                  chart_setting: str | None) -> list[Path]:
-    from verl_pipe.bench_charts import cdf_chart, sweep_chart, timeline_charts
+    from verl_pipe.bench.charts import cdf_chart, sweep_chart, timeline_charts
 
     names = [s["name"] for s in result["settings"]]
     if not names:
@@ -488,7 +488,7 @@ def main(argv=None) -> int:
     repeats = args.repeats if args.repeats is not None else int(cfg.get("repeats", 1))
     if repeats < 1:
         ap.error("--repeats must be >= 1")
-    os.environ.setdefault("VERL_PIPE_CACHE", str(Path(__file__).resolve().parent.parent / ".cache" / "verl_pipe"))
+    os.environ.setdefault("VERL_PIPE_CACHE", str(Path(__file__).resolve().parents[2] / ".cache" / "verl_pipe"))
 
     peer_reason = peer_status()
     runner = BenchRunner(cfg, repeats)
@@ -541,6 +541,3 @@ def _json_default(x):
         return list(x)
     raise TypeError(f"not JSON serializable: {type(x)}")
 
-
-if __name__ == "__main__":
-    sys.exit(main())

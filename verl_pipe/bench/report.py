@@ -1,4 +1,4 @@
-"""Benchmark results: per-mode summaries, the JSON of DESIGN.md ("Benchmark output"), plain-text tables.
+"""Benchmark results: per-mode summaries, the JSON of docs/metrics.md ("Benchmark output"), plain-text tables.
 
 Pure Python (no Ray, vLLM or torch), so the shape of the output is tested without running anything.
 """
@@ -12,7 +12,7 @@ from verl_pipe.timeline import summarize
 MODES = ("sync", "cgp", "cgp_group", "cgp_fgd")
 PEERS = ("verl_separate_async",)
 BASE = "sync"
-# The per-mode figures DESIGN.md's schema names; every mode entry has them (plus runs and spread).
+# The per-mode figures docs/metrics.md's schema names; every mode entry has them (plus runs and spread).
 REPORTED = ("rollout_to_train_end_s", "trainer_wait_ratio", "first_unit_ready_s", "rollout_end_s",
             "first_unit_start_s", "ideal_lower_bound_s", "pipeline_efficiency", "step_time_s")
 SETTING_PREFIXES = ("longtail-", "notail-")
@@ -73,7 +73,7 @@ def setting_entry(name: str, per_mode: dict[str, list[dict]], skipped_modes: dic
 
 
 def check_schema(result: dict) -> list[str]:
-    """Problems with a benchmark result against DESIGN.md's schema; empty when it conforms."""
+    """Problems with a benchmark result against docs/metrics.md's schema; empty when it conforms."""
     errs = []
     for key in ("settings", "sim_validation", "env"):
         if key not in result:

@@ -1,0 +1,186 @@
+"""The real executor of the schedule (verl_pipe/actor_backend.py) against a fake trainer and worker group: no Ray.
+
+The fake records what reaches verl and the worker: which weights each old log-prob was computed with, the
+mini-batch size verl's _update_actor was given, where group granularity's passes went. Every mode trains each
+group once at θ_k, the trainer's config is never edited, and the whitened path's advantages are verl's over the
+whole batch. The real worker and vLLM are the e2e suite's (tests/e2e/test_pipeline.py).
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from verl import DataProto
+from verl.trainer.ppo.ray_trainer import compute_advantage
+
+from verl_pipe.actor_backend import ActorBackend, StepOutcome
+from verl_pipe.group_queue import Group, GroupQueue
+from verl_pipe.timeline import StepTimeline
+from verl_pipe.trainer import RolloutPipeTrainer
+
+N, GPU, UNITS, R = 2, 2, 2, 3
+
+
+class FakeWorkers:
+    def __init__(self, trainer):
+        self.t = trainer
+
+    def save_train_state(self, *args):
+        self.t.log.append("save")
+        self.t.saved_version = self.t.version
+        return [{"theta_k_bytes": 1.0}]
+
+    def enter_theta_k(self):
+        self.t.held = self.t.version
+        self.t.version = self.t.saved_version
+
+    def leave_theta_k(self):
+        self.t.version = self.t.held
+
+    def begin_unit(self):
+        self.t.log.append("begin")
+
+    def accumulate_group(self, batch_td):
+        self.t.log.append(("accumulate", batch_td.get("grad_buffer", None)))
+        return {"metrics": {}}
+
+    def finish_unit(self, loss_agg_mode, tokens, seqs, coeffs):
+        self.t.log.append(("finish", seqs, coeffs is not None))
+        self.t.version += 1
+        return [{"actor/grad_norm": 1.0}]
+
+    def update_actor(self, batch_td):
+        raise AssertionError("the fake's _update_actor does not reach the worker group")
+
+
+class FakeTrainer:
+    backend_cls = ActorBackend
+    train = RolloutPipeTrainer.train
+    _units_per_step = RolloutPipeTrainer._units_per_step
+    _with_token_counts = RolloutPipeTrainer._with_token_counts
+
+    def __init__(self, estimator="grpo"):
+        self.config = OmegaConf.create({
+            "data": {"train_batch_size": GPU * UNITS},
+            "algorithm": {"adv_estimator": estimator, "gamma": 1.0, "lam": 1.0, "norm_adv_by_std_in_grpo": True},
+            "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": GPU, "loss_agg_mode": "token-mean",
+                                            "use_kl_loss": False, "entropy_coeff": 0.0},
+                                  "rollout": {"n": N, "temperature": 1.0}},
+            "trainer": {"balance_batch": False},
+            "rolloutpipe": {"theta_k": {"store": "device", "auto_margin_gib": None},
+                            "fault": {"checkpoint_on_failure": True}}})
+        self.n, self.groups_per_unit, self.mode, self.granularity = N, GPU, "sync", "minibatch"
+        self.metrics, self.log, self.lp_versions = {}, [], []
+        self.version = 0  # the actor's weights: k = 0 until the step's first optimizer step
+        self._actor_lock = threading.RLock()
+        self.use_reference_policy = False
+        self.unit_order_hook = None
+        self.actor_wg = self.actor_rollout_wg = FakeWorkers(self)
+
+    @contextmanager
+    def _at_theta_k(self):
+        self.actor_wg.enter_theta_k()
+        try:
+            yield
+        finally:
+            self.actor_wg.leave_theta_k()
+
+    def _fit_compute_log_prob(self, batch):
+        self.lp_versions += [self.version] * (len(batch) // N)
+        batch.batch["old_log_probs"] = torch.full_like(batch.batch["response_mask"], float(self.version))
+        return batch
+
+    def _update_actor(self, batch):  # verl's signature; ``self`` is the backend's view
+        mini = self.config.actor_rollout_ref.actor.ppo_mini_batch_size
+        if isinstance(self.actor_rollout_wg, FakeWorkers):
+            self.log.append(("update", mini, len(batch) // N))
+            self._trainer.version += 1
+        else:  # group granularity's accumulate_group, through verl's preprocessing
+            self.actor_rollout_wg.update_actor({"grad_buffer": batch.meta_info.get("grad_buffer")})
+        return DataProto(meta_info={"metrics": {"actor/pg_loss": [0.0]}})
+
+
+def group(g: int, score: float) -> Group:
+    rewards = torch.zeros(N, R)
+    rewards[:, -1] = torch.tensor([score, score / 2 + g])
+    data = DataProto.from_dict(tensors={"token_level_rewards": rewards, "response_mask": torch.ones(N, R),
+                                        "attention_mask": torch.ones(N, R + 1), "advantages": torch.zeros(N, R)},
+                               non_tensors={"uid": np.array([f"u{g}"] * N, dtype=object)})
+    return Group(g, data, 0, 0.0)
+
+
+def queue_of(groups: list[Group]) -> GroupQueue:
+    q = GroupQueue(weight_version=0)
+    for g in groups:
+        q.put(g)
+    q.close()
+    return q
+
+
+@pytest.mark.parametrize("mode,granularity", [("sync", "minibatch"), ("cgp", "minibatch"), ("cgp", "group")])
+@pytest.mark.parametrize("groups", [4, 3])  # a full batch, and a short last unit
+def test_every_mode_trains_each_group_once_at_theta_k(mode, granularity, groups):
+    t = FakeTrainer()
+    arrived = [group(g, float(g % 2)) for g in (2, 0, 3, 1)[:groups]]
+    out = t.train(queue_of(arrived), StepTimeline(1, GPU), mode=mode, granularity=granularity)
+    assert isinstance(out, StepOutcome)
+    assert sorted(g.index for g in out.trained) == sorted(g.index for g in arrived)
+    assert len(out.batch) == groups * N and t.lp_versions == [0] * groups, "old log-probs at θ_k"
+    assert set(out.batch.batch["old_log_probs"].unique().tolist()) == {0.0}
+    assert len(out.unit_metrics) == -(-groups // GPU), "one optimizer step per unit"
+    assert t.config.actor_rollout_ref.actor.ppo_mini_batch_size == GPU, "the config is never edited"
+    if granularity == "minibatch":
+        updates = [e[1:] for e in t.log if isinstance(e, tuple) and e[0] == "update"]
+        assert updates == [(GPU, GPU), (groups - GPU, groups - GPU)], "a short last unit: one step of its own size"
+    else:
+        finishes = [e for e in t.log if isinstance(e, tuple) and e[0] == "finish"]
+        assert [f[1] for f in finishes] == [GPU * N, (groups - GPU) * N]
+        assert all(e[1] is None for e in t.log if isinstance(e, tuple) and e[0] == "accumulate")
+    assert ("save" in t.log) == (mode == "cgp"), "θ_k kept for the later units in CGP only"
+
+
+def test_whitened_group_schedule_buffers_unit_zero_and_ends_with_verls_advantages():
+    t = FakeTrainer("reinforce_plus_plus_baseline")
+    arrived = [group(g, float(g % 2)) for g in range(4)]
+    q = GroupQueue(weight_version=0)
+    q.put(arrived[0])  # unit 0's first group arrives alone: the batch is not complete
+    feeder = threading.Timer(0.2, lambda: ([q.put(g) for g in arrived[1:]], q.close()))
+    feeder.start()
+    out = t.train(q, StepTimeline(1, GPU), mode="cgp", granularity="group")
+    feeder.join()
+    assert out.buffered and set(out.buffered) <= {0, 1}
+    buffers = [e[1] for e in t.log if isinstance(e, tuple) and e[0] == "accumulate" and e[1] is not None]
+    assert set(buffers) == {"centered", "one"}
+    assert [e[2] for e in t.log if isinstance(e, tuple) and e[0] == "finish"] == [True, False]
+    assert t.metrics["rolloutpipe/groups_trained_before_batch_complete"] == len(out.buffered)
+    b = out.batch
+    fresh = DataProto.from_dict(tensors={"token_level_rewards": b.batch["token_level_rewards"].clone(),
+                                         "response_mask": b.batch["response_mask"]},
+                                non_tensors={"uid": b.non_tensor_batch["uid"]})
+    expected = compute_advantage(fresh, adv_estimator="reinforce_plus_plus_baseline", num_repeat=N)
+    torch.testing.assert_close(b.batch["advantages"], expected.batch["advantages"])
+
+
+def test_checkpoint_at_an_earlier_step_leaves_the_trainer_alone():
+    from verl_pipe.actor_backend import save_checkpoint_at
+
+    class Loader:
+        def state_dict(self):
+            return {"now": True}
+
+    class T:
+        global_steps, train_dataloader, seen = 7, Loader(), []
+
+        def _save_checkpoint(self):  # verl's reads plain attributes of self
+            self.seen.append((self.global_steps, self.train_dataloader.state_dict()))
+
+    t = T()
+    save_checkpoint_at(t, 6, {"before_step_7": True})
+    assert t.seen == [(6, {"before_step_7": True})]
+    assert t.global_steps == 7 and t.train_dataloader.state_dict() == {"now": True}

@@ -1,0 +1,296 @@
+"""The real executor of the trainer's schedule (verl_pipe/schedule.py): its actions on verl's actor worker group.
+
+One ``ActorBackend`` runs one step's schedule: it takes groups from the step's GroupQueue, keeps each trained
+piece's DataProto, and calls verl's trainer pieces (the seams: ``RayPPOTrainer._fit_compute_log_prob``,
+``_fit_compute_ref_log_prob``, ``_update_actor``, ``_balance_batch``) and our worker's RPCs
+(verl_pipe/workers.py: ``begin_unit`` / ``accumulate_group`` / ``finish_unit``, the θ_k store). The simulator's
+executor of the same schedule is ``verl_pipe.sim.trainer.CostModel``.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+from omegaconf import OmegaConf
+
+from verl import DataProto
+from verl.utils.metric import reduce_metrics
+
+from verl_pipe import schedule as S
+from verl_pipe.group_queue import Group, GroupQueue
+from verl_pipe.rollout.materialize import advantages
+from verl_pipe.timeline import StepTimeline
+from verl_pipe.whitening import affine_coefficients, basis_advantages, combination, has_aux_loss
+
+
+@dataclass
+class StepOutcome:
+    """What a step's training produced (instead of attributes on the trainer)."""
+    trained: list[Group] = field(default_factory=list)  # in training order
+    batch: DataProto | None = None  # every trained group, with old (and ref) log-probs and the advantages used
+    unit_metrics: list[dict] = field(default_factory=list)  # per unit, in order (grad norm, loss, ...)
+    buffered: list[int] = field(default_factory=list)  # groups trained before the batch was complete
+
+
+class _VerlView:
+    """The trainer, seen by one of verl's RayPPOTrainer methods with a few attributes given explicitly.
+
+    Seam: verl 0.9.1's ``_update_actor`` reads only ``self.config``, ``self.distillation_config`` and
+    ``self.actor_rollout_wg``, and ``_save_checkpoint`` only plain attributes (``global_steps``,
+    ``train_dataloader``, ``config``, the worker groups); neither calls another method on ``self``. So they run
+    on this view with the values for one call, and the trainer's own state is never overwritten."""
+
+    def __init__(self, trainer, **given):
+        self._trainer = trainer
+        self.__dict__.update(given)
+
+    def __getattr__(self, name):
+        return getattr(self._trainer, name)
+
+
+class _AccumulateInsteadOfUpdate:
+    """A worker group whose ``update_actor`` is our ``accumulate_group``: verl's _update_actor preprocessing
+    (no-padding layout, entropy/loss flags) feeding group granularity's per-group forward/backward."""
+
+    def __init__(self, worker_group):
+        self._wg = worker_group
+
+    def update_actor(self, batch_td):
+        return self._wg.accumulate_group(batch_td)
+
+    def __getattr__(self, name):
+        return getattr(self._wg, name)
+
+
+class DataStateAt:
+    """A data loader whose state_dict is a given one (a checkpoint of an earlier point of the run)."""
+
+    def __init__(self, loader, state):
+        self._loader, self._state = loader, state
+
+    def state_dict(self):
+        return self._state
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+def save_checkpoint_at(trainer, step: int, data_state) -> None:
+    """verl's checkpoint, labelled ``step``, with the given data-loader state (no trainer state overwritten)."""
+    type(trainer)._save_checkpoint(_VerlView(trainer, global_steps=step,
+                                             train_dataloader=DataStateAt(trainer.train_dataloader, data_state)))
+
+
+class ActorBackend:
+    """Executes one step's schedule on the actor worker group. ``saved``: θ_k and the optimizer's rollback state are
+    in the worker's store; ``stepped``: an optimizer step of this step has run (both read by a replica restart and
+    by a failed step's rollback)."""
+
+    def __init__(self, trainer, queue: GroupQueue, timeline: StepTimeline, order=None):
+        self.t, self.queue, self.timeline = trainer, queue, timeline
+        self.config, self.n = trainer.config, trainer.n
+        self.order = order  # list[Group] -> list[Group] (the trainer's unit_order_hook)
+        self.groups: dict[int, Group] = {}
+        self.pieces: dict[tuple[int, ...], DataProto] = {}  # trained pieces, in the order they were computed
+        self.into_buffers: set[tuple[int, ...]] = set()
+        self.whole_batches: set[tuple[int, ...]] = set()
+        self.final: tuple[dict, dict] | None = None  # (advantages by group, buffer coefficients) once whitened
+        self.unit_metrics: list[dict] = []
+        self.unit_tokens = 0
+        self.saved = self.stepped = False
+
+    # ------------------------------------------------------------------ the schedule's actions
+
+    def __call__(self, a):
+        return getattr(self, type(a).__name__)(a)
+
+    def _arrived(self, groups: list[Group], closed: bool = False) -> S.Arrivals:
+        for g in groups:
+            self.groups[g.index] = g
+        return S.Arrivals(tuple(g.index for g in groups), closed)
+
+    def order_indices(self, indices: list[int]) -> list[int]:
+        """The schedule's order hook over group indices, from the trainer's hook over Groups."""
+        return [g.index for g in self.order([self.groups[i] for i in indices])]
+
+    def Take(self, a: S.Take) -> S.Arrivals:
+        got = self.queue.take(a.max_k) if a.need > 1 else self.queue.take_available(a.max_k)
+        return self._arrived(got, self.queue.closed)
+
+    def Drain(self, a: S.Drain) -> S.Arrivals:
+        return self._arrived(self.queue.drain(), True)
+
+    def WaitRest(self, a: S.WaitRest) -> tuple[int, ...]:
+        rest = self.queue.wait_rest()  # left queued: later takes return them
+        for g in rest:
+            self.groups[g.index] = g
+        return tuple(g.index for g in rest)
+
+    def UnitReady(self, a: S.UnitReady) -> None:
+        self.timeline.unit_ready(a.unit, list(a.groups))
+
+    def BatchAdvantages(self, a: S.BatchAdvantages) -> None:
+        self.pieces[a.groups] = advantages(self._concat(a.groups), self.config, self.n)  # as verl, over the batch
+
+    def OldLogProb(self, a: S.OldLogProb) -> None:
+        batch = self.pieces[a.groups] if a.groups in self.pieces else self._concat(a.groups)
+        if a.unit is None:
+            self.whole_batches.add(a.groups)  # sync: the units are slices of it
+        with self.t._actor_lock, self._span(a):
+            if a.at_theta_k:
+                batch = self._old_log_prob_at_theta_k(batch)  # earlier units' steps moved the actor past θ_k
+            else:
+                batch = self.t._fit_compute_log_prob(batch)  # the actor still holds θ_k
+        self.pieces[a.groups] = batch
+
+    def RefLogProb(self, a: S.RefLogProb) -> None:
+        with self.t._actor_lock, self._span(a):
+            self.pieces[a.groups] = self.t._fit_compute_ref_log_prob(self.pieces[a.groups])
+
+    def Snapshot(self, a: S.Snapshot) -> None:
+        """Before the step's first optimizer step: θ_k (for later units' old log-probs, a restarted replica, a
+        rollback) and, for a rollback, the optimizer state, in the worker's store (rolloutpipe.theta_k.store)."""
+        rp = self.config.rolloutpipe
+        with self.t._actor_lock, self._span(a):
+            info = self.t.actor_wg.save_train_state(rp.theta_k.store, rp.theta_k.auto_margin_gib,
+                                                    bool(rp.fault.checkpoint_on_failure))[0]
+            self.saved = True
+        self.t.metrics.update({f"rolloutpipe/{k}": v for k, v in info.items()})
+
+    def Update(self, a: S.Update) -> None:
+        batch = self._with_token_counts(self._rows_of(a.groups))
+        with self.t._actor_lock, self._span(a):
+            self.stepped = True
+            out = self.update_unit(batch)
+        self.unit_metrics.append(out)
+        self.t.metrics.update(out)
+
+    def BeginUnit(self, a: S.BeginUnit) -> None:
+        with self.t._actor_lock:
+            self.t.actor_wg.begin_unit()
+        self.unit_tokens = 0
+
+    def Accumulate(self, a: S.Accumulate) -> None:
+        batch = self.pieces[a.groups]
+        with self.t._actor_lock, self._span(a):
+            if a.into_buffers:
+                self._accumulate_basis(batch)
+                self.into_buffers.add(a.groups)
+            else:
+                if a.final_advantages:
+                    self._set_final_advantages(batch, a.groups)
+                self._accumulate(batch)
+        self.unit_tokens += int(batch.batch["response_mask"].sum())
+
+    def Whiten(self, a: S.Whiten) -> None:
+        """verl's advantages over the whole batch, and the coefficients of the gradient buffers."""
+        batch = advantages(DataProto.concat([self.groups[g].data for g in a.groups]), self.config, self.n)
+        adv = batch.batch["advantages"]
+        by_group = {g: adv[i * self.n:(i + 1) * self.n] for i, g in enumerate(a.groups)}
+        alpha, beta = affine_coefficients(batch.batch["token_level_rewards"], batch.batch["response_mask"],
+                                          batch.non_tensor_batch["uid"])
+        self.final = by_group, combination(alpha, beta, has_aux_loss(self.config.actor_rollout_ref.actor))
+
+    def OptimizerStep(self, a: S.OptimizerStep) -> None:
+        loss_agg_mode = self.config.actor_rollout_ref.actor.loss_agg_mode
+        with self.t._actor_lock, self._span(a):
+            self.stepped = True
+            out = self.t.actor_wg.finish_unit(loss_agg_mode, self.unit_tokens, len(a.groups) * self.n,
+                                              self.final[1] if a.buffered else None)[0]
+        self.unit_metrics.append(out)
+        self.t.metrics.update(out)
+
+    def FinalAdvantages(self, a: S.FinalAdvantages) -> None:
+        for groups in self.into_buffers:  # the advantages they were trained with, for metrics and checks
+            self._set_final_advantages(self.pieces[groups], groups)
+
+    # ------------------------------------------------------------------ verl calls
+
+    def update_unit(self, unit_batch: DataProto) -> dict:
+        """One PPO mini-batch through verl's _update_actor (forward/backward + optimizer step); its metrics."""
+        if self.config.trainer.balance_batch:
+            # verl's DP balancing (RayPPOTrainer._balance_batch) over this unit only: a unit is one PPO
+            # mini-batch, so reordering its rows across DP ranks moves no row to another optimizer step and
+            # the gradient is the same sum (exact up to float summation order). verl's whole-batch balancing
+            # would move rows between mini-batches, which CGP cannot do before the batch is complete.
+            dp = self.t._get_dp_size(self.t.actor_rollout_wg, "actor")
+            if dp > 1 and len(unit_batch) % dp == 0:  # a short last unit that does not split evenly stays as is
+                self.t._balance_batch(unit_batch, metrics=self.t.metrics)
+        config = self.config
+        groups = len(unit_batch) // self.n
+        if groups != int(config.actor_rollout_ref.actor.ppo_mini_batch_size):
+            # a short last unit (the zero-variance filter left fewer trainable groups than the batch needs) is
+            # still one optimizer step: verl's _update_actor reads the mini-batch size from the config it is given
+            config = OmegaConf.merge(config, {"actor_rollout_ref": {"actor": {"ppo_mini_batch_size": groups}}})
+        return reduce_metrics(self._verl_update(unit_batch, self.t.actor_rollout_wg, config).meta_info["metrics"])
+
+    def _verl_update(self, batch: DataProto, worker_group, config) -> DataProto:
+        """verl's RayPPOTrainer._update_actor (or a subclass's) with the worker group and the config given explicitly."""
+        return type(self.t)._update_actor(_VerlView(self.t, config=config, actor_rollout_wg=worker_group), batch)
+
+    def _accumulate(self, batch: DataProto) -> None:
+        """verl's _update_actor preprocessing (no-padding layout, entropy/loss flags), sent to accumulate_group
+        instead of update_actor; the worker drops the mini-batch keys."""
+        self._verl_update(batch, _AccumulateInsteadOfUpdate(self.t.actor_rollout_wg), self.config)
+
+    def _accumulate_basis(self, batch: DataProto) -> None:
+        """The gradient passes of a group trained before the batch is complete (verl_pipe.whitening), each into
+        its own buffer on the worker."""
+        own = batch.batch["advantages"]
+        passes = basis_advantages(batch.batch["token_level_rewards"], batch.batch["response_mask"],
+                                  batch.non_tensor_batch["uid"], has_aux_loss(self.config.actor_rollout_ref.actor))
+        try:
+            for name, adv in passes.items():
+                batch.batch["advantages"] = adv.to(own.dtype)
+                batch.meta_info["grad_buffer"] = name
+                self._accumulate(batch)
+        finally:
+            batch.batch["advantages"] = own
+            batch.meta_info.pop("grad_buffer", None)
+
+    def _old_log_prob_at_theta_k(self, batch: DataProto) -> DataProto:
+        # Swap θ_k in, compute, swap back: with rolloutpipe.theta_k.store=device a pointer swap on the device (no
+        # copy), with pinned two host copies into preallocated buffers. With bypass_mode the old log-probs are
+        # vLLM's: no actor pass, no swap.
+        bypass = OmegaConf.select(self.config, "algorithm.rollout_correction.bypass_mode", default=False)
+        with nullcontext() if bypass else self.t._at_theta_k():
+            return self.t._fit_compute_log_prob(batch)
+
+    # ------------------------------------------------------------------ data
+
+    def _span(self, a):
+        return self.timeline.span(a.span, unit=a.unit, group=a.tag)
+
+    def _set_final_advantages(self, batch: DataProto, groups) -> None:
+        adv = torch.cat([self.final[0][g] for g in groups])
+        batch.batch["advantages"] = adv
+        batch.batch["returns"] = adv.clone()
+
+    def _concat(self, groups) -> DataProto:
+        return self._with_token_counts(DataProto.concat([self.groups[g].data for g in groups]))
+
+    def _with_token_counts(self, batch: DataProto) -> DataProto:
+        return self.t._with_token_counts(batch)
+
+    def _rows_of(self, groups: tuple[int, ...]) -> DataProto:
+        """The piece of ``groups``: their own, or their rows of the batch they were computed in (sync)."""
+        if groups in self.pieces and groups not in self.whole_batches:
+            return self.pieces[groups]
+        for key, batch in self.pieces.items():
+            if key in self.whole_batches and groups[0] in key:
+                start = key.index(groups[0]) * self.n
+                return batch.slice(start, start + len(groups) * self.n)
+        raise KeyError(f"groups {groups} were not computed")
+
+    def outcome(self, planned: S.ScheduleOutcome, mode: str) -> StepOutcome:
+        pieces = list(self.pieces.values())
+        if not pieces:
+            batch = None
+        elif mode == "sync":
+            batch = pieces[0]  # the whole batch, as verl trains it
+        else:
+            batch = DataProto.concat([DataProto(batch=p.batch, non_tensor_batch=p.non_tensor_batch, meta_info={})
+                                      for p in pieces])
+        return StepOutcome([self.groups[g] for g in planned.trained], batch, self.unit_metrics, planned.buffered)
