@@ -73,3 +73,19 @@ def test_bad_arguments():
         q.take(0)
     with pytest.raises(ValueError, match="max_k"):
         q.take_available(0)
+
+
+def test_end_with_closes_or_fails_the_queue_when_the_producer_ends():
+    from concurrent.futures import Future
+
+    ok, bad = GroupQueue(weight_version=0), GroupQueue(weight_version=0)
+    f_ok, f_bad = Future(), Future()
+    ok.end_with(f_ok)
+    bad.end_with(f_bad)
+    assert not ok.closed and not bad.closed
+    f_ok.set_result(None)
+    f_bad.set_exception(RuntimeError("rollout died"))
+    assert ok.closed and ok.take(2) == []
+    with pytest.raises(RuntimeError, match="the rollout failed") as err:
+        bad.take(2)
+    assert str(err.value.__cause__) == "rollout died"

@@ -64,6 +64,18 @@ class GroupQueue:
             self._closed = True
             self._cond.notify_all()
 
+    def end_with(self, producer) -> None:
+        """Closes the queue when ``producer`` (a concurrent.futures.Future: the step's rollout) finishes, or fails it
+        with the producer's error; in the thread that finishes the future."""
+
+        def finished(f) -> None:
+            if f.exception() is not None:
+                self.fail(f.exception())
+            else:
+                self.close()
+
+        producer.add_done_callback(finished)
+
     def take(self, k: int, timeout: float | None = None) -> list[Group]:
         """Blocks until k groups are queued (or the queue is closed); returns up to k, FIFO.
 

@@ -16,6 +16,10 @@ Only *when* a unit is trained differs. Weights move to the rollout pool only
 after the step's last unit, so every sample trained in step k was generated
 with θ_k (asserted per group).
 
+The trainer's parts live beside it, one job each: the step's training plan (verl_pipe/schedule.py) and its
+executor on verl's worker group (verl_pipe/actor_backend.py), the failed step's rollback
+(verl_pipe/rollback.py), and the completed step's metrics, record, trace and summary (verl_pipe/step_record.py).
+
 verl's ``OneStepOffRayTrainer`` is the ``SeparateRayPPOTrainer`` that wires the
 separate pools (actor on the trainer pool, standalone vLLM replicas on their
 own pools, a checkpoint engine between them); we keep that wiring and replace
@@ -24,14 +28,11 @@ its one-step-off-policy loop with this on-policy one.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
 import time
 from concurrent.futures import Future
 from contextlib import contextmanager, nullcontext
-from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
@@ -40,29 +41,27 @@ from verl import DataProto
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
 
 from verl_pipe import estimators
-from verl_pipe.actor_backend import ActorBackend, StepOutcome, save_checkpoint_at
+from verl_pipe.actor_backend import ActorBackend, StepOutcome
 from verl_pipe.config import ConfigError, cgp_estimator_problem, groups_per_unit
-from verl_pipe.data_check import skip_metrics
 from verl_pipe.deadline import call_with_deadline
 from verl_pipe.frontier import FCFSPolicy, FrontierPolicy
 from verl_pipe.group_queue import Group, GroupQueue
 from verl_pipe.rollout.materialize import is_trainable, materialize_group, weight_versions
 from verl_pipe.rollout.replicas import ReplicaSupervisor
+from verl_pipe.rollback import StepFailedError, drop_train_state_snapshot, fail_step, theta_k_saved
 from verl_pipe.rollout.stream import StepRequest, StreamingRollout, group_rows
 from verl_pipe.schedule import drive, train_schedule
-from verl_pipe.timeline import StepTimeline, write_chrome_trace
+from verl_pipe.step_record import record_step
+from verl_pipe.timeline import StepTimeline
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["RolloutPipeTrainer", "StepFailedError"]  # StepFailedError lives in verl_pipe/rollback.py
 
 
 def _verl_dispatch_order(config) -> str:
     workers = int(config.actor_rollout_ref.rollout.agent.num_workers)
     return f"interleave:{workers}" if workers > 1 else "group_major"
-
-
-class StepFailedError(RuntimeError):
-    """A step failed for good; the message says which checkpoint the run resumes from."""
 
 
 class RolloutPipeTrainer(OneStepOffRayTrainer):
@@ -177,7 +176,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         self._fit_start_profile()  # verl's (global_profiler.steps): the trainer pool's workers
         version = self.global_steps - 1  # θ_k: synced at the end of the previous step
         t_step = time.perf_counter()
-        self._drop_train_state_snapshot()  # left over if the previous attempt at a step failed
+        drop_train_state_snapshot(self)  # left over if the previous attempt at a step failed
         self._current, outcome = None, None
 
         try:
@@ -191,8 +190,8 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
             rollout_result = rollout.result()
             self._sync_weights(timeline)                                           # θ_{k+1} → rollout pool
         except Exception as e:
-            self._fail_step(e, trained=outcome is not None)  # roll back to the last completed step, checkpoint, raise
-        self._drop_train_state_snapshot()
+            fail_step(self, e, trained=outcome is not None)  # roll back to the last completed step, checkpoint, raise
+        drop_train_state_snapshot(self)
         self.last_outcome = outcome
 
         self.timing_raw["step"] = time.perf_counter() - t_step
@@ -202,7 +201,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         self._fit_save_checkpoint()
         self._fit_stop_profile()
         self._data_state = self.train_dataloader.state_dict()
-        self._record_step(outcome, timeline, rollout_result, data_index)
+        record_step(self, outcome, timeline, rollout_result, data_index)  # metrics, last_step_record, trace, summary
         self._fit_postprocess_step()
 
     def train(self, queue: GroupQueue, timeline: StepTimeline, mode: str | None = None,
@@ -222,22 +221,12 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
             self.metrics["rolloutpipe/groups_trained_before_batch_complete"] = len(outcome.buffered)
         return outcome
 
-    # ------------------------------------------------------------------ faults
-
-    def _theta_k_saved(self) -> bool:
-        """The worker's store holds θ_k and the optimizer state from before the step's first optimizer step."""
-        return self._current is not None and self._current.saved
-
-    def _drop_train_state_snapshot(self) -> None:
-        if self._theta_k_saved():
-            with self._actor_lock:
-                self.actor_wg.drop_train_state()
-                self._current.saved = False
+    # ------------------------------------------------------------------ faults (the failed step: verl_pipe/rollback.py)
 
     def _push_theta_k(self, replica, version: int) -> None:
         """Loads θ_k into one (restarted) replica, without touching the others' in-flight requests."""
         # Without a snapshot the actor has not stepped past θ_k yet and holds it already.
-        with self._actor_lock, (self._at_theta_k() if self._theta_k_saved() else nullcontext()):
+        with self._actor_lock, (self._at_theta_k() if theta_k_saved(self) else nullcontext()):
             manager = type(self.checkpoint_manager)(config=self.checkpoint_manager.config,
                                                     actor_wg=self.checkpoint_manager.actor_wg,
                                                     replicas=[replica])
@@ -245,44 +234,6 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
                                self.config.rolloutpipe.get("weight_sync_timeout_s"),
                                f"loading θ_{version} into a restarted replica",
                                "rolloutpipe.weight_sync_timeout_s")
-
-    @staticmethod
-    def _describe(exc: BaseException) -> str:
-        """The error and its cause (the trainer sees the rollout's error wrapped by the queue)."""
-        text = f"{type(exc).__name__}: {exc}"
-        cause = exc.__cause__
-        return text if cause is None else f"{text} ({type(cause).__name__}: {cause})"
-
-    def _fail_step(self, exc: Exception, trained: bool):
-        """A step failed for good. Roll the trainer back to the end of the last completed step (θ_k and the
-        optimizer state from the CPU snapshot; nothing to undo if no optimizer step ran yet), save a checkpoint
-        there with the data loader as it was before this step's batch, and raise. Resuming
-        (trainer.resume_mode=auto) re-runs this step on the same prompts; no partial step is in the checkpoint."""
-        step, last = self.global_steps, self.global_steps - 1
-        where = self.config.trainer.default_local_dir
-        if not self.config.rolloutpipe.fault.checkpoint_on_failure:
-            raise StepFailedError(f"step {step} failed: {self._describe(exc)} "
-                                  f"(no checkpoint written: rolloutpipe.fault.checkpoint_on_failure=false)") from exc
-        if trained:  # only the weight sync failed: the trainer holds a complete step k
-            save_checkpoint_at(self, step, self.train_dataloader.state_dict())
-            raise StepFailedError(f"step {step} failed after training: {self._describe(exc)}. Saved "
-                                  f"{os.path.join(str(where), f'global_step_{step}')}; run again with "
-                                  f"trainer.resume_mode=auto to go on at step {step + 1}") from exc
-        try:
-            with self._actor_lock:
-                if self._current is not None and self._current.stepped:
-                    if not self._theta_k_saved():
-                        raise RuntimeError("the step's first optimizer step ran without a snapshot to undo it")
-                    self.actor_wg.restore_train_state()
-                save_checkpoint_at(self, last, self._data_state)
-        except Exception as save_error:
-            raise StepFailedError(f"step {step} failed: {self._describe(exc)}; rolling back to step {last} "
-                                  f"failed too ({type(save_error).__name__}: {save_error}); resume from the "
-                                  f"latest checkpoint in {where}, if any") from exc
-        raise StepFailedError(
-            f"step {step} failed: {self._describe(exc)}. Rolled back to the end of step {last} and saved "
-            f"{os.path.join(str(where), f'global_step_{last}')}; run again with trainer.resume_mode=auto to "
-            f"resume at step {step} with the same data") from exc
 
     # ------------------------------------------------------------------ rollout side
 
@@ -330,14 +281,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
                               max_retries=int(rp.fault.max_request_retries),
                               on_request_failure=str(rp.fault.on_request_failure), weight_version=version)
         future = self.rollout.start(request)
-
-        def finished(f: Future) -> None:
-            if f.exception() is not None:
-                queue.fail(f.exception())
-            else:
-                queue.close()
-
-        future.add_done_callback(finished)
+        queue.end_with(future)  # closed when the rollout ends, failed with its error
         return future
 
     def group_is_trainable(self, group: int, piece: DataProto) -> bool:
@@ -355,15 +299,10 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         spec = self.workload_spec
         if not spec:
             return None
-        from verl_pipe.workload import from_spec
+        from verl_pipe.workload import exact_lengths, from_spec
 
-        workload = from_spec(spec, num_groups, self.n, prompt_len=0, seed=int(spec.get("seed", 0)) + self.global_steps)
-
-        def overrides(group: int, index: int) -> dict:
-            # EOS ignored: the response is exactly this long, the same in every mode.
-            return {"max_tokens": int(workload.lengths[group][index]), "ignore_eos": True}
-
-        return overrides
+        seed = int(spec.get("seed", 0)) + self.global_steps
+        return exact_lengths(from_spec(spec, num_groups, self.n, prompt_len=0, seed=seed))
 
     # ------------------------------------------------------------------ trainer side (verl_pipe/actor_backend.py)
 
@@ -385,7 +324,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         batch.meta_info.setdefault("images_seqlens", [])
         return batch
 
-    # ------------------------------------------------------------------ weight sync and metrics
+    # ------------------------------------------------------------------ weight sync (then verl_pipe/step_record.py)
 
     def _sync_weights(self, timeline: StepTimeline) -> None:
         start = time.perf_counter()
@@ -397,50 +336,3 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         timeline.weight_sync(start, end)
         if sync_metrics:
             self.metrics.update(sync_metrics)
-
-    def _record_step(self, outcome: StepOutcome, timeline: StepTimeline, rollout_result, data_index: list) -> None:
-        self.timelines.append(timeline)
-        tm = timeline.metrics()
-        self.metrics.update({f"rolloutpipe/{k}": v for k, v in tm.items()})
-        self.metrics["rolloutpipe/failed_request_attempts"] = rollout_result.failed_attempts
-        self.metrics["rolloutpipe/aborted_requests"] = rollout_result.aborted
-        self.metrics["rolloutpipe/untrainable_groups"] = rollout_result.untrainable
-        self.metrics["rolloutpipe/late_groups_dropped"] = rollout_result.late_groups
-        self.metrics["rolloutpipe/failed_groups_dropped"] = rollout_result.dropped_groups
-        self.metrics["rolloutpipe/replica_failures"] = rollout_result.replica_failures
-        self.metrics["rolloutpipe/replica_restarts"] = rollout_result.replica_restarts
-        self.metrics["rolloutpipe/requeued_requests"] = rollout_result.requeued_requests
-        if rollout_result.recovery_s:
-            self.metrics["rolloutpipe/replica_recovery_s"] = max(rollout_result.recovery_s)
-        self.metrics["rolloutpipe/trained_groups"] = len(outcome.trained)
-        self.metrics.update(skip_metrics(self.config))  # records the launcher's data check skipped
-        if outcome.batch is not None:
-            # verl's own step metrics (data, timing_s/*, throughput, variance proxy) on the trained groups.
-            self._fit_collect_metrics(self._with_token_counts(outcome.batch))
-        self.metrics["timing_s/step"] = self.timing_raw["step"]
-        self.last_step_record = {
-            "step": self.global_steps,
-            "data_index": data_index,  # the dataset rows the step drew, in order
-            "trained_groups": [g.index for g in outcome.trained],
-            "timeline": tm,
-        }
-        trace_dir = self.config.rolloutpipe.trace_dir
-        if trace_dir:
-            Path(trace_dir).mkdir(parents=True, exist_ok=True)
-            write_chrome_trace([timeline], Path(trace_dir) / f"step_{self.global_steps:05d}.json")
-            record = dict(self.last_step_record, metrics={k: float(v) for k, v in self.metrics.items()
-                                                          if isinstance(v, (int, float))})
-            with open(Path(trace_dir) / "steps.jsonl", "a") as f:
-                f.write(json.dumps(record) + "\n")
-        print(self._summary_line(tm), flush=True)
-
-    def _summary_line(self, tm: dict) -> str:
-        m = self.metrics
-        train_s = tm["trainer_busy_s"]
-        return (f"[verl_pipe] step {self.global_steps} ({self.mode}): "
-                f"reward {m.get('critic/score/mean', float('nan')):.3f} | "
-                f"resp_len {m.get('response_length/mean', float('nan')):.1f} | "
-                f"rollout {tm['rollout_end_s']:.2f}s | train {train_s:.2f}s | "
-                f"weight_sync {tm['weight_sync_s']:.2f}s | step {tm['step_time_s']:.2f}s | "
-                f"rollout→train_end {tm['rollout_to_train_end_s']:.2f}s | "
-                f"trainer_wait {tm['trainer_wait_ratio']:.2f}")

@@ -79,6 +79,16 @@ def from_spec(spec: dict, num_groups: int, n: int, prompt_len: int, seed: int) -
     raise ValueError(f"unknown workload kind {kind!r}")
 
 
+def exact_lengths(workload: Workload):
+    """Per-request sampling overrides that make response (group, index) exactly ``workload.lengths[group][index]``
+    tokens long (EOS ignored), the same in every mode: for vLLM's ``max_tokens`` / ``ignore_eos``."""
+
+    def overrides(group: int, index: int) -> dict:
+        return {"max_tokens": int(workload.lengths[group][index]), "ignore_eos": True}
+
+    return overrides
+
+
 # The four length distributions of docs/sim_sources.md §7 (D1..D4); sources are in verl_pipe/conf/sim/cluster_grid.yaml.
 SETTINGS: dict[str, dict] = {
     "D1": {"name": "base-early", "mean": 1000, "sigma": 0.8, "rho": 0.72, "cap": 8192},

@@ -202,10 +202,9 @@ class BenchRunner:
             return 1 << 20
 
     def _overrides_fn(self, wl):
-        def overrides(group: int, index: int) -> dict:
-            return {"max_tokens": int(wl.lengths[group][index]), "ignore_eos": True}
+        from verl_pipe.workload import exact_lengths
 
-        return overrides
+        return exact_lengths(wl)
 
     def _step(self, session, mode: str, wl, granularity: str = "minibatch") -> dict:
         t = time.perf_counter()

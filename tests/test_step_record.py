@@ -1,0 +1,97 @@
+"""A completed step's bookkeeping (verl_pipe/step_record.py) on a fake trainer with a real StepTimeline: the metrics
+it adds (in order), ``last_step_record``, the trace files and the summary line."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from omegaconf import OmegaConf
+
+from verl_pipe.group_queue import Group
+from verl_pipe.rollout.stream import StepResult
+from verl_pipe.step_record import record_step, summary_line
+from verl_pipe.timeline import StepTimeline
+
+T0 = 1000.0
+
+
+def timeline() -> StepTimeline:
+    tl = StepTimeline(step=3, groups_per_unit=1)
+    for g, d in enumerate([4.0, 6.0]):
+        tl.request_submitted(f"g{g}", g, replica=0, t=T0)
+        tl.response_done(f"g{g}", g, num_tokens=10, t=T0 + d)
+        tl.group_done(g, True, t=T0 + d)
+    tl.train_span("update", T0 + 4, T0 + 5, unit=0)
+    tl.train_span("update", T0 + 6, T0 + 8, unit=1)
+    tl.weight_sync(T0 + 8, T0 + 9)
+    return tl
+
+
+class Trainer:
+    def __init__(self, trace_dir=None):
+        self.config = OmegaConf.create({"rolloutpipe": {"trace_dir": trace_dir,
+                                                        "data_check_counts": {"train": {"empty_prompt": 2}}}})
+        self.global_steps, self.mode, self.timelines = 3, "cgp", []
+        self.metrics = {"training/global_step": 3, "critic/score/mean": 0.5}
+        self.timing_raw = {"step": 9.5}
+        self.collected = []
+
+    def _with_token_counts(self, batch):
+        return ("counted", batch)
+
+    def _fit_collect_metrics(self, batch):  # verl's: its step metrics into self.metrics
+        self.collected.append(batch)
+        self.metrics["response_length/mean"] = 10.0
+
+
+def outcome(batch="batch"):
+    return SimpleNamespace(trained=[Group(1, None, 2, 0.0), Group(0, None, 2, 0.0)], batch=batch)
+
+
+def test_metrics_record_and_summary(capsys):
+    t, tl = Trainer(), timeline()
+    result = StepResult(failed_attempts=1, replica_restarts=1, recovery_s=[2.0, 3.5])
+    record_step(t, outcome(), tl, result, [7, 8])
+    assert t.timelines == [tl] and t.collected == [("counted", "batch")]
+    tm = tl.metrics()
+    keys = list(t.metrics)
+    assert keys[:2] == ["training/global_step", "critic/score/mean"]
+    assert keys[2:2 + len(tm)] == [f"rolloutpipe/{k}" for k in tm]
+    assert keys[2 + len(tm):] == [
+        "rolloutpipe/failed_request_attempts", "rolloutpipe/aborted_requests", "rolloutpipe/untrainable_groups",
+        "rolloutpipe/late_groups_dropped", "rolloutpipe/failed_groups_dropped", "rolloutpipe/replica_failures",
+        "rolloutpipe/replica_restarts", "rolloutpipe/requeued_requests", "rolloutpipe/replica_recovery_s",
+        "rolloutpipe/trained_groups", "data/skipped_records/train/empty_prompt", "response_length/mean",
+        "timing_s/step"]
+    assert t.metrics["rolloutpipe/replica_recovery_s"] == 3.5 and t.metrics["rolloutpipe/trained_groups"] == 2
+    assert t.metrics["timing_s/step"] == 9.5
+    assert t.last_step_record == {"step": 3, "data_index": [7, 8], "trained_groups": [1, 0], "timeline": tm}
+    out = capsys.readouterr().out
+    assert out == summary_line(3, "cgp", t.metrics, tm) + "\n"
+    assert out.startswith("[verl_pipe] step 3 (cgp): reward 0.500 | resp_len 10.0 | rollout 6.00s | train 3.00s |")
+
+
+def test_no_batch_no_verl_metrics_and_no_recovery_key():
+    t = Trainer()
+    record_step(t, outcome(batch=None), timeline(), StepResult(), [])
+    assert t.collected == [] and "rolloutpipe/replica_recovery_s" not in t.metrics
+    assert "reward nan | resp_len nan" in summary_line(3, "sync", {}, t.last_step_record["timeline"])
+
+
+def test_trace_dir_gets_the_chrome_trace_and_a_steps_line(tmp_path):
+    t = Trainer(trace_dir=str(tmp_path / "trace"))
+    t.metrics["text"] = "not a number"
+    record_step(t, outcome(), timeline(), StepResult(), [7, 8])
+    assert json.loads((tmp_path / "trace" / "step_00003.json").read_text())
+    lines = (tmp_path / "trace" / "steps.jsonl").read_text().splitlines()
+    rec = json.loads(lines[0])
+    assert len(lines) == 1 and rec["trained_groups"] == [1, 0] and rec["data_index"] == [7, 8]
+    assert "text" not in rec["metrics"] and rec["metrics"]["timing_s/step"] == pytest.approx(9.5)
+    assert "metrics" not in t.last_step_record  # the file's record carries them, the trainer's does not
+
+
+def test_exact_lengths_overrides():
+    from verl_pipe.workload import equal_lengths, exact_lengths
+
+    f = exact_lengths(equal_lengths(2, 3, length=17, prompt_len=0))
+    assert f(1, 2) == {"max_tokens": 17, "ignore_eos": True}

@@ -1,0 +1,81 @@
+"""What a completed step leaves behind: its metrics, its record (``trainer.last_step_record``, which
+``PipeSession.step`` returns), its trace files (``rolloutpipe.trace_dir``: ``step_NNNNN.json`` and ``steps.jsonl``)
+and its summary line on stdout (docs/metrics.md).
+
+One job: RolloutPipeTrainer.fit_step's bookkeeping after a step completed. The pieces are pure except
+``write_trace`` (files) and ``record_step`` (the trainer's attributes and stdout). verl seam: ``record_step`` calls
+verl's ``RayPPOTrainer._fit_collect_metrics`` (verl's step metrics on the trained batch: data, ``timing_s/*``,
+throughput) on the trainer, which reads the trainer's ``metrics`` and ``timing_raw``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from verl_pipe.data_check import skip_metrics
+from verl_pipe.timeline import StepTimeline, write_chrome_trace
+
+
+def rollout_metrics(tm: dict, rollout_result, trained_groups: int) -> dict:
+    """The step's ``rolloutpipe/*`` metrics: its timeline's (``tm``), the rollout's fault counts, the groups trained."""
+    m = {f"rolloutpipe/{k}": v for k, v in tm.items()}
+    m["rolloutpipe/failed_request_attempts"] = rollout_result.failed_attempts
+    m["rolloutpipe/aborted_requests"] = rollout_result.aborted
+    m["rolloutpipe/untrainable_groups"] = rollout_result.untrainable
+    m["rolloutpipe/late_groups_dropped"] = rollout_result.late_groups
+    m["rolloutpipe/failed_groups_dropped"] = rollout_result.dropped_groups
+    m["rolloutpipe/replica_failures"] = rollout_result.replica_failures
+    m["rolloutpipe/replica_restarts"] = rollout_result.replica_restarts
+    m["rolloutpipe/requeued_requests"] = rollout_result.requeued_requests
+    if rollout_result.recovery_s:
+        m["rolloutpipe/replica_recovery_s"] = max(rollout_result.recovery_s)
+    m["rolloutpipe/trained_groups"] = trained_groups
+    return m
+
+
+def step_record(step: int, data_index: list, trained_groups: list[int], tm: dict) -> dict:
+    return {
+        "step": step,
+        "data_index": data_index,  # the dataset rows the step drew, in order
+        "trained_groups": trained_groups,
+        "timeline": tm,
+    }
+
+
+def write_trace(trace_dir, timeline: StepTimeline, record: dict, metrics: dict) -> None:
+    """The step's Chrome trace, and its record with the numeric metrics appended to ``steps.jsonl``."""
+    Path(trace_dir).mkdir(parents=True, exist_ok=True)
+    write_chrome_trace([timeline], Path(trace_dir) / f"step_{record['step']:05d}.json")
+    record = dict(record, metrics={k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
+    with open(Path(trace_dir) / "steps.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def summary_line(step: int, mode: str, m: dict, tm: dict) -> str:
+    train_s = tm["trainer_busy_s"]
+    return (f"[verl_pipe] step {step} ({mode}): "
+            f"reward {m.get('critic/score/mean', float('nan')):.3f} | "
+            f"resp_len {m.get('response_length/mean', float('nan')):.1f} | "
+            f"rollout {tm['rollout_end_s']:.2f}s | train {train_s:.2f}s | "
+            f"weight_sync {tm['weight_sync_s']:.2f}s | step {tm['step_time_s']:.2f}s | "
+            f"rollout→train_end {tm['rollout_to_train_end_s']:.2f}s | "
+            f"trainer_wait {tm['trainer_wait_ratio']:.2f}")
+
+
+def record_step(trainer, outcome, timeline: StepTimeline, rollout_result, data_index: list) -> None:
+    """Appends the step's timeline to ``trainer.timelines``, completes ``trainer.metrics``, sets
+    ``trainer.last_step_record``, writes the trace (if ``rolloutpipe.trace_dir``) and prints the summary line."""
+    trainer.timelines.append(timeline)
+    tm = timeline.metrics()
+    trainer.metrics.update(rollout_metrics(tm, rollout_result, len(outcome.trained)))
+    trainer.metrics.update(skip_metrics(trainer.config))  # records the launcher's data check skipped
+    if outcome.batch is not None:
+        # verl's own step metrics (data, timing_s/*, throughput, variance proxy) on the trained groups.
+        trainer._fit_collect_metrics(trainer._with_token_counts(outcome.batch))
+    trainer.metrics["timing_s/step"] = trainer.timing_raw["step"]
+    trainer.last_step_record = step_record(trainer.global_steps, data_index, [g.index for g in outcome.trained], tm)
+    trace_dir = trainer.config.rolloutpipe.trace_dir
+    if trace_dir:
+        write_trace(trace_dir, timeline, trainer.last_step_record, trainer.metrics)
+    print(summary_line(trainer.global_steps, trainer.mode, trainer.metrics, tm), flush=True)
