@@ -9,7 +9,6 @@ whole batch. The real worker and vLLM are the e2e suite's (tests/e2e/test_pipeli
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -83,13 +82,7 @@ class FakeTrainer:
         self.unit_order_hook = None
         self.actor_wg = self.actor_rollout_wg = FakeWorkers(self)
 
-    @contextmanager
-    def _at_theta_k(self):
-        self.actor_wg.enter_theta_k()
-        try:
-            yield
-        finally:
-            self.actor_wg.leave_theta_k()
+    _at_theta_k = RolloutPipeTrainer._at_theta_k  # the real swap context, over the fake worker group
 
     def _fit_compute_log_prob(self, batch):
         self.lp_versions += [self.version] * (len(batch) // N)
