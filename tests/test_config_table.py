@@ -80,6 +80,7 @@ ROLLOUTPIPE_BAD = [
     (["++rolloutpipe.fault.max_request_retries=-1"], "rolloutpipe.fault.max_request_retries", "integer >= 0"),
     (["++rolloutpipe.fault.replica_restart_timeout_s=0"], "rolloutpipe.fault.replica_restart_timeout_s",
      "seconds > 0"),
+    (["++rolloutpipe.fault.health_check_timeout_s=-5"], "rolloutpipe.fault.health_check_timeout_s", "seconds > 0"),
     (["++rolloutpipe.fault.checkpoint_on_failure=2"], "rolloutpipe.fault.checkpoint_on_failure", "true or false"),
     # Unknown keys (Hydra's "+"/"++" and recipe files may add any): refused, with a suggestion.
     (["++rolloutpipe.modee=cgp"], "rolloutpipe.modee", "did you mean rolloutpipe.mode?"),

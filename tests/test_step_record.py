@@ -95,3 +95,16 @@ def test_exact_lengths_overrides():
 
     f = exact_lengths(equal_lengths(2, 3, length=17, prompt_len=0))
     assert f(1, 2) == {"max_tokens": 17, "ignore_eos": True}
+
+
+def test_replica_deaths_found_outside_the_requests_count_with_the_rollouts():
+    from verl_pipe.rollout.replicas import Health
+    from verl_pipe.rollout.stream import StepResult
+    from verl_pipe.step_record import rollout_metrics
+
+    health = Health(found={"weight_sync": 1}, restarts=1, recovery_s=[40.0])
+    m = rollout_metrics({}, StepResult(replica_failures=1, replica_restarts=1, recovery_s=[30.0]), 8, health)
+    assert m["rolloutpipe/replica_failures"] == 2 and m["rolloutpipe/replica_restarts"] == 2
+    assert m["rolloutpipe/replica_recovery_s"] == 40.0 and m["rolloutpipe/replica_recovery_s/health"] == 40.0
+    assert m["rolloutpipe/replica_deaths_found/weight_sync"] == 1
+    assert "rolloutpipe/replica_recovery_s" not in rollout_metrics({}, StepResult(), 8, Health())

@@ -219,6 +219,7 @@ ROLLOUTPIPE: dict[str, Any] = {
         "on_request_failure": choice(*ON_REQUEST_FAILURE),
         "max_request_retries": integer(0),
         "replica_restart_timeout_s": SECONDS,
+        "health_check_timeout_s": SECONDS,
         "checkpoint_on_failure": BOOLEAN,
     },
     "data_check_counts": INTERNAL,

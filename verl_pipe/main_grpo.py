@@ -119,32 +119,55 @@ _SIGNALS: list[int] = []  # what stopped the run (Ray's ray.get re-raises a plai
 
 
 def _stop_on(signum, frame):
-    """SIGTERM (e.g. a preemption): stop like Ctrl-C and tear everything down."""
+    """SIGTERM (e.g. a preemption) or SIGINT: stop and tear everything down."""
     _SIGNALS.append(signum)
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def stop(reason: str) -> None:
+def stop(reason: str, shutdown_timeout_s: float = 20.0) -> None:
     """Tears down what this run started: the Ray cluster (if this process started it) with every
-    actor in it, and the vLLM engines under the server actors."""
+    actor in it, and the vLLM engines under the server actors. When the whole process group was signalled,
+    Ray's own processes may be gone already and ``ray.shutdown`` may wait on them: it gets a deadline, then every
+    process left in the launcher's tree (orphans included: verl_pipe/teardown.py) is terminated."""
     import ray
+
+    from verl_pipe.deadline import DeadlineExceeded, call_with_deadline
+    from verl_pipe.teardown import reap
 
     print(f"[verl_pipe] stopping ({reason}): shutting down Ray and the rollout engines", flush=True)
     if ray.is_initialized():
-        ray.shutdown()
+        try:
+            call_with_deadline(ray.shutdown, shutdown_timeout_s, "ray.shutdown", "the launcher's teardown")
+        except DeadlineExceeded:
+            print(f"[verl_pipe] ray.shutdown did not return within {shutdown_timeout_s:.0f}s; ending the run's "
+                  "processes directly", flush=True)
+        except Exception as e:  # a half-dead cluster: what is left is ended below
+            print(f"[verl_pipe] ray.shutdown failed ({type(e).__name__}: {e})", flush=True)
+    killed = reap()
+    if killed:
+        print(f"[verl_pipe] ended {len(killed)} process(es) left behind", flush=True)
 
 
 @hydra.main(config_path="conf", config_name="rolloutpipe_trainer", version_base=None)
 def main(config: DictConfig) -> None:
+    from verl_pipe.teardown import become_subreaper
+
     t0 = time.perf_counter()
     config = prepare_config(config)
+    become_subreaper()  # the run's orphaned processes stay ours to end (verl_pipe/teardown.py)
     try:
         start_ray(config)
         # After ray.init, which installs its own fatal-signal handler (it aborts the driver with a dump).
-        signal.signal(signal.SIGTERM, _stop_on)  # Ctrl-C already raises KeyboardInterrupt
+        for s in (signal.SIGTERM, signal.SIGINT):  # SIGINT too: a scheduler's (not a terminal's) is remembered
+            signal.signal(s, _stop_on)
         summary = run(config)
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut the teardown short
+    except BaseException as e:
+        # A signal to the whole process group also reaches the TaskRunner actor: its death (RayActorError) may
+        # surface before our own handler's KeyboardInterrupt does. Either way it is the signal's stop.
+        if not (isinstance(e, KeyboardInterrupt) or _SIGNALS):
+            raise
+        for s in (signal.SIGTERM, signal.SIGINT):  # a second signal must not cut the teardown short
+            signal.signal(s, signal.SIG_IGN)
         signum = _SIGNALS[0] if _SIGNALS else signal.SIGINT
         stop(signal.Signals(signum).name)
         print("[verl_pipe] stopped; the latest completed checkpoint (if any) is in "

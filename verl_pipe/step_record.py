@@ -17,19 +17,24 @@ from verl_pipe.data_check import skip_metrics
 from verl_pipe.timeline import StepTimeline, write_chrome_trace
 
 
-def rollout_metrics(tm: dict, rollout_result, trained_groups: int) -> dict:
-    """The step's ``rolloutpipe/*`` metrics: its timeline's (``tm``), the rollout's fault counts, the groups trained."""
+def rollout_metrics(tm: dict, rollout_result, trained_groups: int, health=None) -> dict:
+    """The step's ``rolloutpipe/*`` metrics: its timeline's (``tm``), the rollout's fault counts, the replica deaths
+    found outside the rollout's requests (``health``: verl_pipe.rollout.replicas.Health), the groups trained."""
     m = {f"rolloutpipe/{k}": v for k, v in tm.items()}
     m["rolloutpipe/failed_request_attempts"] = rollout_result.failed_attempts
     m["rolloutpipe/aborted_requests"] = rollout_result.aborted
     m["rolloutpipe/untrainable_groups"] = rollout_result.untrainable
     m["rolloutpipe/late_groups_dropped"] = rollout_result.late_groups
     m["rolloutpipe/failed_groups_dropped"] = rollout_result.dropped_groups
-    m["rolloutpipe/replica_failures"] = rollout_result.replica_failures
-    m["rolloutpipe/replica_restarts"] = rollout_result.replica_restarts
+    found = sum(health.found.values()) if health is not None else 0
+    recovery = list(rollout_result.recovery_s) + (list(health.recovery_s) if health is not None else [])
+    m["rolloutpipe/replica_failures"] = rollout_result.replica_failures + found
+    m["rolloutpipe/replica_restarts"] = rollout_result.replica_restarts + (health.restarts if health is not None else 0)
     m["rolloutpipe/requeued_requests"] = rollout_result.requeued_requests
-    if rollout_result.recovery_s:
-        m["rolloutpipe/replica_recovery_s"] = max(rollout_result.recovery_s)
+    if recovery:
+        m["rolloutpipe/replica_recovery_s"] = max(recovery)
+    if health is not None:
+        m.update(health.metrics())
     m["rolloutpipe/trained_groups"] = trained_groups
     return m
 
@@ -66,9 +71,11 @@ def summary_line(step: int, mode: str, m: dict, tm: dict) -> str:
 def record_step(trainer, outcome, timeline: StepTimeline, rollout_result, data_index: list) -> None:
     """Appends the step's timeline to ``trainer.timelines``, completes ``trainer.metrics``, sets
     ``trainer.last_step_record``, writes the trace (if ``rolloutpipe.trace_dir``) and prints the summary line."""
-    trainer.timelines.append(timeline)
+    trainer.timelines.append(timeline)  # bounded (trainer.KEEP_TIMELINES)
+    trainer.steps_run = getattr(trainer, "steps_run", 0) + 1
     tm = timeline.metrics()
-    trainer.metrics.update(rollout_metrics(tm, rollout_result, len(outcome.trained)))
+    health = getattr(getattr(getattr(trainer, "rollout", None), "supervisor", None), "health", None)
+    trainer.metrics.update(rollout_metrics(tm, rollout_result, len(outcome.trained), health))
     trainer.metrics.update(skip_metrics(trainer.config))  # records the launcher's data check skipped
     if outcome.batch is not None:
         # verl's own step metrics (data, timing_s/*, throughput, variance proxy) on the trained groups.

@@ -16,8 +16,8 @@ class PipeTaskRunner:
         startup_s = time.perf_counter() - t0
         print(f"[verl_pipe] workers ready in {startup_s:.1f}s", flush=True)
         trainer.fit()
-        return {"steps": len(trainer.timelines), "startup_s": startup_s,
-                "timelines": [t.to_dict() for t in trainer.timelines]}
+        return {"steps": trainer.steps_run, "startup_s": startup_s,
+                "timelines": [t.to_dict() for t in trainer.timelines]}  # the last ones (trainer.KEEP_TIMELINES)
 
 
 def build_trainer(config):

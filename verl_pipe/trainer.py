@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
 from contextlib import contextmanager, nullcontext
 
@@ -55,6 +56,8 @@ from verl_pipe.step_record import record_step
 from verl_pipe.timeline import StepTimeline
 
 logger = logging.getLogger(__name__)
+
+KEEP_TIMELINES = 16  # the last steps' StepTimelines kept in memory (trainer.timelines)
 
 __all__ = ["RolloutPipeTrainer", "StepFailedError"]  # StepFailedError lives in verl_pipe/rollback.py
 
@@ -95,9 +98,13 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         self.rollout = StreamingRollout(self.config, servers, reward_handles, mgr.global_load_balancer)
         fault = rp.fault
         self.rollout.supervisor = ReplicaSupervisor(
-            mgr, self.checkpoint_manager, self._push_theta_k, self.rollout.client.set_servers,
-            timeout_s=fault.replica_restart_timeout_s, restart=bool(fault.replica_restart))
-        self.timelines: list[StepTimeline] = []
+            mgr, self.checkpoint_manager, self._push_weights, self.rollout.client.set_servers,
+            timeout_s=fault.replica_restart_timeout_s, restart=bool(fault.replica_restart),
+            probe_timeout_s=fault.get("health_check_timeout_s", 30))
+        # The last steps' timelines (tests, the bench); a long run keeps them bounded: the full history goes to
+        # rolloutpipe.trace_dir and the logger. steps_run counts every completed step.
+        self.timelines: deque[StepTimeline] = deque(maxlen=KEEP_TIMELINES)
+        self.steps_run = 0
         # Test hook: a function (list[Group]) -> list[Group] that fixes the order groups
         # are trained in, so sync and CGP can be compared unit for unit.
         self.unit_order_hook = None
@@ -178,8 +185,11 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         t_step = time.perf_counter()
         drop_train_state_snapshot(self)  # left over if the previous attempt at a step failed
         self._current, outcome = None, None
+        supervisor = self.rollout.supervisor
+        supervisor.health = type(supervisor.health)()
 
         try:
+            supervisor.heal(version, "step_start")  # a replica that died since the last sync comes back with θ_k
             batch = self._fit_get_batch(batch_dict)
             index = batch.non_tensor_batch.get("index")
             data_index = [int(i) for i in index] if index is not None else []  # the dataset rows, in order
@@ -223,16 +233,18 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
 
     # ------------------------------------------------------------------ faults (the failed step: verl_pipe/rollback.py)
 
-    def _push_theta_k(self, replica, version: int) -> None:
-        """Loads θ_k into one (restarted) replica, without touching the others' in-flight requests."""
-        # Without a snapshot the actor has not stepped past θ_k yet and holds it already.
-        with self._actor_lock, (self._at_theta_k() if theta_k_saved(self) else nullcontext()):
+    def _push_weights(self, replica, version: int) -> None:
+        """Loads weights ``version`` into one (restarted) replica, without touching the others' in-flight requests:
+        θ_k during the step (from the worker's store once the actor has stepped past it), θ_{k+1} (the actor's
+        current weights) after the step's weight sync."""
+        at_theta_k = version == self.global_steps - 1 and theta_k_saved(self)
+        with self._actor_lock, (self._at_theta_k() if at_theta_k else nullcontext()):
             manager = type(self.checkpoint_manager)(config=self.checkpoint_manager.config,
                                                     actor_wg=self.checkpoint_manager.actor_wg,
                                                     replicas=[replica])
             call_with_deadline(lambda: manager.update_weights(version),
                                self.config.rolloutpipe.get("weight_sync_timeout_s"),
-                               f"loading θ_{version} into a restarted replica",
+                               f"loading weights version {version} into a restarted replica",
                                "rolloutpipe.weight_sync_timeout_s")
 
     # ------------------------------------------------------------------ rollout side
@@ -327,11 +339,13 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
     # ------------------------------------------------------------------ weight sync (then verl_pipe/step_record.py)
 
     def _sync_weights(self, timeline: StepTimeline) -> None:
+        """θ_{k+1} into every live replica; a replica found dead before or during the sync is synced apart (restarted
+        with θ_{k+1}, or retired) instead of failing the run (ReplicaSupervisor.sync_weights)."""
         start = time.perf_counter()
-        sync_metrics = call_with_deadline(
+        sync_metrics = self.rollout.supervisor.sync_weights(lambda: call_with_deadline(
             lambda: self.checkpoint_manager.update_weights(self.global_steps),
             self.config.rolloutpipe.get("weight_sync_timeout_s"), f"step {self.global_steps}'s weight sync",
-            "rolloutpipe.weight_sync_timeout_s")
+            "rolloutpipe.weight_sync_timeout_s"), self.global_steps)
         end = time.perf_counter()
         timeline.weight_sync(start, end)
         if sync_metrics:

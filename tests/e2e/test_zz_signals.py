@@ -1,6 +1,7 @@
-"""The real launcher under signals: SIGTERM mid-step stops the run cleanly (nothing it started is left), the
-checkpoint holds only completed steps, and a resumed run goes on at the next step with the data order an
-uninterrupted run has."""
+"""The real launcher under signals as a scheduler sends them, to the whole process group (Ray's raylet, GCS and
+workers and vLLM's engines get them at the same moment as the launcher): SIGTERM mid-step stops the run within
+seconds, nothing it started is left, the checkpoint holds only completed steps; a resumed run goes on at the next
+step with the data order an uninterrupted run has; SIGINT followed by a second SIGTERM stops it the same way."""
 
 import json
 import os
@@ -58,50 +59,71 @@ def _steps(trace: Path) -> dict[int, dict]:
     return {r["step"]: r for r in map(json.loads, (trace / "steps.jsonl").read_text().splitlines())}
 
 
-def test_sigterm_mid_step_then_resume(tmp_path):
+def _run_until_step(run: subprocess.Popen, step: int) -> tuple[set[int], list[str]]:
+    """Reads the run's output until it printed step ``step``; returns the processes it started, its output."""
+    seen: set[int] = set()
+    out = []
+    for line in run.stdout:
+        out.append(line)
+        seen |= _tree(run.pid)
+        if f"[verl_pipe] step {step} " in line:  # printed by the TaskRunner actor, behind a Ray prefix
+            break
+    else:
+        pytest.fail(f"the run ended before step {step}:\n" + "".join(out[-40:]))
+    time.sleep(1.0)  # inside the next step (a step takes several seconds)
+    seen |= _tree(run.pid)
+    return seen, out
+
+
+def _signal_group_and_wait(run: subprocess.Popen, seen: set[int], signals: list[int]) -> tuple[int, str, float]:
+    """Sends ``signals`` (0.5 s apart) to the run's whole process group; returns its exit code, the rest of its
+    output and the seconds from the first signal to its exit. Asserts nothing it started is left."""
+    t0 = time.perf_counter()
+    for i, sig in enumerate(signals):
+        if i:
+            time.sleep(0.5)
+        os.killpg(run.pid, sig)
+    rest = run.stdout.read()
+    rc = run.wait(timeout=120)
+    stop_s = time.perf_counter() - t0
+    deadline = time.time() + 30
+    while _alive(seen) and time.time() < deadline:
+        time.sleep(0.5)
+    left = _alive(seen)
+    assert not left, f"left behind: {[(p, psutil.Process(p).name()) for p in left]}"
+    return rc, rest, stop_s
+
+
+def test_group_signals_stop_the_run_and_resume_goes_on(tmp_path):
     from verl_pipe.assets import ensure_assets
 
     ckpt, trace = tmp_path / "ckpt", tmp_path / "trace"
     common = ["trainer.test_freq=-1", "trainer.save_freq=1", f"trainer.default_local_dir={ckpt}",
               f"rolloutpipe.trace_dir={trace}", "rolloutpipe.mode=cgp", f"data.train_batch_size={BATCH}"]
     run = _launch(common + ["trainer.total_training_steps=50"])
-    seen: set[int] = set()
-    out = []
-    for line in run.stdout:
-        out.append(line)
-        seen |= _tree(run.pid)
-        if "[verl_pipe] step 2 " in line:  # printed by the TaskRunner actor, behind a Ray prefix
-            break
-    else:
-        pytest.fail("the run ended before step 2:\n" + "".join(out[-40:]))
-    seen |= _tree(run.pid)
-    time.sleep(1.0)  # inside step 3 (a step takes several seconds)
-    seen |= _tree(run.pid)
-    t0 = time.perf_counter()
-    run.send_signal(signal.SIGTERM)
-    rest = run.stdout.read()
-    rc = run.wait(timeout=120)
-    stop_s = time.perf_counter() - t0
-    print(f"\n[signals] SIGTERM → exit {rc} in {stop_s:.1f}s; {len(seen)} processes the run had started")
+    seen, _ = _run_until_step(run, 2)
+    rc, rest, stop_s = _signal_group_and_wait(run, seen, [signal.SIGTERM])
+    print(f"\n[signals] SIGTERM to the group → exit {rc} in {stop_s:.1f}s; {len(seen)} processes the run had started")
     assert rc == 128 + signal.SIGTERM, rest[-3000:]
     assert "[verl_pipe] stopped" in rest
-    deadline = time.time() + 30
-    while _alive(seen) and time.time() < deadline:
-        time.sleep(0.5)
-    left = _alive(seen)
-    assert not left, f"left behind: {[(p, psutil.Process(p).name()) for p in left]}"
+    assert stop_s < 60, f"the run took {stop_s:.0f}s to stop after SIGTERM"  # a hang bound (Ray shutdown: 20 s)
     # only completed steps are in the checkpoint: the interrupted step 3 left nothing
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "2"
     assert not (ckpt / "global_step_3").exists()
     assert sorted(_steps(trace)) == [1, 2]
 
-    resumed = _launch(common + ["trainer.total_training_steps=3", "trainer.resume_mode=auto"])
-    log = resumed.stdout.read()
-    assert resumed.wait(timeout=600) == 0, log[-3000:]
-    assert "[verl_pipe] step 3 " in log and "[verl_pipe] step 1 " not in log, "it went on at step 3"
+    resumed = _launch(common + ["trainer.total_training_steps=50", "trainer.resume_mode=auto"])
+    seen, out = _run_until_step(resumed, 3)
+    log = "".join(out)
+    assert "[verl_pipe] step 1 " not in log, "it went on at step 3"
+    rc, rest, stop_s = _signal_group_and_wait(resumed, seen, [signal.SIGINT, signal.SIGTERM])
+    print(f"[signals] SIGINT then SIGTERM to the group → exit {rc} in {stop_s:.1f}s")
+    assert rc == 128 + signal.SIGINT, rest[-3000:]
+    assert stop_s < 60, f"the run took {stop_s:.0f}s to stop after SIGINT"
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "3"
+    assert not (ckpt / "global_step_4").exists()
     steps = _steps(trace)
     assert sorted(steps) == [1, 2, 3]
     order = _reference_order(str(ensure_assets(None).train_file))
     for k in (1, 2, 3):
         assert steps[k]["data_index"] == order[(k - 1) * BATCH: k * BATCH], f"step {k}'s prompts"
-    assert _alive(_tree(resumed.pid)) == []

@@ -463,6 +463,11 @@ def write_charts(result: dict, steps: list[dict], charts_dir: Path, shapes: dict
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a == "--soak" or a.startswith("--soak=") for a in argv):  # the soak benchmark (verl_pipe/bench/soak.py)
+        from verl_pipe.bench.soak import cli
+
+        return cli(argv)
     ap = argparse.ArgumentParser(prog="python -m verl_pipe.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="the short run (verl_pipe/conf/bench/quick.yaml)")
     ap.add_argument("--config", help="a bench YAML (default verl_pipe/conf/bench/default.yaml, or quick.yaml with --quick)")
@@ -470,6 +475,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, help="rounds of the interleaved modes per setting")
     ap.add_argument("--out", required=True, help="write the results JSON here")
     ap.add_argument("--charts", help="write PNG charts into this folder")
+    ap.add_argument("--soak", metavar="STEPS", help="the soak benchmark instead (verl_pipe/bench/soak.py: memory and "
+                    "step time per step over a long CGP+FGD run)")
     ap.add_argument("--reanalyze", metavar="STEPS_JSON",
                     help="no runs: rebuild the results from a saved *_steps.json (tables, JSON, sim, charts)")
     args = ap.parse_args(argv)

@@ -29,7 +29,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
 from verl_pipe.frontier import AdmissionPolicy, Request
 from verl_pipe.rollout.client import CURRENT_ADMISSION, AdmissionRoutedClient
-from verl_pipe.rollout.replicas import is_replica_death
+from verl_pipe.rollout.replicas import ReplicaLostError, is_replica_death  # noqa: F401 (re-exported)
 from verl_pipe.timeline import StepTimeline
 
 logger = logging.getLogger(__name__)
@@ -53,10 +53,6 @@ class StepRequest:
     # After max_retries: "fail" the step, or "drop_group" (the next group, e.g. an oversampled one, replaces it).
     on_request_failure: str = "fail"
     weight_version: int = 0  # θ_k: what a restarted replica must be loaded with
-
-
-class ReplicaLostError(RuntimeError):
-    """A rollout replica died and no replica is left to finish the step."""
 
 
 @dataclass

@@ -1,0 +1,90 @@
+"""Leave no process behind: the launcher adopts every process its run starts, and reaps what is left at the end.
+
+A scheduler (slurm, Kubernetes, ``timeout``) signals a job's whole process group, so Ray's raylet, GCS and workers
+and vLLM's engine processes get the signal at the same moment as the launcher. A worker that dies first orphans
+its children (vLLM's ``EngineCore`` under a server actor); Linux reparents orphans to init, where nobody tears them
+down. The launcher therefore makes itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``, Linux 3.4+): every
+orphan of the run is reparented to it, stays in its process tree, and ``reap`` ends it after Ray's own shutdown.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+import time
+
+logger = logging.getLogger(__name__)
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants of this process are reparented to it (Linux); False where that is not available."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def descendants() -> list:
+    """This process's live descendants (psutil.Process), deepest first."""
+    import psutil
+
+    try:
+        procs = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+    return [p for p in reversed(procs) if _alive(p)]
+
+
+def _alive(p) -> bool:
+    import psutil
+
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def reap(grace_s: float = 5.0) -> list[int]:
+    """SIGTERM every live descendant, SIGKILL what is still alive after ``grace_s``, and collect the exit statuses of
+    our (adopted) children. Returns the pids that had to be killed."""
+    import psutil
+
+    procs = descendants()
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    killed = []
+    for p in alive:
+        try:
+            p.kill()
+            killed.append(p.pid)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+    _collect_zombies()
+    if killed:
+        logger.warning("killed %d process(es) left after the shutdown: %s", len(killed), killed)
+    return killed
+
+
+def _collect_zombies() -> None:
+    """waitpid on every exited child (an adopted orphan that exited is our zombie until then)."""
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
