@@ -323,3 +323,22 @@ def test_fit_with_a_copying_theta_k_swap():
     assert tr.swap_s == pytest.approx(0.02)
     assert tr.params.theta_k_swap_s == pytest.approx(0.06)
     assert tr.params.logprob_ratio == pytest.approx(0.35, abs=0.02)
+
+
+def test_bench_configs_name_their_stacks_and_modes(tmp_path):
+    import yaml
+
+    from verl_pipe.bench.run import CONF_DIR, load_config, stack_of
+
+    cfg = load_config(CONF_DIR / "default.yaml")
+    paper = [s for s in cfg["settings"] if s.get("stack") == "paper"]
+    assert paper and all(stack_of(s, cfg) == "paper" for s in paper)
+    assert stack_of({"name": "longtail-x", "model_size": "tiny"}, cfg) == "tiny"
+    assert stack_of({"name": "longtail-x"}, cfg) == cfg["model_size"]
+    for bad, msg in [({"stack": "nope"}, "stack 'nope' is not under stacks"),
+                     ({"modes": ["sync", "fast"]}, "unknown modes \\['fast'\\]")]:
+        c = {"model_size": "bench", "stacks": {"paper": {"model_size": "bench"}},
+             "settings": [dict({"name": "longtail-a", "workload": {"kind": "equal", "length": 4}}, **bad)]}
+        (tmp_path / "c.yaml").write_text(yaml.safe_dump(c))
+        with pytest.raises(ValueError, match=msg):
+            load_config(tmp_path / "c.yaml")

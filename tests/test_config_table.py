@@ -47,8 +47,8 @@ ROLLOUTPIPE_BAD = [
     (["rolloutpipe.fgd.frontier_groups=0"], "rolloutpipe.fgd.frontier_groups", "'auto' or an integer >= 1"),
     (["rolloutpipe.fgd.frontier_groups=all"], "rolloutpipe.fgd.frontier_groups", "'auto' or an integer >= 1"),
     (["rolloutpipe.fgd.slack=-1"], "rolloutpipe.fgd.slack", "integer >= 0"),
-    (["rolloutpipe.fgd.window=0"], "rolloutpipe.fgd.window", "null or an integer >= 1"),
-    (["rolloutpipe.fgd.window=2.5"], "rolloutpipe.fgd.window", "null or an integer >= 1"),
+    (["rolloutpipe.fgd.window=0"], "rolloutpipe.fgd.window", "null (max_num_seqs), 'auto'"),
+    (["rolloutpipe.fgd.window=2.5"], "rolloutpipe.fgd.window", "'auto' (two training units' requests) or an integer >= 1"),
     (["rolloutpipe.dispatch.order=random"], "rolloutpipe.dispatch.order", "group_major or interleave:<k>"),
     (["rolloutpipe.dispatch.order=interleave:0"], "rolloutpipe.dispatch.order", "interleave:<k>"),
     (["rolloutpipe.dispatch.window=0"], "rolloutpipe.dispatch.window", "null or an integer >= 1"),
@@ -165,6 +165,7 @@ GOOD = [
     [],
     [CGP, "rolloutpipe.cgp.granularity=group", "actor_rollout_ref.rollout.n=8"],
     [CGP, "rolloutpipe.fgd.enable=true", "rolloutpipe.fgd.window=32", "rolloutpipe.fgd.frontier_groups=6"],
+    [CGP, "rolloutpipe.fgd.enable=true", "rolloutpipe.fgd.window=auto"],
     [CGP, "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"],  # not part of the θ_k snapshot
     [CGP, "actor_rollout_ref.actor.fsdp_config.param_offload=true", "actor_rollout_ref.actor.ppo_mini_batch_size=8"],
     ["actor_rollout_ref.actor.fsdp_config.param_offload=true"],  # sync mode takes no snapshot

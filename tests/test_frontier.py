@@ -398,3 +398,14 @@ def test_last_replica_removed_for_restart_and_added_back(cls):
     p.on_group_done(0, True)
     p.on_group_done(1, True)
     assert p.all_done and p.stats()["requeued_on_replica_loss"] == 3
+
+
+def test_fgd_window_resolution():
+    from verl_pipe.frontier import resolve_window
+
+    assert resolve_window(None, 8, 8, 256) == 256  # max_num_seqs
+    assert resolve_window("auto", 8, 8, 256) == 128  # two units of 8 groups x 8
+    assert resolve_window("auto", 8, 8, 100) == 100  # at most the slots
+    assert resolve_window(64, 8, 8, 256) == 64
+    with pytest.raises(ValueError, match="window must be an int >= 1"):
+        resolve_window(0, 8, 8, 256)

@@ -128,6 +128,8 @@ def _check_model_size(value, key: str, config: DictConfig) -> None:
 CPU_LIST = Rule("a Linux CPU list such as '0', '0-3' or '0,2'", _is_cpu_list)
 SYSTEM_CORES = Rule("'rollout', 'all' or a Linux CPU list such as '0'", lambda v: v in ("rollout", "all")
                     or _is_cpu_list(v))
+FGD_WINDOW = Rule("null (max_num_seqs), 'auto' (two training units' requests) or an integer >= 1",
+                  lambda v: v is None or v == "auto" or (_is_int(v) and v >= 1))
 FRONTIER_GROUPS = Rule("'auto' or an integer >= 1", lambda v: v == "auto" or (_is_int(v) and v >= 1))
 DISPATCH_ORDER = Rule("null, group_major or interleave:<k> with k >= 1",
                       lambda v: v is None or v == "group_major"
@@ -202,7 +204,7 @@ ROLLOUTPIPE: dict[str, Any] = {
         "enable": BOOLEAN,
         "frontier_groups": FRONTIER_GROUPS,
         "slack": integer(0),
-        "window": integer(1, null=True),
+        "window": FGD_WINDOW,
     },
     "dispatch": {
         "order": DISPATCH_ORDER,

@@ -49,6 +49,27 @@ def _check_int(name: str, value, low: int) -> None:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
 
 
+AUTO_WINDOW_UNITS = 2  # fgd.window=auto: the requests of this many training units in flight per replica
+
+
+def resolve_window(window: int | str | None, groups_per_unit: int, n: int, max_num_seqs: int) -> int:
+    """FGD's per-replica admission window (``rolloutpipe.fgd.window``): an int as given; null = ``max_num_seqs``
+    (vLLM's running slots; with more requests than slots vLLM's waiting queue, ordered by our priorities, holds
+    the rest); ``auto`` = the requests of ``AUTO_WINDOW_UNITS`` training units (the frontier unit and the next),
+    at most ``max_num_seqs``. ``auto`` matters when ``max_num_seqs`` covers the whole step (every request admitted
+    at once, as verl does): then null admits everything, every group progresses at the same pace and priorities
+    order an empty queue, while a window of two units lets the frontier unit's groups finish first."""
+    _check_int("max_num_seqs", max_num_seqs, 1)
+    if window is None:
+        return max_num_seqs
+    if window == "auto":
+        _check_int("groups_per_unit", groups_per_unit, 1)
+        _check_int("n", n, 1)
+        return min(max_num_seqs, AUTO_WINDOW_UNITS * groups_per_unit * n)
+    _check_int("window", window, 1)
+    return window
+
+
 def auto_frontier(groups_per_unit: int, n: int, window: int | None, num_replicas: int) -> int:
     """Smallest frontier that is at least one training unit AND can fill every replica's window.
 

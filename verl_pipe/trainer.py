@@ -45,7 +45,7 @@ from verl_pipe import estimators
 from verl_pipe.actor_backend import ActorBackend, StepOutcome
 from verl_pipe.config import ConfigError, cgp_estimator_problem, groups_per_unit
 from verl_pipe.deadline import call_with_deadline
-from verl_pipe.frontier import FCFSPolicy, FrontierPolicy
+from verl_pipe.frontier import FCFSPolicy, FrontierPolicy, resolve_window
 from verl_pipe.group_queue import Group, GroupQueue
 from verl_pipe.rollout.materialize import is_trainable, materialize_group, weight_versions
 from verl_pipe.rollout.replicas import ReplicaSupervisor
@@ -266,7 +266,8 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         common = dict(num_groups=num_groups, n=self.n, groups_per_unit=self.groups_per_unit,
                       target_groups=target, replicas=replicas, **self.admission_kwargs(batch))
         if self.fgd_enabled:
-            window = self.fgd_window or int(self.config.actor_rollout_ref.rollout.max_num_seqs)
+            window = resolve_window(self.fgd_window, self.groups_per_unit, self.n,
+                                    int(self.config.actor_rollout_ref.rollout.max_num_seqs))
             return self.fgd_policy_cls(**common, window=window, frontier_groups=rp.fgd.frontier_groups,
                                        slack=int(rp.fgd.slack))
         return self.baseline_policy_cls(**common, window=self.baseline_window, order=self.baseline_order)

@@ -349,7 +349,9 @@ def simulate_like(step: dict, mode: str, granularity: str, engine: EngineParams,
 
     lengths = step["lengths"]
     wl = PaddedWorkload(len(lengths), shape.n, [list(map(int, g)) for g in lengths], int(round(step["prompt_len"])))
-    window = (shape.fgd_window or shape.max_num_seqs) if mode == "cgp_fgd" else shape.baseline_window
+    # the step's own FGD window when its setting set one (bench setting key fgd_window), else the stack's
+    fgd_window = step.get("fgd_window") or shape.fgd_window or shape.max_num_seqs
+    window = fgd_window if mode == "cgp_fgd" else shape.baseline_window
     tl = simulate_step(wl, engine, trainer, mode, shape.num_replicas, window=window,
                        groups_per_unit=shape.groups_per_unit, order=shape.baseline_order, granularity=granularity,
                        weight_sync_s=float(step.get("weight_sync_s", 0.0)))

@@ -42,10 +42,27 @@ SEPARATE_ASYNC = "verl_separate_async"
 def load_config(path: str | Path) -> dict:
     with open(path) as f:
         cfg = yaml.safe_load(f)
+    stacks = cfg.get("stacks") or {}
+    for name, st in stacks.items():
+        unknown = set(st) - {"model_size", "overrides"}
+        if unknown:
+            raise ValueError(f"{path}: stacks.{name}: unknown keys {sorted(unknown)} (allowed: model_size, overrides)")
     for s in cfg["settings"]:
         if not s["name"].startswith(("longtail-", "notail-")):
             raise ValueError(f"setting {s['name']!r}: names start with longtail- or notail-")
+        if s.get("stack") is not None and s["stack"] not in stacks:
+            raise ValueError(f"setting {s['name']!r}: stack {s['stack']!r} is not under stacks: {sorted(stacks)}")
+        bad = set(s.get("modes", [])) - set(MODES)
+        if bad:
+            raise ValueError(f"setting {s['name']!r}: unknown modes {sorted(bad)} (known: {list(MODES)})")
     return cfg
+
+
+def stack_of(setting: dict, cfg: dict) -> str:
+    """The live stack a setting runs on: a named entry of the config's ``stacks`` (its own model size and overrides,
+    e.g. the many-groups regime), or else its model size on the config's shared overrides. Steps, shapes and the
+    simulator's calibration are kept per stack (the ``model_size`` field of a step names it)."""
+    return setting.get("stack") or setting.get("model_size", cfg.get("model_size", "bench"))
 
 
 def mode_kwargs(mode: str, granularity: str = "minibatch") -> dict:
@@ -141,16 +158,19 @@ class BenchRunner:
         self.shapes = {k: StepShape(**v) for k, v in d["shapes"].items()}
         self.skipped, self.granularity, self.steps = d["skipped"], d["granularity"], d["steps"]
 
-    def overrides(self, size: str) -> list[str]:
-        return list(self.cfg.get("overrides", [])) + [f"rolloutpipe.tiny_assets.size={size}"]
+    def overrides(self, stack: str) -> list[str]:
+        spec = (self.cfg.get("stacks") or {}).get(stack)
+        size = spec.get("model_size", self.cfg.get("model_size", "bench")) if spec else stack
+        extra = list(spec.get("overrides", [])) if spec else []
+        return list(self.cfg.get("overrides", [])) + extra + [f"rolloutpipe.tiny_assets.size={size}"]
 
     def run(self, settings: list[dict]) -> None:
-        sizes = sorted({s.get("model_size", self.cfg.get("model_size", "bench")) for s in settings})
-        for size in sizes:
-            mine = [s for s in settings if s.get("model_size", self.cfg.get("model_size", "bench")) == size]
-            self._run_size(size, mine)
+        stacks = sorted({stack_of(s, self.cfg) for s in settings})
+        for stack in stacks:
+            self._run_size(stack, [s for s in settings if stack_of(s, self.cfg) == stack])
 
     def _run_size(self, size: str, settings: list[dict]) -> None:
+        """One live stack (``size``: its name, see ``stack_of``) for ``settings``."""
         import tempfile
 
         from verl_pipe.session import PipeSession, compose
@@ -181,13 +201,16 @@ class BenchRunner:
         kv_tokens = self._kv_capacity_tokens(session)
         replicas = int(roll.nnodes) * int(roll.n_gpus_per_node) // int(roll.tensor_model_parallel_size)
         trainer = session.trainer
-        fgd_window = c.rolloutpipe.fgd.get("window")
+        from verl_pipe.frontier import resolve_window
+
+        fgd_window = resolve_window(c.rolloutpipe.fgd.get("window"), int(c.actor_rollout_ref.actor.ppo_mini_batch_size),
+                                    n, int(roll.max_num_seqs))
         return StepShape(n=n, groups_per_unit=int(c.actor_rollout_ref.actor.ppo_mini_batch_size), micro_rows=micro,
                          max_num_seqs=int(roll.max_num_seqs), max_num_batched_tokens=int(roll.max_num_batched_tokens),
                          kv_capacity_tokens=kv_tokens, num_replicas=max(1, replicas),
                          baseline_order=str(getattr(trainer, "baseline_order", "group_major")),
                          baseline_window=getattr(trainer, "baseline_window", None),
-                         fgd_window=int(fgd_window) if fgd_window else None)
+                         fgd_window=fgd_window)
 
     @staticmethod
     def _kv_capacity_tokens(session) -> int:
@@ -206,14 +229,22 @@ class BenchRunner:
 
         return exact_lengths(wl)
 
-    def _step(self, session, mode: str, wl, granularity: str = "minibatch") -> dict:
+    def _step(self, session, mode: str, wl, granularity: str = "minibatch", fgd_window=None) -> dict:
+        """One step in ``mode``; ``fgd_window``: FGD's admission window for it (None: the stack's config)."""
+        from verl_pipe.frontier import resolve_window
+
         t = time.perf_counter()
-        rec = session.step(**mode_kwargs(mode, granularity), sampling_overrides=self._overrides_fn(wl))
+        window = fgd_window or session.config.rolloutpipe.fgd.get("window")  # the trainer's run-time knob
+        rec = session.step(**mode_kwargs(mode, granularity), sampling_overrides=self._overrides_fn(wl),
+                           fgd_window=window)
+        tr = session.trainer
+        resolved = resolve_window(window, tr.groups_per_unit, tr.n,
+                                  int(session.config.actor_rollout_ref.rollout.max_num_seqs))
         wall = time.perf_counter() - t
         tl = session.trainer.timelines[-1]
         m = dict(rec["timeline"])
         m["wall_s"] = wall
-        return {"metrics": m, "timeline": tl.to_dict(),
+        return {"metrics": m, "timeline": tl.to_dict(), "fgd_window": resolved,
                 "prompt_len": float(rec["metrics"].get("prompt_length/mean", 0.0)),
                 "trained_groups": len(rec.get("trained_groups", []))}
 
@@ -228,12 +259,12 @@ class BenchRunner:
     def _run_setting(self, session, s: dict, size: str) -> None:
         c = session.config
         B, n = int(c.data.train_batch_size), int(c.actor_rollout_ref.rollout.n)
-        modes = [m for m in self.cfg.get("modes", list(MODES))]
+        modes = [m for m in s.get("modes") or self.cfg.get("modes", list(MODES))]
         gran_cfg = self.cfg.get("cgp_fgd_granularity", "auto")
         name = s["name"]
         t_set = time.perf_counter()
         per_round: dict[str, list] = {}
-        for r in range(self.repeats):
+        for r in range(min(self.repeats, int(s.get("repeats", self.repeats)))):
             wl = workload_for(s["workload"], B, n, seed=int(self.cfg.get("seed", 0)) + r)
             for mode in modes:
                 if mode in self.skipped:
@@ -242,7 +273,7 @@ class BenchRunner:
                 if mode == "cgp_fgd":
                     gran = self._fgd_granularity(name, gran_cfg, per_round)
                 try:
-                    res = self._step(session, mode, wl, gran)
+                    res = self._step(session, mode, wl, gran, s.get("fgd_window"))
                 except NotImplementedError as e:
                     if mode == BASE:
                         raise
