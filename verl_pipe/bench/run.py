@@ -477,13 +477,16 @@ def write_charts(result: dict, steps: list[dict], charts_dir: Path, shapes: dict
         return []
     target = chart_setting if chart_setting in names else next(
         (s["name"] for s in result["settings"] if s.get("role") == "balanced"), names[0])
-    mine = [st for st in steps if st["setting"] == target]
-    last_round = max(st["round"] for st in mine)
-    chosen = {st["mode"]: st for st in mine if st["round"] == last_round}
-    chosen = {m: chosen[m] for m in MODES if m in chosen}
-    shape = shapes.get(_size(mine[0]))
-    paths = timeline_charts(chosen, charts_dir, target, shape.max_num_seqs if shape else None)
-    paths.append(cdf_chart(chosen, charts_dir, target))
+    targets = [target] + [s["name"] for s in result["settings"] if s.get("role") == "paper" and s["name"] != target]
+    paths = []
+    for name in targets:  # the balanced setting (or chart_setting) and the paper regime's long-tail setting
+        mine = [st for st in steps if st["setting"] == name]
+        last_round = max(st["round"] for st in mine)
+        chosen = {st["mode"]: st for st in mine if st["round"] == last_round}
+        chosen = {m: chosen[m] for m in MODES if m in chosen}
+        shape = shapes.get(_size(mine[0]))
+        paths += timeline_charts(chosen, charts_dir, name, shape.max_num_seqs if shape else None)
+        paths.append(cdf_chart(chosen, charts_dir, name))
     p = sweep_chart(result, charts_dir)
     if p:
         paths.append(p)
