@@ -26,7 +26,7 @@ from pathlib import Path
 SOAK_OVERRIDES = [
     "rolloutpipe.mode=cgp",
     "rolloutpipe.fgd.enable=true",
-    "rolloutpipe.workload={kind: lognormal, median: 12, sigma: 0.8, rho: 0.7, cap: 48, seed: 0}",
+    "rolloutpipe.workload={kind: lognormal, median: 12, sigma: 0.8, rho: 0.7, cap: 32, seed: 0}",
     "trainer.test_freq=-1",
     "trainer.logger=[console]",
     "trainer.total_training_steps=100000",
