@@ -1,0 +1,96 @@
+"""Pure mapping of what verl's separate_async trainer exposes (plus our hook events) onto StepTimeline metrics.
+
+No Ray, no verl: the inputs are plain dicts recorded by ``hooks`` (wall-clock ``time.time()`` seconds, since
+they come from several processes on one host), verl's ``timing_raw`` and the trained batch's TransferQueue tags.
+"""
+
+from __future__ import annotations
+
+import math
+
+from verl_pipe.timeline import StepTimeline
+
+# Trainer spans of one mini-step, by our kind name <- the verl method wrapped by hooks.PeerTrainerMixin.
+SPAN_KINDS = {"_compute_old_log_prob": "old_log_prob", "_compute_ref_log_prob": "ref_log_prob",
+              "_update_actor": "update"}
+
+# Metrics the peer cannot give, with why (the same for every step).
+UNAVAILABLE = {
+    "num_aborted": "verl's FullyAsyncLLMServerClient aborts and resumes in-flight requests at a weight sync "
+                   "(partial rollout) inside one agent-loop call; the agent loop never sees the abort, so it "
+                   "is not countable from outside (0 when nothing is in flight at the sync, as on-policy)",
+}
+
+
+def step_timeline(step: int, groups_per_unit: int, groups: dict[str, dict], spans: list[dict],
+                  weight_sync: tuple[float, float] | None) -> StepTimeline:
+    """The StepTimeline of one peer step.
+
+    groups: uid -> {"group": int, "requests": {session: {"start", "end", "tokens"}}, "done": t}: the groups
+    trained in this step (their request start = the agent-loop call, end = its output put into TransferQueue,
+    done = the group's terminal status put). spans: {"kind", "start", "end", "unit"} per trainer call."""
+    tl = StepTimeline(step, groups_per_unit, clock=lambda: math.nan)
+    for uid, g in groups.items():
+        gid = int(g["group"])
+        for sid, r in sorted(g["requests"].items(), key=lambda kv: str(kv[0])):
+            rid = f"{uid}_{sid}"
+            tl.request_submitted(rid, gid, t=r["start"])
+            if r.get("end") is not None:
+                tl.response_done(rid, gid, int(r.get("tokens") or 0), t=r["end"])
+        if g.get("done") is not None:
+            tl.group_done(gid, True, t=g["done"])
+    for s in spans:
+        tl.train_span(s["kind"], s["start"], s["end"], unit=s.get("unit"))
+    if weight_sync is not None:
+        tl.weight_sync(*weight_sync)
+    return tl
+
+
+def weight_versions(tags: list[dict], step: int) -> dict:
+    """Weight versions of the trajectories trained in ``step`` (from their TransferQueue tags).
+
+    verl tags each trajectory with min/max_global_steps: the rollout weight version at its first and last
+    generated token (FullyAsyncLLMServerClient); weights synced after step k carry version k, the initial sync
+    version 0. So step k is exactly on-policy iff every trajectory has min == max == k - 1."""
+    mins = [t["min_global_steps"] for t in tags if t.get("min_global_steps") is not None]
+    maxs = [t["max_global_steps"] for t in tags if t.get("max_global_steps") is not None]
+    prompts = [t["global_steps"] for t in tags if t.get("global_steps") is not None]
+    out = {"trajectories": len(tags), "with_version": len(mins), "policy_version": step - 1}
+    if mins and maxs:
+        out.update(min_global_steps=min(mins), max_global_steps=max(maxs),
+                   spanning=sum(1 for t in tags if t.get("min_global_steps") != t.get("max_global_steps")),
+                   max_staleness=(step - 1) - min(mins),
+                   on_policy=len(mins) == len(tags) and min(mins) == max(maxs) == step - 1)
+    else:
+        out.update(min_global_steps=None, max_global_steps=None, spanning=None, max_staleness=None,
+                   on_policy=None)
+    if prompts:
+        out.update(prompt_global_steps_min=min(prompts), prompt_global_steps_max=max(prompts))
+    return out
+
+
+def step_record(step: int, groups_per_unit: int, groups: dict[str, dict], spans: list[dict],
+                weight_sync: tuple[float, float] | None, step_start: float, step_end: float,
+                timing_raw: dict, tags: list[dict]) -> dict:
+    """One peer step as a bench mode entry: {"metrics": {metric: value}, "unavailable": {metric: reason},
+    "weight_versions": {...}, "verl_timing_s": timing_raw}.
+
+    ``metrics`` are StepTimeline.metrics() of the step's trained groups (t0 = their first request), plus
+    ``step_wall_s`` (verl's step: on_step_begin to the end of on_step_end's weight sync, the throughput figure)
+    and ``verl_gen_wait_s`` (verl's accumulated "gen" timer: the trainer blocked in replay_buffer.sample).
+    With a batch generated ahead (the default config) t0 lies in an earlier step, so rollout_to_train_end_s and
+    step_time_s are that data's latency, not the step's cost: compare step_wall_s for throughput."""
+    unavailable = dict(UNAVAILABLE)
+    if not groups:
+        raise ValueError(f"step {step}: no rollout events for the trained groups (hooks not installed?)")
+    tl = step_timeline(step, groups_per_unit, groups, spans, weight_sync)
+    m = tl.metrics()
+    m.pop("num_aborted", None)
+    m["step_wall_s"] = float(step_end - step_start)
+    m["step_start_after_t0_s"] = float(step_start - tl.t0)
+    if "gen" in timing_raw:
+        m["verl_gen_wait_s"] = float(timing_raw["gen"])
+    if "update_weights" in timing_raw:
+        m["verl_update_weights_s"] = float(timing_raw["update_weights"])
+    return {"step": step, "metrics": m, "unavailable": unavailable, "weight_versions": weight_versions(tags, step),
+            "verl_timing_s": {k: float(v) for k, v in timing_raw.items()}}
