@@ -106,10 +106,11 @@ class PeerSeparateAsyncTrainer(PPOTrainerSeparateAsync):
         self._on_record = on_record
         self.peer_records: list[dict] = []
         self._submissions = 0
-        self._uid_group: dict[str, int] = {}
+        self._uid_group: dict[str, tuple[int, float]] = {}  # uid -> (group id, submission time)
         self._spans: list[dict] = []
         self._sync: tuple[float, float] | None = None
         self._step_start = None
+        self._step_t0 = None
         self.groups_per_unit = int(config.actor_rollout_ref.actor.ppo_mini_batch_size)
 
     def _init_resource_pool_mgr(self):
@@ -126,8 +127,11 @@ class PeerSeparateAsyncTrainer(PPOTrainerSeparateAsync):
             lengths = self._lengths_fn(self._submissions, len(batch), n)
             if lengths is not None:
                 batch[LENGTHS_KEY] = torch.tensor(lengths, dtype=torch.int64)
+        now = time.time()
+        if self._step_start is not None and self._step_t0 is None:
+            self._step_t0 = now  # the step's own submission (prepare_step): t0 of its metrics
         for i, uid in enumerate(batch["uid"]):
-            self._uid_group[str(uid)] = self._submissions * 100_000 + i
+            self._uid_group[str(uid)] = (self._submissions * 100_000 + i, now)
         self._submissions += 1
         return super()._submit_batch_to_rollout(batch)
 
@@ -150,6 +154,7 @@ class PeerSeparateAsyncTrainer(PPOTrainerSeparateAsync):
 
     def on_step_begin(self):
         self._step_start = time.time()
+        self._step_t0 = None
         self._spans, self._sync = [], None
         return super().on_step_begin()
 
@@ -165,9 +170,13 @@ class PeerSeparateAsyncTrainer(PPOTrainerSeparateAsync):
         out = super()._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
         uids = sorted({k.split("_")[0] for k in batch.keys})
         events = self.agent_loop_manager.take_peer_events(uids)
-        groups = {u: dict(events[u], group=self._uid_group.get(u, -1)) for u in uids if u in events}
+        groups = {}
+        for u in uids:
+            if u in events:
+                gid, submitted = self._uid_group.pop(u, (-1, None))
+                groups[u] = dict(events[u], group=gid, **({"submitted": submitted} if submitted else {}))
         record = step_record(int(global_steps), self.groups_per_unit, groups, list(self._spans), self._sync,
-                             self._step_start, step_end, dict(timing_raw), list(batch.tags))
+                             self._step_start, step_end, dict(timing_raw), list(batch.tags), self._step_t0)
         record["verl_metrics"] = {k: float(v) for k, v in metrics.items()
                                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
         self.peer_records.append(record)

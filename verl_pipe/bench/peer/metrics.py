@@ -23,22 +23,31 @@ UNAVAILABLE = {
 
 
 def step_timeline(step: int, groups_per_unit: int, groups: dict[str, dict], spans: list[dict],
-                  weight_sync: tuple[float, float] | None) -> StepTimeline:
+                  weight_sync: tuple[float, float] | None, step_t0: float | None = None) -> StepTimeline:
     """The StepTimeline of one peer step.
 
-    groups: uid -> {"group": int, "requests": {session: {"start", "end", "tokens"}}, "done": t}: the groups
-    trained in this step (their request start = the agent-loop call, end = its output put into TransferQueue,
-    done = the group's terminal status put). spans: {"kind", "start", "end", "unit"} per trainer call."""
+    groups: uid -> {"group": int, "submitted": t, "requests": {session: {"start", "end", "tokens"}}, "done": t}:
+    the groups trained in this step. ``submitted`` is when the trainer submitted the group's batch (verl's
+    _submit_batch_to_rollout; each request counts as submitted then, as our client submits a batch at once,
+    falling back to the agent-loop call's start), ``end`` when its output was put into TransferQueue, ``done``
+    when the group's terminal status was. spans: {"kind", "start", "end", "unit"} per trainer call.
+
+    ``step_t0``: the step's own submission (its prepare_step). Events of data submitted earlier (a batch
+    generated ahead) are moved up to it, so the metrics are over the step's window [step_t0, ...] like ours:
+    rollout_end_s 0 then means the trained data was complete when the step began."""
+    def at(t: float) -> float:
+        return t if step_t0 is None else max(t, step_t0)
+
     tl = StepTimeline(step, groups_per_unit, clock=lambda: math.nan)
     for uid, g in groups.items():
         gid = int(g["group"])
         for sid, r in sorted(g["requests"].items(), key=lambda kv: str(kv[0])):
             rid = f"{uid}_{sid}"
-            tl.request_submitted(rid, gid, t=r["start"])
+            tl.request_submitted(rid, gid, t=at(g.get("submitted", r["start"])))
             if r.get("end") is not None:
-                tl.response_done(rid, gid, int(r.get("tokens") or 0), t=r["end"])
+                tl.response_done(rid, gid, int(r.get("tokens") or 0), t=at(r["end"]))
         if g.get("done") is not None:
-            tl.group_done(gid, True, t=g["done"])
+            tl.group_done(gid, True, t=at(g["done"]))
     for s in spans:
         tl.train_span(s["kind"], s["start"], s["end"], unit=s.get("unit"))
     if weight_sync is not None:
@@ -71,23 +80,28 @@ def weight_versions(tags: list[dict], step: int) -> dict:
 
 def step_record(step: int, groups_per_unit: int, groups: dict[str, dict], spans: list[dict],
                 weight_sync: tuple[float, float] | None, step_start: float, step_end: float,
-                timing_raw: dict, tags: list[dict]) -> dict:
+                timing_raw: dict, tags: list[dict], step_t0: float | None = None) -> dict:
     """One peer step as a bench mode entry: {"metrics": {metric: value}, "unavailable": {metric: reason},
     "weight_versions": {...}, "verl_timing_s": timing_raw}.
 
-    ``metrics`` are StepTimeline.metrics() of the step's trained groups (t0 = their first request), plus
-    ``step_wall_s`` (verl's step: on_step_begin to the end of on_step_end's weight sync, the throughput figure)
-    and ``verl_gen_wait_s`` (verl's accumulated "gen" timer: the trainer blocked in replay_buffer.sample).
-    With a batch generated ahead (the default config) t0 lies in an earlier step, so rollout_to_train_end_s and
-    step_time_s are that data's latency, not the step's cost: compare step_wall_s for throughput."""
+    ``metrics`` are StepTimeline.metrics() over the step's window from ``step_t0`` (this step's batch
+    submission, as our t0; see step_timeline), plus: ``step_wall_s`` (verl's step, on_step_begin to the end of
+    on_step_end's weight sync: the throughput figure), ``step_start_to_t0_s``, ``verl_gen_wait_s`` (verl's
+    accumulated "gen" timer: the trainer blocked in replay_buffer.sample), ``verl_update_weights_s``, and the
+    trained data's own latency: ``data_rollout_end_s`` / ``data_latency_s`` (its first submission to its last
+    response / to the step's last trainer span; equal to rollout_end_s / rollout_to_train_end_s when the step
+    trains what it submitted, i.e. on-policy; longer with a batch generated ahead)."""
     unavailable = dict(UNAVAILABLE)
     if not groups:
         raise ValueError(f"step {step}: no rollout events for the trained groups (hooks not installed?)")
-    tl = step_timeline(step, groups_per_unit, groups, spans, weight_sync)
+    tl = step_timeline(step, groups_per_unit, groups, spans, weight_sync, step_t0)
     m = tl.metrics()
     m.pop("num_aborted", None)
+    data = step_timeline(step, groups_per_unit, groups, spans, weight_sync).metrics()
+    m["data_rollout_end_s"] = data["rollout_end_s"]
+    m["data_latency_s"] = data["rollout_to_train_end_s"]
     m["step_wall_s"] = float(step_end - step_start)
-    m["step_start_after_t0_s"] = float(step_start - tl.t0)
+    m["step_start_to_t0_s"] = float(tl.t0 - step_start)
     if "gen" in timing_raw:
         m["verl_gen_wait_s"] = float(timing_raw["gen"])
     if "update_weights" in timing_raw:
