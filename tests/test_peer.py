@@ -101,6 +101,7 @@ def test_events_map_onto_our_metrics():
     assert "num_aborted" not in m and rec["unavailable"] == UNAVAILABLE
     assert all(isinstance(v, float) and not math.isnan(v) for v in m.values())
     assert rec["weight_versions"]["on_policy"] is True
+    assert rec["lengths"] == [[10, 12], [40, 20]]  # per trained group, per response (tokens)
 
 
 def test_weight_versions_say_on_policy_only_when_every_trajectory_used_the_previous_steps_weights():
@@ -146,3 +147,26 @@ def test_data_generated_ahead_is_measured_over_the_steps_window():
     assert m["step_start_to_t0_s"] == pytest.approx(0.1)
     wv = rec["weight_versions"]
     assert wv["on_policy"] is False and wv["max_staleness"] == 1
+
+
+@pytest.mark.parametrize("ignores_sigterm", [False, True])
+def test_stop_runner_terminates_then_kills_the_session(ignores_sigterm):
+    import subprocess
+    import sys
+
+    from verl_pipe.bench.peer import stop_runner
+
+    code = ("import signal, sys, time\n"
+            + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if ignores_sigterm else "")
+            + "print('up', flush=True)\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline().strip() == "up"
+    stop_runner(proc, grace_s=1)
+    assert proc.returncode == (-9 if ignores_sigterm else -15)
+
+
+def test_workload_seeds_follow_the_bench():
+    from verl_pipe.bench.peer.runner import workload_seed
+
+    assert [workload_seed(i, 0, 1) for i in range(4)] == [10_000, 0, 1, 2]  # warm-up, then rounds 0, 1, 2
+    assert [workload_seed(i, 5, 0) for i in range(2)] == [5, 6]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -43,12 +44,26 @@ def bench_spec(config: str, steps: int, bench_cfg: dict, setting: str | None = N
     else:
         chosen = next((s for s in settings if s["name"] == setting), None)
         if chosen is None:
-            raise ValueError(f"--setting {setting!r}: not in the bench config (have {[s['name'] for s in settings]})")
+            names = [s["name"] for s in settings]
+            raise ValueError(f"--setting {setting!r}: not in the bench config (have {names})")
     size = (chosen or {}).get("model_size", bench_cfg.get("model_size", "bench"))
     overrides = list(bench_cfg.get("overrides", [])) + [f"rolloutpipe.tiny_assets.size={size}"]
-    return {"config": config, "steps": int(steps) + warmup, "warmup_steps": warmup, "overrides": overrides, "seed": int(bench_cfg.get("seed", 0)),
-            "workload": dict(chosen["workload"]) if chosen else None, "setting": chosen["name"] if chosen else None,
+    return {"config": config, "steps": int(steps) + warmup, "warmup_steps": warmup, "overrides": overrides,
+            "seed": int(bench_cfg.get("seed", 0)), "workload": dict(chosen["workload"]) if chosen else None, "setting": chosen["name"] if chosen else None,
             "model_size": size}
+
+
+def stop_runner(proc: subprocess.Popen, grace_s: float = 60) -> None:
+    """SIGTERM first: the runner then shuts its Ray cluster down (runner.run's finally); after ``grace_s``,
+    SIGKILL to its whole session (it was started with start_new_session, so this is only what it started)."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def run_peer(spec: dict, timeout_s: float | None = 1800, log=None, log_path: str | None = None) -> dict:
@@ -71,9 +86,8 @@ def run_peer(spec: dict, timeout_s: float | None = 1800, log=None, log_path: str
                 if log is not None and line.startswith("[peer]"):
                     log(line.rstrip())
             rc = proc.wait(timeout=timeout_s)
-        except BaseException:
-            os.killpg(proc.pid, 9)  # the runner and what it started in its session (Ray's processes)
-            proc.wait()
+        except BaseException:  # interrupted (Ctrl-C, SIGTERM via the CLI) or timed out
+            stop_runner(proc)
             raise
         finally:
             if full is not None:

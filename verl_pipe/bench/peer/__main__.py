@@ -8,27 +8,34 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 
 from verl_pipe.bench.peer import CONFIGS, bench_spec, run_peer
 
-COLUMNS = ("step_wall_s", "rollout_to_train_end_s", "trainer_wait_ratio", "first_unit_ready_s",
-           "first_unit_start_s", "rollout_end_s", "trainer_busy_s", "step_time_s", "weight_sync_s")
+# (metric, column header)
+COLUMNS = (("step_wall_s", "wall"), ("rollout_to_train_end_s", "r→train"), ("trainer_wait_ratio", "wait"),
+           ("first_unit_ready_s", "1st_ready"), ("first_unit_start_s", "1st_start"), ("rollout_end_s", "r_end"),
+           ("trainer_busy_s", "busy"), ("step_time_s", "step"), ("weight_sync_s", "sync"),
+           ("data_latency_s", "data_lat"))
 
 
 def table(result: dict) -> str:
     lines = [f"== {result['mode']} ({result['config']}), start-up {result['startup_s']:.1f}s, "
-             f"setting {result.get('setting')}",
-             "step " + " ".join(f"{c[:-2] if c.endswith('_s') else c:>22}" for c in COLUMNS) + "  versions"]
+             f"setting {result.get('setting')} (seconds; w: warm-up step, discarded by the bench)",
+             "step " + "".join(f"{h:>10}" for _, h in COLUMNS) + "  versions"]
     for r in result["steps"]:
         m, wv = r["metrics"], r["weight_versions"]
-        vals = " ".join(f"{m.get(c, math.nan):>22.3f}" for c in COLUMNS)
-        lines.append(f"{r['step']:>3}{'w' if r.get('warmup') else ' '} {vals}  {wv.get('min_global_steps')}..{wv.get('max_global_steps')}"
-                     f" on_policy={wv.get('on_policy')}")
-    lines.append("w: warm-up step (discarded by the bench)")
+        vals = "".join(f"{m.get(c, math.nan):>10.3f}" for c, _ in COLUMNS)
+        versions = f"{wv.get('min_global_steps')}..{wv.get('max_global_steps')} on_policy={wv.get('on_policy')}"
+        lines.append(f"{r['step']:>3}{'w' if r.get('warmup') else ' '} {vals}  {versions}")
     if result["steps"]:
         for k, why in result["steps"][0]["unavailable"].items():
             lines.append(f"unavailable {k}: {why}")
     return "\n".join(lines)
+
+
+def _stop_on(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def main(argv=None) -> None:
@@ -38,13 +45,15 @@ def main(argv=None) -> None:
     ap.add_argument("--config", choices=sorted(CONFIGS), default="onpolicy")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--bench", default="quick", help="bench YAML name in verl_pipe/conf/bench or a path")
-    ap.add_argument("--setting", default=None, help="the bench setting whose workload to use (default: first longtail-)")
+    ap.add_argument("--setting", default=None,
+                    help="the bench setting whose workload to use (default: the first longtail- one)")
     ap.add_argument("--warmup-steps", type=int, default=None,
                     help="steps run first and marked warmup (default: the bench config's warmup_steps)")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--log", default=None, help="write the runner's whole output here")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop_on)  # run_peer then stops the runner and its Ray cluster
     path = CONF_DIR / f"{args.bench}.yaml" if not args.bench.endswith(".yaml") else args.bench
     spec = bench_spec(args.config, args.steps, load_config(path), args.setting, args.warmup_steps)
     result = run_peer(spec, timeout_s=args.timeout, log=print, log_path=args.log)

@@ -106,5 +106,7 @@ def step_record(step: int, groups_per_unit: int, groups: dict[str, dict], spans:
         m["verl_gen_wait_s"] = float(timing_raw["gen"])
     if "update_weights" in timing_raw:
         m["verl_update_weights_s"] = float(timing_raw["update_weights"])
+    lengths = [[int(r.get("tokens") or 0) for _, r in sorted(g["requests"].items(), key=lambda kv: str(kv[0]))]
+               for g in sorted(groups.values(), key=lambda g: g["group"])]
     return {"step": step, "metrics": m, "unavailable": unavailable, "weight_versions": weight_versions(tags, step),
-            "verl_timing_s": {k: float(v) for k, v in timing_raw.items()}}
+            "verl_timing_s": {k: float(v) for k, v in timing_raw.items()}, "lengths": lengths}

@@ -10,25 +10,79 @@ with the hooks' subclasses in place of verl's classes.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 
 
-def _lengths_fn(workload: dict | None, seed: int):
+def _stop_on(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def workload_seed(submission: int, seed: int, warmup_steps: int) -> int:
+    """The workload seed of the trainer's submission-th batch, as the bench seeds its steps: warm-up steps
+    10_000 + i, measured round r seed + r (so the measured steps get the bench rounds' workloads)."""
+    return 10_000 + submission if submission < warmup_steps else seed + submission - warmup_steps
+
+
+def _lengths_fn(workload: dict | None, seed: int, warmup_steps: int):
     if not workload:
         return None
     from verl_pipe.workload import from_spec
 
     def lengths(submission: int, num_prompts: int, n: int):
-        return from_spec(dict(workload), num_prompts, n, prompt_len=0, seed=seed + submission).lengths
+        wl = from_spec(dict(workload), num_prompts, n, prompt_len=0,
+                       seed=workload_seed(submission, seed, warmup_steps))
+        return wl.lengths
 
     return lengths
 
 
-def run(spec: dict) -> dict:
-    t_start = time.time()
+def _print_step(r: dict) -> None:
+    m, wv = r["metrics"], r["weight_versions"]
+    print(f"[peer] step {r['step']}{' (warm-up)' if r['warmup'] else ''}: step_wall {m['step_wall_s']:.2f}s "
+          f"rollout→train_end {m['rollout_to_train_end_s']:.2f}s wait {m['trainer_wait_ratio']:.3f} "
+          f"rollout_end {m['rollout_end_s']:.2f}s train {m['trainer_busy_s']:.2f}s sync {m['weight_sync_s']:.2f}s "
+          f"versions {wv.get('min_global_steps')}..{wv.get('max_global_steps')}", flush=True)
+
+
+def _train(config, spec: dict, t_start: float, t_ray: float) -> tuple[list[dict], float, float]:
+    """What verl's TaskRunnerV1.run does (tq.init, trainer, agent-loop manager, fit), with our subclasses."""
+    import transfer_queue as tq
     from omegaconf import OmegaConf, open_dict
 
+    # After start_ray: it activates the CPU platform (and our verl patches) in this process.
+    from verl_pipe.bench.peer.hooks import PeerAgentLoopManager, PeerSeparateAsyncTrainer
+
+    with open_dict(config):
+        config.transfer_queue.enable = True
+    OmegaConf.resolve(config)
+    records: list[dict] = []
+    warmup = int(spec.get("warmup_steps", 0))
+
+    def on_record(r):
+        r["warmup"] = len(records) < warmup  # discarded by the bench, like its own warm-up step
+        records.append(r)
+        _print_step(r)
+
+    tq.init(config.transfer_queue)
+    try:
+        lengths_fn = _lengths_fn(spec.get("workload"), int(spec.get("seed", 0)), warmup)
+        trainer = PeerSeparateAsyncTrainer(config, lengths_fn, on_record)
+        trainer.init()
+        manager = PeerAgentLoopManager.create(config=config, llm_client=trainer.get_llm_client(),
+                                              teacher_client=trainer.get_teacher_client(),
+                                              reward_loop_worker_handles=trainer.get_reward_handles())
+        t_ready = time.time()
+        print(f"[peer] stack up in {t_ready - t_start:.1f}s (ray {t_ray - t_start:.1f}s)", flush=True)
+        trainer.fit(manager)
+        return records, t_ready, time.time()
+    finally:
+        tq.close()
+
+
+def run(spec: dict) -> dict:
+    t_start = time.time()
     from verl_pipe.bench.peer.configs import MODE_NAMES, peer_overrides
     from verl_pipe.main_grpo import prepare_config, start_ray
     from verl_pipe.session import compose
@@ -37,48 +91,18 @@ def run(spec: dict) -> dict:
                                                    int(spec["steps"]))))
     start_ray(config)
     t_ray = time.time()
-    # After start_ray: it activates the CPU platform (and our verl patches) in this process.
     import ray
-    import transfer_queue as tq
-
-    from verl_pipe.bench.peer.hooks import PeerAgentLoopManager, PeerSeparateAsyncTrainer
-
-    with open_dict(config):
-        config.transfer_queue.enable = True
-    OmegaConf.resolve(config)
-    tq.init(config.transfer_queue)
-    records: list[dict] = []
-
-    warmup = int(spec.get("warmup_steps", 0))
-
-    def on_record(r):
-        r["warmup"] = len(records) < warmup  # discarded by the bench, like its own warm-up step
-        records.append(r)
-        m = r["metrics"]
-        print(f"[peer] step {r['step']}{' (warm-up)' if r['warmup'] else ''}: step_wall {m['step_wall_s']:.2f}s rollout→train_end "
-              f"{m['rollout_to_train_end_s']:.2f}s wait {m['trainer_wait_ratio']:.3f} rollout_end "
-              f"{m['rollout_end_s']:.2f}s train {m['trainer_busy_s']:.2f}s sync {m['weight_sync_s']:.2f}s "
-              f"versions {r['weight_versions'].get('min_global_steps')}..{r['weight_versions'].get('max_global_steps')}",
-              flush=True)
 
     try:
-        trainer = PeerSeparateAsyncTrainer(config, _lengths_fn(spec.get("workload"), int(spec.get("seed", 0))),
-                                           on_record)
-        trainer.init()
-        manager = PeerAgentLoopManager.create(config=config, llm_client=trainer.get_llm_client(),
-                                              teacher_client=trainer.get_teacher_client(),
-                                              reward_loop_worker_handles=trainer.get_reward_handles())
-        t_ready = time.time()
-        print(f"[peer] stack up in {t_ready - t_start:.1f}s (ray {t_ray - t_start:.1f}s)", flush=True)
-        trainer.fit(manager)
-        t_end = time.time()
+        # After ray.init (which installs its own handlers): SIGTERM stops like Ctrl-C, so the finally below
+        # shuts the cluster down (as verl_pipe.main_grpo does).
+        signal.signal(signal.SIGTERM, _stop_on)
+        records, t_ready, t_end = _train(config, spec, t_start, t_ray)
     finally:
-        try:
-            tq.close()
-        finally:
-            ray.shutdown()
+        ray.shutdown()
     return {"mode": MODE_NAMES[spec["config"]], "config": spec["config"], "steps": records,
-            "warmup_steps": warmup, "startup_s": t_ready - t_start, "ray_start_s": t_ray - t_start, "run_s": t_end - t_ready,
+            "warmup_steps": int(spec.get("warmup_steps", 0)), "startup_s": t_ready - t_start,
+            "ray_start_s": t_ray - t_start, "run_s": t_end - t_ready,
             "overrides": peer_overrides(spec["config"], list(spec.get("overrides", [])), int(spec["steps"])),
             "workload": spec.get("workload")}
 
