@@ -56,7 +56,11 @@ def main(argv=None) -> None:
     signal.signal(signal.SIGTERM, _stop_on)  # run_peer then stops the runner and its Ray cluster
     path = CONF_DIR / f"{args.bench}.yaml" if not args.bench.endswith(".yaml") else args.bench
     spec = bench_spec(args.config, args.steps, load_config(path), args.setting, args.warmup_steps)
-    result = run_peer(spec, timeout_s=args.timeout, log=print, log_path=args.log)
+    try:
+        result = run_peer(spec, timeout_s=args.timeout, log=print, log_path=args.log)
+    except KeyboardInterrupt as e:  # run_peer has stopped the runner and its Ray cluster
+        print(f"[peer] stopped ({e or 'SIGINT'}): the runner and its Ray cluster are shut down", flush=True)
+        raise SystemExit(130) from None
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print(table(result))
