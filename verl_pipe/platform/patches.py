@@ -69,6 +69,35 @@ def _patch_ref_offload_policy() -> None:
     impl.CPUOffloadPolicy = host_memory_policy
 
 
+class _DropFlushKwarg(logging.LoggerAdapter):
+    """A logger that ignores print()'s ``flush=`` keyword, which logging.Logger rejects."""
+
+    def process(self, msg, kwargs):
+        kwargs.pop("flush", None)
+        return msg, kwargs
+
+
+SEPARATE_ASYNC_MODULE = "verl.trainer.ppo.v1.trainer_separate_async"
+
+
+def patch_separate_async_logger(module=None) -> None:
+    # verl/trainer/ppo/v1/trainer_separate_async.py: PPOTrainerSeparateAsync._setup calls
+    # ``logger.info(..., flush=True)`` when actor_rollout_ref.hybrid_engine=False (separate pools, our only
+    # layout): logging.Logger.info has no ``flush`` and raises TypeError, so the trainer cannot start. The
+    # module logger is replaced by an adapter that drops the keyword (same logger, same level and handlers).
+    # Not a platform matter (it fails on GPU too), but applied with the CPU patches because that is where
+    # verl_pipe runs separate_async (the benchmark peer, verl_pipe/bench/peer). Importing the module needs
+    # transfer_queue, so apply_cpu_patches only patches it when it is already imported; the peer's hooks call
+    # this right after importing it.
+    if module is None:
+        import importlib
+
+        module = importlib.import_module(SEPARATE_ASYNC_MODULE)
+    if isinstance(module.logger, _DropFlushKwarg):
+        return
+    module.logger = _DropFlushKwarg(module.logger, {})
+
+
 def apply_cpu_patches() -> None:
     global _applied
     if _applied:
@@ -76,4 +105,8 @@ def apply_cpu_patches() -> None:
     _patch_process_group_backend()
     _patch_cpu_snapshots_copy()
     _patch_ref_offload_policy()
+    import sys
+
+    if SEPARATE_ASYNC_MODULE in sys.modules:
+        patch_separate_async_logger(sys.modules[SEPARATE_ASYNC_MODULE])
     _applied = True

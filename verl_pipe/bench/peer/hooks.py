@@ -1,0 +1,185 @@
+"""Subclasses of verl's V1 separate_async classes that record events and impose our response lengths.
+
+Nothing of verl's logic is copied: every override calls super() and only records times around it.
+verl seams (verl 0.9.1):
+- ``PPOTrainerSeparateAsync._init_resource_pool_mgr``: swap DetachActorWorker for our PipeActorWorker
+  (the same worker pinned to the trainer cores, as in our modes);
+- ``PPOTrainer._submit_batch_to_rollout``: the batch is submitted here; we attach per-group response lengths;
+- ``_compute_old_log_prob`` / ``_compute_ref_log_prob`` / ``_update_actor``: the trainer calls of one mini-step
+  (``local_trigger_step`` = its index), timed as our trainer spans;
+- ``on_step_begin`` / ``on_step_end`` (the weight sync to the standalone rollout) and ``_compute_metrics``
+  (called once per step with the trained batch's TransferQueue tags and ``timing_raw``);
+- ``AgentLoopWorkerTQ._run_prompt`` (one group), ``AgentLoopWorker._run_agent_loop`` (one request, its output
+  put into TransferQueue at the end) and ``AgentLoopManagerTQ.agent_loop_workers_class``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import ray
+import torch
+
+from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
+from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
+from verl.trainer.ppo.utils import Role
+
+from verl_pipe.bench.peer.metrics import SPAN_KINDS, step_record
+from verl_pipe.platform.patches import patch_separate_async_logger
+
+patch_separate_async_logger()  # verl 0.9.1's logger.info(..., flush=True) in _setup (patches.py)
+
+# Per-prompt tensor of the n response lengths, carried in the batch from the trainer to the agent-loop worker.
+LENGTHS_KEY = "verl_pipe_response_lengths"
+
+
+class PeerAgentLoopWorkerImpl(AgentLoopWorkerTQ.__ray_actor_class__):
+    """AgentLoopWorkerTQ that sets max_tokens/ignore_eos per request and keeps per-group event times."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._peer_lengths: dict[str, list[int]] = {}
+        self._peer_events: dict[str, dict] = {}
+
+    async def _run_prompt(self, prompt: dict, sampling_params: dict, trajectory: dict, trace: bool = False):
+        uid = prompt["uid"]
+        lengths = prompt.pop(LENGTHS_KEY, None)
+        if lengths is not None:
+            self._peer_lengths[uid] = [int(x) for x in lengths.tolist()]
+        ev = self._peer_events.setdefault(uid, {"requests": {}, "done": None, "received": time.time()})
+        try:
+            return await super()._run_prompt(prompt, sampling_params, trajectory, trace)
+        finally:
+            ev["done"] = time.time()  # after verl put the group's terminal status
+            self._peer_lengths.pop(uid, None)
+
+    async def _run_agent_loop(self, sampling_params, trajectory, *, agent_name, trace=True, **kwargs):
+        uid, session = kwargs.get("uid"), kwargs.get("session_id")
+        lengths = self._peer_lengths.get(uid)
+        if lengths is not None and session is not None:
+            sampling_params = {**sampling_params, "max_tokens": lengths[int(session)], "ignore_eos": True}
+        req = {"start": time.time(), "end": None, "tokens": None}
+        if uid is not None:
+            self._peer_events.setdefault(uid, {"requests": {}, "done": None})["requests"][session] = req
+        try:
+            return await super()._run_agent_loop(sampling_params, trajectory, agent_name=agent_name, trace=trace,
+                                                 **kwargs)
+        finally:
+            req["end"] = time.time()  # the output is in TransferQueue (or the request failed)
+
+    async def _agent_loop_postprocess(self, output, validate, **kwargs):
+        outputs = output if isinstance(output, list) else [output]
+        ev = self._peer_events.get(kwargs.get("uid"))
+        if ev is not None and outputs:
+            req = ev["requests"].get(kwargs.get("session_id"))
+            if req is not None:
+                req["tokens"] = sum(len(o.response_ids) for o in outputs)
+        return await super()._agent_loop_postprocess(output, validate, **kwargs)
+
+    def take_peer_events(self, uids: list[str]) -> dict:
+        return {u: self._peer_events.pop(u) for u in uids if u in self._peer_events}
+
+
+PeerAgentLoopWorker = ray.remote(PeerAgentLoopWorkerImpl)
+
+
+class PeerAgentLoopManager(AgentLoopManagerTQ):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.agent_loop_workers_class = PeerAgentLoopWorker  # read by create() -> _init_agent_loop_workers
+
+    def take_peer_events(self, uids: list[str]) -> dict:
+        out: dict = {}
+        for part in ray.get([w.take_peer_events.remote(uids) for w in self.agent_loop_workers]):
+            out.update(part)
+        return out
+
+
+class PeerSeparateAsyncTrainer(PPOTrainerSeparateAsync):
+    """verl's separate_async trainer, pinned like our modes, with imposed lengths and recorded events."""
+
+    def __init__(self, config, lengths_fn=None, on_record=None):
+        """lengths_fn(submission_index, num_prompts, n) -> lengths[prompt][session] or None (model decides);
+        on_record(record): called with each step's record (metrics.step_record) as it completes."""
+        super().__init__(config)
+        self._lengths_fn = lengths_fn
+        self._on_record = on_record
+        self.peer_records: list[dict] = []
+        self._submissions = 0
+        self._uid_group: dict[str, tuple[int, float]] = {}  # uid -> (group id, submission time)
+        self._spans: list[dict] = []
+        self._sync: tuple[float, float] | None = None
+        self._step_start = None
+        self._step_t0 = None
+        self.groups_per_unit = int(config.actor_rollout_ref.actor.ppo_mini_batch_size)
+
+    def _init_resource_pool_mgr(self):
+        super()._init_resource_pool_mgr()
+        from verl_pipe.workers import PipeActorWorker
+
+        for role in (Role.Actor, Role.RefPolicy):
+            if role in self.role_worker_mapping:
+                self.role_worker_mapping[role] = ray.remote(PipeActorWorker)
+
+    def _submit_batch_to_rollout(self, batch):
+        n = int(self.config.actor_rollout_ref.rollout.n)
+        if self._lengths_fn is not None:
+            lengths = self._lengths_fn(self._submissions, len(batch), n)
+            if lengths is not None:
+                batch[LENGTHS_KEY] = torch.tensor(lengths, dtype=torch.int64)
+        now = time.time()
+        if self._step_start is not None and self._step_t0 is None:
+            self._step_t0 = now  # the step's own submission (prepare_step): t0 of its metrics
+        for i, uid in enumerate(batch["uid"]):
+            self._uid_group[str(uid)] = (self._submissions * 100_000 + i, now)
+        self._submissions += 1
+        return super()._submit_batch_to_rollout(batch)
+
+    def _timed(self, name, batch, metrics):
+        start = time.time()
+        try:
+            return getattr(super(), name)(batch, metrics)
+        finally:
+            self._spans.append({"kind": SPAN_KINDS[name], "start": start, "end": time.time(),
+                                "unit": int(self.local_trigger_step)})
+
+    def _compute_old_log_prob(self, batch, metrics):
+        return self._timed("_compute_old_log_prob", batch, metrics)
+
+    def _compute_ref_log_prob(self, batch, metrics):
+        return self._timed("_compute_ref_log_prob", batch, metrics)
+
+    def _update_actor(self, batch, metrics):
+        return self._timed("_update_actor", batch, metrics)
+
+    def on_step_begin(self):
+        self._step_start = time.time()
+        self._step_t0 = None
+        self._spans, self._sync = [], None
+        return super().on_step_begin()
+
+    def on_step_end(self):
+        start = time.time()
+        try:
+            return super().on_step_end()
+        finally:
+            self._sync = (start, time.time())
+
+    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        step_end = self._sync[1] if self._sync else time.time()
+        out = super()._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
+        uids = sorted({k.split("_")[0] for k in batch.keys})
+        events = self.agent_loop_manager.take_peer_events(uids)
+        groups = {}
+        for u in uids:
+            if u in events:
+                gid, submitted = self._uid_group.pop(u, (-1, None))
+                groups[u] = dict(events[u], group=gid, **({"submitted": submitted} if submitted else {}))
+        record = step_record(int(global_steps), self.groups_per_unit, groups, list(self._spans), self._sync,
+                             self._step_start, step_end, dict(timing_raw), list(batch.tags), self._step_t0)
+        record["verl_metrics"] = {k: float(v) for k, v in metrics.items()
+                                  if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self.peer_records.append(record)
+        if self._on_record is not None:
+            self._on_record(record)
+        return out

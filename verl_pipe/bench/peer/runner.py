@@ -1,0 +1,123 @@
+"""Runs verl's V1 separate_async trainer for real, in THIS process and its own Ray cluster.
+
+``python -m verl_pipe.bench.peer.runner SPEC.json OUT.json``: SPEC = {"config", "steps", "overrides",
+"workload", "seed"}; OUT gets the mode entry (see ``__init__.run_peer``, which launches this as a subprocess).
+Built like our stack (verl_pipe.session: compose -> prepare_config -> start_ray: same assets, pools, CPU env
+and core pinning), then what verl's TaskRunnerV1.run does (tq.init, trainer.init, agent-loop manager, fit),
+with the hooks' subclasses in place of verl's classes.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+
+
+def _stop_on(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def workload_seed(submission: int, seed: int, warmup_steps: int) -> int:
+    """The workload seed of the trainer's submission-th batch, as the bench seeds its steps: warm-up steps
+    10_000 + i, measured round r seed + r (so the measured steps get the bench rounds' workloads)."""
+    return 10_000 + submission if submission < warmup_steps else seed + submission - warmup_steps
+
+
+def _lengths_fn(workload: dict | None, seed: int, warmup_steps: int):
+    if not workload:
+        return None
+    from verl_pipe.workload import from_spec
+
+    def lengths(submission: int, num_prompts: int, n: int):
+        wl = from_spec(dict(workload), num_prompts, n, prompt_len=0,
+                       seed=workload_seed(submission, seed, warmup_steps))
+        return wl.lengths
+
+    return lengths
+
+
+def _print_step(r: dict) -> None:
+    m, wv = r["metrics"], r["weight_versions"]
+    print(f"[peer] step {r['step']}{' (warm-up)' if r['warmup'] else ''}: step_wall {m['step_wall_s']:.2f}s "
+          f"rollout→train_end {m['rollout_to_train_end_s']:.2f}s wait {m['trainer_wait_ratio']:.3f} "
+          f"rollout_end {m['rollout_end_s']:.2f}s train {m['trainer_busy_s']:.2f}s sync {m['weight_sync_s']:.2f}s "
+          f"versions {wv.get('min_global_steps')}..{wv.get('max_global_steps')}", flush=True)
+
+
+def _train(config, spec: dict, t_start: float, t_ray: float) -> tuple[list[dict], float, float]:
+    """What verl's TaskRunnerV1.run does (tq.init, trainer, agent-loop manager, fit), with our subclasses."""
+    import transfer_queue as tq
+    from omegaconf import OmegaConf, open_dict
+
+    # After start_ray: it activates the CPU platform (and our verl patches) in this process.
+    from verl_pipe.bench.peer.hooks import PeerAgentLoopManager, PeerSeparateAsyncTrainer
+
+    with open_dict(config):
+        config.transfer_queue.enable = True
+    OmegaConf.resolve(config)
+    records: list[dict] = []
+    warmup = int(spec.get("warmup_steps", 0))
+
+    def on_record(r):
+        r["warmup"] = len(records) < warmup  # discarded by the bench, like its own warm-up step
+        records.append(r)
+        _print_step(r)
+
+    tq.init(config.transfer_queue)
+    try:
+        lengths_fn = _lengths_fn(spec.get("workload"), int(spec.get("seed", 0)), warmup)
+        trainer = PeerSeparateAsyncTrainer(config, lengths_fn, on_record)
+        trainer.init()
+        manager = PeerAgentLoopManager.create(config=config, llm_client=trainer.get_llm_client(),
+                                              teacher_client=trainer.get_teacher_client(),
+                                              reward_loop_worker_handles=trainer.get_reward_handles())
+        t_ready = time.time()
+        print(f"[peer] stack up in {t_ready - t_start:.1f}s (ray {t_ray - t_start:.1f}s)", flush=True)
+        trainer.fit(manager)
+        return records, t_ready, time.time()
+    finally:
+        tq.close()
+
+
+def run(spec: dict) -> dict:
+    t_start = time.time()
+    from verl_pipe.bench.peer.configs import MODE_NAMES, peer_overrides
+    from verl_pipe.main_grpo import prepare_config, start_ray
+    from verl_pipe.session import compose
+
+    config = prepare_config(compose(peer_overrides(spec["config"], list(spec.get("overrides", [])),
+                                                   int(spec["steps"]))))
+    start_ray(config)
+    t_ray = time.time()
+    import ray
+
+    try:
+        # After ray.init (which installs its own handlers): SIGTERM stops like Ctrl-C, so the finally below
+        # shuts the cluster down (as verl_pipe.main_grpo does).
+        signal.signal(signal.SIGTERM, _stop_on)
+        records, t_ready, t_end = _train(config, spec, t_start, t_ray)
+    finally:
+        ray.shutdown()
+    return {"mode": MODE_NAMES[spec["config"]], "config": spec["config"], "steps": records,
+            "warmup_steps": int(spec.get("warmup_steps", 0)), "startup_s": t_ready - t_start,
+            "ray_start_s": t_ray - t_start, "run_s": t_end - t_ready,
+            "overrides": peer_overrides(spec["config"], list(spec.get("overrides", [])), int(spec["steps"])),
+            "workload": spec.get("workload")}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m verl_pipe.bench.peer.runner SPEC.json OUT.json", file=sys.stderr)
+        return 2
+    with open(argv[0]) as f:
+        spec = json.load(f)
+    result = run(spec)
+    with open(argv[1], "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
