@@ -342,3 +342,39 @@ def test_bench_configs_name_their_stacks_and_modes(tmp_path):
         (tmp_path / "c.yaml").write_text(yaml.safe_dump(c))
         with pytest.raises(ValueError, match=msg):
             load_config(tmp_path / "c.yaml")
+
+
+def test_measured_peers_sit_beside_our_modes_validated_not_calibrated():
+    """verl's separate_async measured (verl_pipe/bench/peer): on-policy steps are re-simulated by the simulator's
+    model of it (never fitted on), the one-batch-ahead ones are reported with their staleness only."""
+    steps = simulated_steps()
+    peers = []
+    for s in simulated_steps(modes=("sync",)):
+        wl = PaddedWorkload(8, 4, s["lengths"], 30)
+        tl = simulate_step(wl, TRUE_ENGINE, TRUE_TRAINER, "verl_separate_async", 1, groups_per_unit=2,
+                           weight_sync_s=0.5)
+        common = {"setting": s["setting"], "round": s["round"], "granularity": "minibatch", "lengths": s["lengths"],
+                  "prompt_len": 30.0, "weight_sync_s": 0.5, "peer": True,
+                  "unavailable": {"num_aborted": "not countable from outside"}}
+        m = dict(tl.metrics(), wall_s=tl.metrics()["step_time_s"])
+        peers.append(dict(common, mode="verl_separate_async", metrics=m,
+                          weight_versions={"max_staleness": 0, "on_policy": True}))
+        peers.append(dict(common, mode="verl_separate_async_1off", metrics=dict(m, rollout_to_train_end_s=1.0),
+                          weight_versions={"max_staleness": 1, "on_policy": False}))
+    settings = [{"name": "longtail-a", "workload": {"kind": "lognormal"}, "role": "balanced"},
+                {"name": "notail-b", "workload": {"kind": "equal"}}]
+    skip = {"cgp_group": "not implemented: test"}
+    res = bench.build_result({}, settings, steps + peers, skip, {}, {"bench": SHAPE}, bench.env_info(), "n/a", None)
+    assert check_schema(res) == []
+    modes = res["settings"][0]["modes"]
+    assert modes["verl_separate_async"]["on_policy"] and modes["verl_separate_async"]["max_staleness"] == 0
+    assert not modes["verl_separate_async_1off"]["on_policy"] and modes["verl_separate_async_1off"]["max_staleness"] == 1
+    assert "num_aborted" in modes["verl_separate_async"]["unavailable"]
+    assert "reduction_vs_verl_separate_async_pct" in modes["cgp_fgd"]
+    sv = res["sim_validation"]
+    assert "verl_separate_async" in sv["per_mode"] and "verl_separate_async_1off" not in sv["per_mode"]
+    assert sv["per_mode"]["verl_separate_async"]["max_rel_error"] < 0.05  # the model it was simulated with
+    # the calibration is the same with and without the peers (they are validated, never fitted on)
+    alone = bench.build_result({}, settings, steps, skip, {}, {"bench": SHAPE}, bench.env_info(), "n/a", None)
+    assert res["sim_validation"]["calibration"] == alone["sim_validation"]["calibration"]
+    assert "verl_separate_async: verl's V1 separate_async, exactly on-policy" in format_setting(res["settings"][0])

@@ -10,7 +10,9 @@ import math
 from verl_pipe.timeline import summarize
 
 MODES = ("sync", "cgp", "cgp_group", "cgp_fgd")
-PEERS = ("verl_separate_async",)
+# verl 0.9.1's V1 separate_async trainer, run for real (verl_pipe/bench/peer): on-policy, and verl's default (one
+# batch ahead). verl_pipe/bench/peer/configs.py MODE_NAMES.
+PEERS = ("verl_separate_async", "verl_separate_async_1off")
 BASE = "sync"
 # The per-mode figures docs/metrics.md's schema names; every mode entry has them (plus runs and spread).
 REPORTED = ("rollout_to_train_end_s", "trainer_wait_ratio", "first_unit_ready_s", "rollout_end_s",
@@ -164,6 +166,15 @@ def format_setting(s: dict) -> str:
                 _fmt(e["rollout_end_s"], ".2f"), _fmt(e["ideal_lower_bound_s"], ".2f"),
                 _fmt(e["pipeline_efficiency"], ".3f"), _fmt(e["step_time_s"], ".2f"), str(e["runs"])]
         lines.append(" ".join(f"{v:>{w}}" if i else f"{v:<{w}}" for i, (v, (_, w)) in enumerate(zip(vals, cols))))
+    for mode, e in s["modes"].items():
+        if mode in PEERS and "skipped" not in e:
+            lines.append(f"{mode}: verl's V1 separate_async, {'exactly on-policy' if e.get('on_policy') else 'off-policy'}"
+                         f" (max staleness {e.get('max_staleness', '?')} weight versions), step wall "
+                         f"{_fmt(e.get('step_wall_s'), '.2f')}s")
+    vs_peer = {m: e["reduction_vs_verl_separate_async_pct"] for m, e in s["modes"].items()
+               if "reduction_vs_verl_separate_async_pct" in e}
+    if vs_peer:
+        lines.append("vs verl_separate_async (on-policy): " + ", ".join(f"{m} {v:+.1f}%" for m, v in vs_peer.items()))
     lines.append("(± = half the max-min spread over runs; vs sync = reduction of the mean, positive is better)")
     return "\n".join(lines)
 

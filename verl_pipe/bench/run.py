@@ -28,8 +28,8 @@ from pathlib import Path
 
 import yaml
 
-from verl_pipe.bench.report import BASE, MODES, check_schema, format_setting, format_sim_validation, format_sweep, \
-    setting_entry
+from verl_pipe.bench.report import BASE, MODES, PEERS, check_schema, format_setting, format_sim_validation, \
+    format_sweep, setting_entry
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "bench"  # package data: works installed too
 
@@ -55,6 +55,11 @@ def load_config(path: str | Path) -> dict:
         bad = set(s.get("modes", [])) - set(MODES)
         if bad:
             raise ValueError(f"setting {s['name']!r}: unknown modes {sorted(bad)} (known: {list(MODES)})")
+        from verl_pipe.bench.peer.configs import CONFIGS
+
+        bad = set(s.get("peers") or []) - set(CONFIGS)
+        if bad:
+            raise ValueError(f"setting {s['name']!r}: unknown peers {sorted(bad)} (known: {sorted(CONFIGS)})")
     return cfg
 
 
@@ -109,24 +114,15 @@ def env_info() -> dict:
 # What running the peer took when it was tried by hand (TransferQueue 0.1.11's wheel on PYTHONPATH, not
 # installed): 2 steps of verl's V1 separate_async ran on this CPU platform once verl 0.9.1's
 # ``logger.info(..., flush=True)`` in PPOTrainerSeparateAsync._setup (hybrid_engine=False) was patched out.
-_PEER_NOT_COMPARABLE = (
-    "it is not driven by this bench: verl's V1 task runner records none of our StepTimeline events (only its own "
-    "timing_s/*), runs its actor unpinned instead of on the trainer core, and trains one step off-policy "
-    "(partial rollout), so its figures would not be comparable; a trial with TransferQueue 0.1.11 on PYTHONPATH "
-    "ran 2 steps here after patching verl 0.9.1's logger.info(..., flush=True) TypeError in "
-    "PPOTrainerSeparateAsync._setup (hybrid_engine=False). Simulated figures: sim.settings[*].modes."
-    "verl_separate_async")
-
-
 def peer_status() -> str:
-    """Why verl's V1 separate_async trainer is not measured here (one exact statement)."""
+    """Why a setting has no figures of verl's V1 separate_async trainer (verl_pipe/bench/peer runs it for real)."""
     import importlib.util
 
     if importlib.util.find_spec("transfer_queue") is None:
-        return ("not measured: verl 0.9.1's V1 separate_async trainer (verl/trainer/ppo/v1/trainer_separate_async.py) "
-                "imports transfer_queue (PyPI TransferQueue), which is not installed in this environment; besides, "
-                + _PEER_NOT_COMPARABLE)
-    return "not measured: TransferQueue is importable, but " + _PEER_NOT_COMPARABLE
+        return ("not measured: verl 0.9.1's V1 separate_async trainer imports transfer_queue (PyPI TransferQueue "
+                "0.1.11, installed by make setup), which is not installed in this environment")
+    return ("not run on this setting (the bench config's `peers` names the settings and configurations it runs on: "
+            "each costs its own stack start-up); simulated figures: sim.settings[*].modes.verl_separate_async")
 
 
 # ---------------------------------------------------------------------------------------------- runs
@@ -168,6 +164,50 @@ class BenchRunner:
         stacks = sorted({stack_of(s, self.cfg) for s in settings})
         for stack in stacks:
             self._run_size(stack, [s for s in settings if stack_of(s, self.cfg) == stack])
+        self._run_peers(settings)
+
+    def _run_peers(self, settings: list[dict]) -> None:
+        """verl's V1 separate_async trainer on the settings that name it (``peers: [onpolicy, default]``), for real:
+        its own stack in a subprocess (verl_pipe/bench/peer), after ours are down (the same cores), with the same
+        overrides, model, workload seeds (round r: seed + r) and pinning; one warm-up step discarded."""
+        from verl_pipe.bench.peer import run_peer
+        from verl_pipe.bench.peer.configs import MODE_NAMES
+
+        for s in settings:
+            for config in s.get("peers") or []:
+                mode = MODE_NAMES[config]
+                stack = stack_of(s, self.cfg)
+                repeats = min(self.repeats, int(s.get("repeats", self.repeats)))
+                warmup = int(self.cfg.get("warmup_steps", 1))
+                spec = {"config": config, "steps": repeats + warmup, "warmup_steps": warmup,
+                        "overrides": self.overrides(stack), "seed": int(self.cfg.get("seed", 0)),
+                        "workload": dict(s["workload"]), "setting": s["name"], "model_size": stack}
+                t0 = time.perf_counter()
+                try:
+                    res = run_peer(spec, log=self.log)
+                except RuntimeError as e:
+                    self.skipped.setdefault(mode, f"the run failed: {str(e).splitlines()[0]}")
+                    self.log(f"[bench] {mode} on {s['name']} failed: {e}")
+                    continue
+                self.startup_s += float(res.get("startup_s", 0.0))
+                ours = [st for st in self.steps if st["setting"] == s["name"] and st["mode"] == BASE]
+                prompt_len = sum(st["prompt_len"] for st in ours) / len(ours) if ours else 0.0
+                measured = [st for st in res["steps"] if not st.get("warmup")]
+                for r, st in enumerate(measured):
+                    m = dict(st["metrics"])
+                    m["wall_s"] = m.get("step_wall_s", m["step_time_s"])
+                    self.steps.append({"setting": s["name"], "mode": mode, "granularity": "minibatch", "round": r,
+                                       "metrics": m, "lengths": st["lengths"], "prompt_len": prompt_len,
+                                       "model_size": stack, "weight_sync_s": m.get("weight_sync_s", 0.0),
+                                       "trained_groups": int(m.get("num_trainable_groups", 0)),
+                                       "weight_versions": st.get("weight_versions"),
+                                       "unavailable": st.get("unavailable", {}), "peer": True})
+                    self.log(f"[bench] {s['name']} round {r} {mode} rollout→train_end "
+                             f"{m['rollout_to_train_end_s']:6.2f}s wait {m['trainer_wait_ratio']:.3f} "
+                             f"weight versions {st.get('weight_versions', {}).get('min_global_steps')}.."
+                             f"{st.get('weight_versions', {}).get('max_global_steps')}")
+                self.log(f"[bench] {mode} on {s['name']}: {time.perf_counter() - t0:.1f}s "
+                         f"(its start-up {res.get('startup_s', 0.0):.1f}s)")
 
     def _run_size(self, size: str, settings: list[dict]) -> None:
         """One live stack (``size``: its name, see ``stack_of``) for ``settings``."""
@@ -328,12 +368,17 @@ def build_result(cfg: dict, settings: list[dict], steps: list[dict], skipped_mod
         for st in sorted(mine, key=lambda st: st["round"]):
             per_mode.setdefault(st["mode"], []).append(st["metrics"])
         skip = dict(skipped_modes)
-        if peer_reason:
-            skip[SEPARATE_ASYNC] = peer_reason
+        for mode in MODES:  # a setting may run a subset (e.g. the FGD window sweep: sync and cgp_fgd)
+            if s.get("modes") and mode not in s["modes"]:
+                skip.setdefault(mode, f"not run on this setting (its modes: {', '.join(s['modes'])})")
+        for peer in PEERS:  # a peer this setting did not run: say so (the bench config's ``peers``)
+            if peer not in per_mode and peer_reason:
+                skip.setdefault(peer, peer_reason)
         entry = setting_entry(name, per_mode, skip, workload=dict(s["workload"]),
                               model_size=mine[0].get("model_size", cfg.get("model_size", "bench")),
                               role=s.get("role", "sweep"), tr_sweep=bool(s.get("tr_sweep", False)),
                               prompt_len_mean=sum(st["prompt_len"] for st in mine) / len(mine))
+        _peer_extras(entry, mine)
         if "cgp_fgd" in entry["modes"] and "skipped" not in entry["modes"]["cgp_fgd"]:
             entry["modes"]["cgp_fgd"]["granularity"] = granularity.get(name, "minibatch")
         if "cgp_group" in entry["modes"] and "skipped" not in entry["modes"]["cgp_group"]:
@@ -346,6 +391,27 @@ def build_result(cfg: dict, settings: list[dict], steps: list[dict], skipped_mod
             "config": {"overrides": cfg.get("overrides", []), "modes": cfg.get("modes", list(MODES)),
                        "warmup_steps": cfg.get("warmup_steps", 1), "interleaved": True,
                        "shapes": {k: v.__dict__ for k, v in shapes.items()}}}
+
+
+def _peer_extras(entry: dict, steps: list[dict]) -> None:
+    """verl's trainer beside ours: each peer's weight versions (staleness, exactly on-policy or not), what it cannot
+    report, and every mode's rollout→train end reduction against the on-policy peer."""
+    modes = entry["modes"]
+    for peer in PEERS:
+        mine = [st for st in steps if st["mode"] == peer]
+        if not mine or "skipped" in modes.get(peer, {}):
+            continue
+        wv = [st.get("weight_versions") or {} for st in mine]
+        modes[peer]["max_staleness"] = max(int(w.get("max_staleness", 0)) for w in wv)
+        modes[peer]["on_policy"] = all(bool(w.get("on_policy")) for w in wv)
+        modes[peer]["unavailable"] = {k: v for st in mine for k, v in (st.get("unavailable") or {}).items()}
+        modes[peer]["step_wall_s"] = sum(st["metrics"]["wall_s"] for st in mine) / len(mine)
+    ref = modes.get(SEPARATE_ASYNC, {})
+    if "rollout_to_train_end_s" in ref:
+        for mode, e in modes.items():
+            if mode != SEPARATE_ASYNC and "rollout_to_train_end_s" in e:
+                e["reduction_vs_verl_separate_async_pct"] = 100.0 * (
+                    1.0 - e["rollout_to_train_end_s"] / ref["rollout_to_train_end_s"])
 
 
 def _size(st: dict) -> str:
