@@ -378,3 +378,23 @@ def test_measured_peers_sit_beside_our_modes_validated_not_calibrated():
     alone = bench.build_result({}, settings, steps, skip, {}, {"bench": SHAPE}, bench.env_info(), "n/a", None)
     assert res["sim_validation"]["calibration"] == alone["sim_validation"]["calibration"]
     assert "verl_separate_async: verl's V1 separate_async, exactly on-policy" in format_setting(res["settings"][0])
+
+
+def test_paper_targets_are_checked_on_the_paper_settings_only():
+    from verl_pipe.bench.report import format_targets, paper_targets
+
+    fgd = {"reduction_vs_sync_pct": 45.0, "wait_reduction_vs_sync_pct": 70.0, "pipeline_efficiency": 0.97,
+           "reduction_vs_verl_separate_async_pct": 16.0, "step_time_s": 10.0}
+    result = {"settings": [
+        {"name": "longtail-x", "role": "balanced", "modes": {"cgp_fgd": dict(fgd, reduction_vs_sync_pct=10.0)}},
+        {"name": "longtail-p", "role": "paper", "sync_train_to_rollout_ratio": 1.1, "modes": {"cgp_fgd": fgd}},
+        {"name": "notail-p", "role": "paper-control",
+         "modes": {"sync": {"step_time_s": 10.0}, "cgp_fgd": {"step_time_s": 10.5}}}]}
+    t = paper_targets(result)
+    assert t["reduction_vs_sync_pct"] == {"value": 45.0, "target": 42.3, "met": True}
+    assert t["wait_reduction_vs_sync_pct"]["met"] is False
+    assert t["pipeline_efficiency"]["met"] and t["reduction_vs_verl_separate_async_pct"]["met"]
+    assert t["notail_step_time_cost_pct"]["value"] == pytest.approx(5.0) and not t["notail_step_time_cost_pct"]["met"]
+    assert t["sync_train_to_rollout_ratio"]["met"]
+    assert "NOT met" in format_targets(t)
+    assert paper_targets({"settings": result["settings"][:1]}) == {}

@@ -206,3 +206,55 @@ def format_sim_validation(sv: dict) -> str:
         lines.append(f"  {r['setting']:<40} {r['mode']:<10} measured {r['measured_s']:7.2f}s  "
                      f"predicted {r['predicted_s']:7.2f}s  ({r['predicted_s'] / r['measured_s'] - 1:+.1%})")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- targets
+
+# Issue 17's targets in the many-groups regime (settings with role "paper" / "paper-control"): the paper's
+# figures vs Slime (-42.3% rollout->train end, -76% trainer wait), at >= 0.95 of the ideal bound, >= 15% shorter
+# than verl's own separate_async on-policy, and no tail: pipelining costs <= 3% of the step time vs sync.
+TARGETS = {"reduction_vs_sync_pct": 42.3, "wait_reduction_vs_sync_pct": 76.0, "pipeline_efficiency": 0.95,
+           "reduction_vs_verl_separate_async_pct": 15.0, "notail_step_time_cost_pct": 3.0}
+
+
+def paper_targets(result: dict, mode: str = "cgp_fgd") -> dict:
+    """``mode``'s figures against TARGETS on the paper-regime settings: {check: {"value", "target", "met"}}; a
+    check whose figures are missing is left out (e.g. the peer did not run)."""
+    out: dict[str, dict] = {}
+
+    def check(name, value, target, higher_is_better=True):
+        if isinstance(value, (int, float)) and not math.isnan(value):
+            out[name] = {"value": float(value), "target": target,
+                         "met": bool(value > target if higher_is_better else value <= target)}
+
+    for s in result.get("settings", []):
+        e = s.get("modes", {}).get(mode, {})
+        if "skipped" in e or not e:
+            continue
+        if s.get("role") == "paper":
+            check("reduction_vs_sync_pct", e.get("reduction_vs_sync_pct"), TARGETS["reduction_vs_sync_pct"])
+            check("wait_reduction_vs_sync_pct", e.get("wait_reduction_vs_sync_pct"),
+                  TARGETS["wait_reduction_vs_sync_pct"])
+            check("pipeline_efficiency", e.get("pipeline_efficiency"), TARGETS["pipeline_efficiency"])
+            check("reduction_vs_verl_separate_async_pct", e.get("reduction_vs_verl_separate_async_pct"),
+                  TARGETS["reduction_vs_verl_separate_async_pct"])
+            out["sync_train_to_rollout_ratio"] = {"value": s.get("sync_train_to_rollout_ratio"),
+                                                  "target": "0.8-1.25 (balanced)", "met": bool(
+                                                      0.8 <= (s.get("sync_train_to_rollout_ratio") or 0) <= 1.25)}
+        elif s.get("role") == "paper-control":
+            sync = s["modes"].get(BASE, {})
+            if sync.get("step_time_s"):
+                check("notail_step_time_cost_pct", 100.0 * (e["step_time_s"] / sync["step_time_s"] - 1.0),
+                      TARGETS["notail_step_time_cost_pct"], higher_is_better=False)
+    return out
+
+
+def format_targets(targets: dict, mode: str = "cgp_fgd") -> str:
+    if not targets:
+        return ""
+    lines = [f"== the paper regime's targets ({mode})"]
+    for name, t in targets.items():
+        v = t["value"]
+        shown = f"{v:.3f}" if isinstance(v, float) else str(v)
+        lines.append(f"  {name:<40} {shown:>9}  target {t['target']}  {'met' if t['met'] else 'NOT met'}")
+    return "\n".join(lines)

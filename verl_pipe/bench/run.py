@@ -385,9 +385,12 @@ def build_result(cfg: dict, settings: list[dict], steps: list[dict], skipped_mod
             entry["modes"]["cgp_group"]["granularity"] = "group"
         result_settings.append(entry)
 
+    from verl_pipe.bench.report import paper_targets
+
     sv, fits = validate_per_size(steps, shapes)
     sim = simulated_section(settings, steps, granularity, shapes, fits, tr_sim_points) if fits else {}
-    return {"settings": result_settings, "sim_validation": sv, "sim": sim, "env": env,
+    targets = paper_targets({"settings": result_settings})
+    return {"settings": result_settings, "sim_validation": sv, "sim": sim, "env": env, "targets": targets,
             "config": {"overrides": cfg.get("overrides", []), "modes": cfg.get("modes", list(MODES)),
                        "warmup_steps": cfg.get("warmup_steps", 1), "interleaved": True,
                        "shapes": {k: v.__dict__ for k, v in shapes.items()}}}
@@ -612,6 +615,10 @@ def main(argv=None) -> int:
     if sweep:
         print(sweep, end="\n\n")
     print(format_sim_validation(result["sim_validation"]), end="\n\n")
+    if result.get("targets"):
+        from verl_pipe.bench.report import format_targets
+
+        print(format_targets(result["targets"]), end="\n\n")
     sim_txt = format_sim_section(result["sim"])
     if sim_txt:
         print(sim_txt, end="\n\n")
