@@ -50,8 +50,10 @@ def test_cgp_with_kl_loss_against_the_reference(kl_pipe):
     batch = trainer.last_outcome.batch
     assert "ref_log_prob" in batch.batch.keys()
     # the reference's log-probs, computed per unit inside the pipeline, equal the ref worker's over the whole batch
-    fresh = batch.select(deepcopy=True)
-    fresh.pop(batch_keys=["ref_log_prob"])
+    from verl import DataProto
+
+    fresh = DataProto(batch=batch.batch.exclude("ref_log_prob").clone(), non_tensor_batch=dict(batch.non_tensor_batch),
+                      meta_info=dict(batch.meta_info))
     expected = trainer._compute_ref_log_prob(trainer._with_token_counts(fresh)).batch["ref_log_prob"]
     mask = batch.batch["response_mask"].bool()
     torch.testing.assert_close(batch.batch["ref_log_prob"][mask], expected[mask], atol=1e-5, rtol=1e-5)
