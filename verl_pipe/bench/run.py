@@ -607,6 +607,12 @@ def main(argv=None) -> int:
     else:
         runner.run(settings)
     t_runs = time.perf_counter()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    steps_path = out.with_name(out.stem + "_steps.json")
+    if not args.reanalyze:  # first: an analysis that fails can be redone with --reanalyze, without the runs
+        with open(steps_path, "w") as f:
+            json.dump(runner.dump(), f, default=_json_default)
     result = build_result(cfg, settings, runner.steps, runner.skipped, runner.granularity, runner.shapes,
                           env_info(), peer_reason, cfg.get("sim_tr_sweep"))
     for s in result["settings"]:
@@ -623,9 +629,6 @@ def main(argv=None) -> int:
     if sim_txt:
         print(sim_txt, end="\n\n")
 
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    steps_path = out.with_name(out.stem + "_steps.json")
     if args.charts:
         paths = write_charts(result, runner.steps, Path(args.charts), runner.shapes, cfg.get("chart_setting"))
         result["charts"] = [str(p) for p in paths]
@@ -639,9 +642,6 @@ def main(argv=None) -> int:
         print("[bench] schema problems:\n  " + "\n  ".join(problems), file=sys.stderr)
     with open(out, "w") as f:
         json.dump(result, f, indent=1, default=_json_default)
-    if not args.reanalyze:
-        with open(steps_path, "w") as f:
-            json.dump(runner.dump(), f, default=_json_default)
     print(f"[bench] wrote {out} and {steps_path}; elapsed {elapsed:.1f}s "
           f"(stack start-up {runner.startup_s:.1f}s, {len(runner.steps)} measured steps)")
     return 1 if problems else 0
