@@ -1,0 +1,40 @@
+"""verl_pipe/platform/vllm_plugin.py's memory trim after weight updates: verl's worker extension method is wrapped
+once, calls the original, then malloc_trim -- also when the update raises."""
+
+import pytest
+
+from verl_pipe.platform import vllm_plugin
+
+
+@pytest.fixture
+def ext(monkeypatch):
+    from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension as cls
+
+    calls = []
+    original = cls.update_weights_from_ipc
+
+    def fake_update(self, *args, **kwargs):
+        calls.append(("update", args, kwargs))
+        if kwargs.get("fail"):
+            raise RuntimeError("bad bucket")
+        return "done"
+
+    monkeypatch.setattr(cls, "update_weights_from_ipc", fake_update)
+    monkeypatch.setattr(vllm_plugin, "malloc_trim", lambda: calls.append(("trim",)) or True)
+    yield cls, calls
+    cls.update_weights_from_ipc = original
+
+
+def test_every_weight_update_is_followed_by_a_trim(ext):
+    cls, calls = ext
+    vllm_plugin._trim_after_weight_updates()
+    vllm_plugin._trim_after_weight_updates()  # idempotent: wrapped once
+    assert cls.update_weights_from_ipc(object(), use_shm=True) == "done"
+    assert calls == [("update", (), {"use_shm": True}), ("trim",)]
+    with pytest.raises(RuntimeError, match="bad bucket"):
+        cls.update_weights_from_ipc(object(), fail=True)
+    assert calls[-1] == ("trim",)
+
+
+def test_malloc_trim_runs_here():
+    assert vllm_plugin.malloc_trim() in (True, False)  # glibc: returns whether memory was released
