@@ -170,3 +170,14 @@ def test_workload_seeds_follow_the_bench():
 
     assert [workload_seed(i, 0, 1) for i in range(4)] == [10_000, 0, 1, 2]  # warm-up, then rounds 0, 1, 2
     assert [workload_seed(i, 5, 0) for i in range(2)] == [5, 6]
+
+
+def test_bench_spec_runs_the_peer_on_the_settings_own_stack():
+    """A setting on a named stack (the paper regime) gives the peer that stack's overrides, as our modes get."""
+    from verl_pipe.bench.run import CONF_DIR, load_config, stack_overrides
+
+    cfg = load_config(CONF_DIR / "default.yaml")
+    name = next(s["name"] for s in cfg["settings"] if s.get("stack") == "paper")
+    spec = bench_spec("onpolicy", 1, cfg, name)
+    assert spec["overrides"] == stack_overrides(cfg, "paper") and spec["model_size"] == "paper"
+    assert "actor_rollout_ref.rollout.max_num_seqs=256" in spec["overrides"]

@@ -125,6 +125,15 @@ def peer_status() -> str:
             "each costs its own stack start-up); simulated figures: sim.settings[*].modes.verl_separate_async")
 
 
+def stack_overrides(cfg: dict, stack: str) -> list[str]:
+    """The Hydra overrides of a live stack (``stack_of``): the config's shared overrides, the named stack's own, and
+    its model size. Our modes and verl's peer (verl_pipe/bench/peer) both start their stacks from these."""
+    spec = (cfg.get("stacks") or {}).get(stack)
+    size = spec.get("model_size", cfg.get("model_size", "bench")) if spec else stack
+    extra = list(spec.get("overrides", [])) if spec else []
+    return list(cfg.get("overrides", [])) + extra + [f"rolloutpipe.tiny_assets.size={size}"]
+
+
 # ---------------------------------------------------------------------------------------------- runs
 
 
@@ -155,10 +164,7 @@ class BenchRunner:
         self.skipped, self.granularity, self.steps = d["skipped"], d["granularity"], d["steps"]
 
     def overrides(self, stack: str) -> list[str]:
-        spec = (self.cfg.get("stacks") or {}).get(stack)
-        size = spec.get("model_size", self.cfg.get("model_size", "bench")) if spec else stack
-        extra = list(spec.get("overrides", [])) if spec else []
-        return list(self.cfg.get("overrides", [])) + extra + [f"rolloutpipe.tiny_assets.size={size}"]
+        return stack_overrides(self.cfg, stack)
 
     def run(self, settings: list[dict]) -> None:
         stacks = sorted({stack_of(s, self.cfg) for s in settings})
@@ -170,7 +176,7 @@ class BenchRunner:
         """verl's V1 separate_async trainer on the settings that name it (``peers: [onpolicy, default]``), for real:
         its own stack in a subprocess (verl_pipe/bench/peer), after ours are down (the same cores), with the same
         overrides, model, workload seeds (round r: seed + r) and pinning; one warm-up step discarded."""
-        from verl_pipe.bench.peer import run_peer
+        from verl_pipe.bench.peer import bench_spec, run_peer
         from verl_pipe.bench.peer.configs import MODE_NAMES
 
         for s in settings:
@@ -178,10 +184,7 @@ class BenchRunner:
                 mode = MODE_NAMES[config]
                 stack = stack_of(s, self.cfg)
                 repeats = min(self.repeats, int(s.get("repeats", self.repeats)))
-                warmup = int(self.cfg.get("warmup_steps", 1))
-                spec = {"config": config, "steps": repeats + warmup, "warmup_steps": warmup,
-                        "overrides": self.overrides(stack), "seed": int(self.cfg.get("seed", 0)),
-                        "workload": dict(s["workload"]), "setting": s["name"], "model_size": stack}
+                spec = bench_spec(config, repeats, self.cfg, s["name"], int(self.cfg.get("warmup_steps", 1)))
                 t0 = time.perf_counter()
                 try:
                     res = run_peer(spec, log=self.log)

@@ -46,11 +46,14 @@ def bench_spec(config: str, steps: int, bench_cfg: dict, setting: str | None = N
         if chosen is None:
             names = [s["name"] for s in settings]
             raise ValueError(f"--setting {setting!r}: not in the bench config (have {names})")
-    size = (chosen or {}).get("model_size", bench_cfg.get("model_size", "bench"))
-    overrides = list(bench_cfg.get("overrides", [])) + [f"rolloutpipe.tiny_assets.size={size}"]
-    return {"config": config, "steps": int(steps) + warmup, "warmup_steps": warmup, "overrides": overrides,
-            "seed": int(bench_cfg.get("seed", 0)), "workload": dict(chosen["workload"]) if chosen else None, "setting": chosen["name"] if chosen else None,
-            "model_size": size}
+    from verl_pipe.bench.run import stack_of, stack_overrides
+
+    # the same stack as our modes on that setting (its model size, and a named stack's own overrides)
+    stack = stack_of(chosen, bench_cfg) if chosen else bench_cfg.get("model_size", "bench")
+    return {"config": config, "steps": int(steps) + warmup, "warmup_steps": warmup,
+            "overrides": stack_overrides(bench_cfg, stack), "seed": int(bench_cfg.get("seed", 0)),
+            "workload": dict(chosen["workload"]) if chosen else None, "setting": chosen["name"] if chosen else None,
+            "model_size": stack}
 
 
 def stop_runner(proc: subprocess.Popen, grace_s: float = 60) -> None:
