@@ -186,7 +186,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         drop_train_state_snapshot(self)  # left over if the previous attempt at a step failed
         self._current, outcome = None, None
         supervisor = self.rollout.supervisor
-        supervisor.health = type(supervisor.health)()
+        supervisor.begin_step()
 
         try:
             supervisor.heal(version, "step_start")  # a replica that died since the last sync comes back with θ_k

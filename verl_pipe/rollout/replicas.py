@@ -111,7 +111,11 @@ class ReplicaSupervisor:
         self.probe_timeout_s = probe_timeout_s
         self.restarts = 0
         self.retired: set[int] = set()
-        self.health = Health()  # the current step's (the trainer resets it when a step starts)
+        self.health = Health()  # the current step's (begin_step)
+
+    def begin_step(self) -> None:
+        """A new step: its replica-health record starts empty."""
+        self.health = Health()
 
     def live(self) -> list[int]:
         """Replica indices that take requests (not retired)."""
