@@ -53,3 +53,46 @@ def test_without_the_subreaper_the_orphan_is_out_of_reach():
         assert r["grandchild"] not in r["seen"], "reparented to init: what the subreaper is for"
     finally:
         psutil.Process(r["grandchild"]).kill()
+
+
+RESET_SCRIPT = textwrap.dedent("""
+    import ctypes, os, signal, sys, threading, time
+    from verl_pipe.teardown import run_ignoring
+
+    def ray_like_shutdown():
+        # what ray.shutdown does from C++ (RayLog::UninstallSignalAction): SIGTERM back to SIG_DFL, under Python
+        ctypes.CDLL(None).signal(signal.SIGTERM, ctypes.c_void_p(0))
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGTERM)  # the scheduler's second SIGTERM, during the shutdown
+        time.sleep(0.2)
+
+    if sys.argv[1] == "held":
+        assert run_ignoring(ray_like_shutdown, 10.0)
+    else:  # SIG_IGN set once, as before
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        t = threading.Thread(target=ray_like_shutdown); t.start(); t.join()
+    print("survived")
+""")
+
+
+@pytest.mark.parametrize("mode", ["held", "once"])
+def test_a_second_sigterm_during_a_shutdown_that_resets_the_handler(mode):
+    out = subprocess.run([sys.executable, "-c", RESET_SCRIPT, mode], capture_output=True, text=True, timeout=60)
+    if mode == "held":
+        assert out.returncode == 0 and "survived" in out.stdout, out.stderr
+    else:  # what the launcher did before run_ignoring: killed mid-teardown
+        assert out.returncode == -15, (out.returncode, out.stdout, out.stderr)
+
+
+def test_only_the_first_signal_interrupts_the_launcher(monkeypatch):
+    """SIGINT then SIGTERM: both handlers may run back to back (the main thread runs them late, in ray.get); the
+    second must not raise inside the teardown the first one started."""
+    import signal
+
+    from verl_pipe import main_grpo
+
+    monkeypatch.setattr(main_grpo, "_SIGNALS", [])
+    with pytest.raises(KeyboardInterrupt):
+        main_grpo._stop_on(signal.SIGINT, None)
+    main_grpo._stop_on(signal.SIGTERM, None)  # recorded, not raised
+    assert main_grpo._SIGNALS == [signal.SIGINT, signal.SIGTERM]

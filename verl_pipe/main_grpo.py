@@ -119,9 +119,12 @@ _SIGNALS: list[int] = []  # what stopped the run (Ray's ray.get re-raises a plai
 
 
 def _stop_on(signum, frame):
-    """SIGTERM (e.g. a preemption) or SIGINT: stop and tear everything down."""
+    """SIGTERM (e.g. a preemption) or SIGINT: stop and tear everything down. Only the first signal interrupts: the
+    main thread runs Python handlers late while it waits in ray.get, so a scheduler's second signal (SIGINT, then
+    SIGTERM 0.5 s on) may run right after the first one's KeyboardInterrupt, inside the teardown, and cut it short."""
     _SIGNALS.append(signum)
-    raise KeyboardInterrupt(signal.Signals(signum).name)
+    if len(_SIGNALS) == 1:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def stop(reason: str, shutdown_timeout_s: float = 20.0) -> None:
@@ -131,18 +134,12 @@ def stop(reason: str, shutdown_timeout_s: float = 20.0) -> None:
     process left in the launcher's tree (orphans included: verl_pipe/teardown.py) is terminated."""
     import ray
 
-    from verl_pipe.deadline import DeadlineExceeded, call_with_deadline
-    from verl_pipe.teardown import reap
+    from verl_pipe.teardown import reap, run_ignoring
 
     print(f"[verl_pipe] stopping ({reason}): shutting down Ray and the rollout engines", flush=True)
-    if ray.is_initialized():
-        try:
-            call_with_deadline(ray.shutdown, shutdown_timeout_s, "ray.shutdown", "the launcher's teardown")
-        except DeadlineExceeded:
-            print(f"[verl_pipe] ray.shutdown did not return within {shutdown_timeout_s:.0f}s; ending the run's "
-                  "processes directly", flush=True)
-        except Exception as e:  # a half-dead cluster: what is left is ended below
-            print(f"[verl_pipe] ray.shutdown failed ({type(e).__name__}: {e})", flush=True)
+    if ray.is_initialized() and not run_ignoring(ray.shutdown, shutdown_timeout_s):
+        print(f"[verl_pipe] ray.shutdown did not return within {shutdown_timeout_s:.0f}s; ending the run's "
+              "processes directly", flush=True)
     killed = reap()
     if killed:
         print(f"[verl_pipe] ended {len(killed)} process(es) left behind", flush=True)

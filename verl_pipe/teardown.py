@@ -14,7 +14,9 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
+from typing import Any, Callable
 
 logger = logging.getLogger(__name__)
 
@@ -88,3 +90,39 @@ def _collect_zombies() -> None:
             return
         if pid == 0:
             return
+
+
+def run_ignoring(fn: Callable[[], Any], timeout_s: float, signals=(signal.SIGTERM, signal.SIGINT),
+                 poll_s: float = 0.001) -> bool:
+    """Runs ``fn`` in a daemon thread while ``signals`` stay ignored; True if it returned within ``timeout_s``
+    (an error it raised is logged, not raised: this is for teardown).
+
+    Why the polling: Ray's driver installs absl's failure-signal handler on ``ray.init`` (SIGSEGV, SIGILL, SIGFPE,
+    SIGABRT, SIGTERM) and ``ray.shutdown`` puts those signals back to SIG_DFL (RayLog::UninstallSignalAction), over
+    our SIG_IGN: a second SIGTERM during the shutdown then killed the launcher mid-teardown and left its processes
+    behind. The main thread re-asserts SIG_IGN every ``poll_s`` until ``fn`` is done, and once more after; the
+    window left is that poll interval."""
+    box: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 -- reported below
+            box["error"] = e
+
+    def ignore() -> None:
+        for s in signals:
+            signal.signal(s, signal.SIG_IGN)
+
+    ignore()
+    t = threading.Thread(target=run, name="teardown", daemon=True)
+    t.start()
+    deadline = time.monotonic() + timeout_s
+    while t.is_alive() and time.monotonic() < deadline:
+        ignore()
+        t.join(poll_s)
+    ignore()
+    if "error" in box:
+        logger.warning("%s failed during teardown: %s: %s", getattr(fn, "__name__", fn),
+                       type(box["error"]).__name__, box["error"])
+    return not t.is_alive()
