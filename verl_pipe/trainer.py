@@ -32,7 +32,7 @@ import logging
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -70,8 +70,25 @@ def _verl_dispatch_order(config) -> str:
 class RolloutPipeTrainer(OneStepOffRayTrainer):
     backend_cls = ActorBackend  # executes the step's schedule on verl's worker group (tests wrap it to inject faults)
 
+    # Start-up: the trainer pool's model init (load, FSDP wrap, optimizer) and the rollout pool's vLLM start-up use
+    # disjoint devices (or cores), so they overlap. Seams: verl's init_workers calls _init_models, then
+    # _init_reward_loop and _init_async_rollout_manager, and only then builds the CheckpointEngineManager over
+    # the actor; verl's own blocking _init_models runs in a thread and is joined before that.
+    def _init_models(self):
+        self._models_ready = ThreadPoolExecutor(1, thread_name_prefix="init_models").submit(super()._init_models)
+
+    def _init_async_rollout_manager(self):
+        try:
+            super()._init_async_rollout_manager()
+        except BaseException:
+            self._models_ready.exception()  # the trainer's init finishes first; the rollout's error is the one raised
+            raise
+        self._models_ready.result()
+
     def init_workers(self):
+        t0 = time.perf_counter()
         super().init_workers()
+        logger.info("workers and engines initialized in %.1fs", time.perf_counter() - t0)
         rp = self.config.rolloutpipe
         # Run-time knobs (a session may switch them between steps on the same workers).
         self.mode = rp.mode

@@ -1,4 +1,5 @@
-"""The quick benchmark, for real: its own stack (Ray, vLLM, the verl trainer) in a subprocess.
+"""The quick benchmark, for real, on its long-tailed setting (our four modes and verl's separate_async peer): its own
+stack (Ray, vLLM, the verl trainer) in a subprocess.
 
 A subprocess because the bench builds its own PipeSession (the `bench` model size) and must not share Ray with
 the session-scoped ``pipe`` fixture of the other end-to-end tests. Checks the output's shape and sanity, never
@@ -19,6 +20,20 @@ from verl_pipe.bench.report import MODES, REPORTED, check_schema
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _quick() -> dict:
+    import yaml
+
+    with open(REPO / "verl_pipe" / "conf" / "bench" / "quick.yaml") as f:
+        return yaml.safe_load(f)
+
+
+def smoke_settings(quick: dict) -> list[dict]:
+    """The quick bench's settings the smoke runs: those with verl's peer (the long tail, the balanced role), not the
+    equal-length control, which runs the same code on another workload (unit-tested) and costs 4 steps of
+    `make test`'s time."""
+    return [s for s in quick["settings"] if s.get("peers")]
+
+
 def quick_bench_time_limit_s() -> float:
     """The smoke test's time limit, derived from the quick bench's work and this CPU's measured speed, not
     from one machine's timing: every step of the quick bench (warm-up + settings x modes x rounds) trains at
@@ -26,27 +41,26 @@ def quick_bench_time_limit_s() -> float:
     old log-prob forward 2), at 1/4 of the single-thread fp32 matmul rate probed here (small matmuls, padding,
     Python overhead; with the cap's token count this over-estimates the measured train time ~6x); the rollout is counted like the trainer
     (the bench is sized for sync T/R ~1). Plus stack start-ups (Ray, vLLM, verl workers: 60-140 s measured)."""
-    import yaml
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from verl_pipe.assets import ensure_assets
     from verl_pipe.platform.cpu_info import probe_matmul
     from verl_pipe.session import compose
 
-    with open(REPO / "verl_pipe" / "conf" / "bench" / "quick.yaml") as f:
-        quick = yaml.safe_load(f)
+    quick = _quick()
+    settings = smoke_settings(quick)
     cfg = compose(quick["overrides"])
-    sizes = {s.get("model_size", quick["model_size"]) for s in quick["settings"]}
+    sizes = {s.get("model_size", quick["model_size"]) for s in settings}
     params = 0
     for size in sizes:
         mc = AutoConfig.from_pretrained(ensure_assets(size=size).model_dir)
         params = max(params, sum(p.numel() for p in AutoModelForCausalLM.from_config(mc).parameters()))
-    longest = max(s["workload"].get("cap", s["workload"].get("length", 0)) for s in quick["settings"])
+    longest = max(s["workload"].get("cap", s["workload"].get("length", 0)) for s in settings)
     tokens = int(cfg.data.train_batch_size) * int(cfg.actor_rollout_ref.rollout.n) * (
         int(cfg.data.max_prompt_length) + longest)
-    steps = len(sizes) * int(quick.get("warmup_steps", 1)) + len(quick["settings"]) * len(quick["modes"]) * int(
+    steps = len(sizes) * int(quick.get("warmup_steps", 1)) + len(settings) * len(quick["modes"]) * int(
         quick.get("repeats", 1))
-    peer_runs = sum(len(s.get("peers") or []) for s in quick["settings"])  # verl's trainer: own stack, warm-up
+    peer_runs = sum(len(s.get("peers") or []) for s in settings)  # verl's trainer: own stack, warm-up
     steps += peer_runs * (int(quick.get("warmup_steps", 1)) + int(quick.get("repeats", 1)))
     step_s = 2 * 8 * params * tokens / (probe_matmul(1.0)["fp32_gflops"] * 1e9 / 4)
     limit = 300 * (len(sizes) + peer_runs) + steps * step_s
@@ -60,8 +74,10 @@ def test_quick_bench_runs_and_writes_schema_and_charts(tmp_path):
     out, charts = tmp_path / "quick.json", tmp_path / "charts"
     env = dict(os.environ)
     env.setdefault("VERL_PIPE_CACHE", str(REPO / ".cache" / "verl_pipe"))
-    proc = subprocess.run([sys.executable, "-m", "verl_pipe.bench", "--quick", "--out", str(out),
-                           "--charts", str(charts)], cwd=REPO, env=env, capture_output=True, text=True,
+    names = [s["name"] for s in smoke_settings(_quick())]
+    assert names, "quick.yaml runs verl's peer on a setting (the smoke covers it)"
+    proc = subprocess.run([sys.executable, "-m", "verl_pipe.bench", "--quick", "--settings", ",".join(names),
+                           "--out", str(out), "--charts", str(charts)], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=quick_bench_time_limit_s())
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(out.read_text())
