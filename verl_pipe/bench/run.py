@@ -204,7 +204,10 @@ class BenchRunner:
                                        "model_size": stack, "weight_sync_s": m.get("weight_sync_s", 0.0),
                                        "trained_groups": int(m.get("num_trainable_groups", 0)),
                                        "weight_versions": st.get("weight_versions"),
-                                       "unavailable": st.get("unavailable", {}), "peer": True})
+                                       "unavailable": st.get("unavailable", {}), "peer": True,
+                                       # what verl timed, and its trainer calls from t0 (for span-by-span A/Bs)
+                                       "verl_timing_s": st.get("verl_timing_s", {}),
+                                       "train_spans": st.get("train_spans", [])})
                     self.log(f"[bench] {s['name']} round {r} {mode} rollout→train_end "
                              f"{m['rollout_to_train_end_s']:6.2f}s wait {m['trainer_wait_ratio']:.3f} "
                              f"weight versions {st.get('weight_versions', {}).get('min_global_steps')}.."

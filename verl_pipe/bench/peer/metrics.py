@@ -108,5 +108,8 @@ def step_record(step: int, groups_per_unit: int, groups: dict[str, dict], spans:
         m["verl_update_weights_s"] = float(timing_raw["update_weights"])
     lengths = [[int(r.get("tokens") or 0) for _, r in sorted(g["requests"].items(), key=lambda kv: str(kv[0]))]
                for g in sorted(groups.values(), key=lambda g: g["group"])]
+    t0 = tl.t0
     return {"step": step, "metrics": m, "unavailable": unavailable, "weight_versions": weight_versions(tags, step),
-            "verl_timing_s": {k: float(v) for k, v in timing_raw.items()}, "lengths": lengths}
+            "verl_timing_s": {k: float(v) for k, v in timing_raw.items()}, "lengths": lengths,
+            "train_spans": [{"kind": s["kind"], "start": float(s["start"] - t0), "end": float(s["end"] - t0),
+                             "unit": s.get("unit")} for s in spans]}
