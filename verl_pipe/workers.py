@@ -40,6 +40,7 @@ from verl.utils.tensordict_utils import maybe_fix_3d_position_ids
 from verl.workers.utils.padding import no_padding_2_padding
 
 from verl_pipe.platform.env import pin_current_process
+from verl_pipe.platform.vllm_plugin import malloc_trim
 from verl_pipe.theta_store import KEY as THETA_KEY
 from verl_pipe.theta_store import OptimizerSnapshot, ThetaStore
 
@@ -67,6 +68,16 @@ class PipeActorWorker(DetachActorWorker):
             torch.set_num_threads(len(cores))
             os.environ["OMP_NUM_THREADS"] = str(len(cores))
         super().__init__(config, role, **kwargs)
+
+    # verl seam: the actor side of every weight sync (CheckpointEngineManager.update_weights calls it once per step,
+    # whatever the backend). The sync's buckets and the step's temporaries are freed heap that glibc keeps in its
+    # arenas; trimming after the sync gives them back (soak, 40 steps: this worker's RSS +0.63 -> +0.16 MiB/step).
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    async def update_weights(self, global_steps: int = None, mode: str = "auto"):
+        try:
+            return await super().update_weights(global_steps=global_steps, mode=mode)
+        finally:
+            malloc_trim()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def actor_state(self) -> dict:
