@@ -21,10 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _quick() -> dict:
-    import yaml
+    from verl_pipe.bench.run import CONF_DIR, load_config
 
-    with open(REPO / "verl_pipe" / "conf" / "bench" / "quick.yaml") as f:
-        return yaml.safe_load(f)
+    return load_config(CONF_DIR / "quick.yaml")
 
 
 def smoke_settings(quick: dict) -> list[dict]:

@@ -129,3 +129,14 @@ def confine_launcher(cores: list[int] | None) -> None:
     re-pins itself to its own cores (pin_current_process), so they stay the trainer's alone."""
     if cores:
         pin_all_threads(cores)
+
+
+def malloc_trim() -> bool:
+    """glibc's ``malloc_trim(0)``: give freed heap pages back to the OS. False where there is no glibc. Called after
+    every weight update in the vLLM worker (platform/vllm_plugin.py) and the trainer worker (verl_pipe/workers.py)."""
+    import ctypes
+
+    try:
+        return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
+    except (OSError, AttributeError):
+        return False

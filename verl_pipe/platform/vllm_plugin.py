@@ -9,6 +9,8 @@ Only acts on CPU runs started by verl_pipe (``VERL_PLATFORM=cpu``):
 
 import os
 
+from verl_pipe.platform.env import malloc_trim
+
 
 def _keep_linear_weights_for_reload() -> None:
     """Let verl reload weights into vLLM-CPU: linear layers compute with torch's own linear on their weight.
@@ -44,16 +46,6 @@ def _keep_linear_weights_for_reload() -> None:
 
     dispatch_cpu_unquantized_gemm._verl_pipe_patched = True
     layer_utils.dispatch_cpu_unquantized_gemm = dispatch_cpu_unquantized_gemm
-
-
-def malloc_trim() -> bool:
-    """glibc's ``malloc_trim(0)``: give freed heap pages back to the OS. False where there is no glibc."""
-    import ctypes
-
-    try:
-        return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
-    except (OSError, AttributeError):
-        return False
 
 
 def _trim_after_weight_updates() -> None:
