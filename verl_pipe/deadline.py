@@ -9,6 +9,7 @@ is abandoned: the run is failing anyway and Ray tears its actors down on shutdow
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Callable
 
 
@@ -16,7 +17,10 @@ class DeadlineExceeded(RuntimeError):
     pass
 
 
-def call_with_deadline(fn: Callable[[], Any], seconds: float | None, what: str, setting: str) -> Any:
+def call_with_deadline(fn: Callable[[], Any], seconds: float | None, what: str, setting: str,
+                       while_waiting: Callable[[], None] | None = None, poll_s: float = 0.001) -> Any:
+    """``while_waiting``: called every ``poll_s`` in the caller's thread until ``fn`` returns or the deadline passes
+    (the launcher's teardown re-asserts its signal dispositions with it: verl_pipe/teardown.py)."""
     if not seconds:
         return fn()
     box: dict[str, Any] = {}
@@ -29,7 +33,13 @@ def call_with_deadline(fn: Callable[[], Any], seconds: float | None, what: str, 
 
     t = threading.Thread(target=run, name=f"deadline:{what}", daemon=True)
     t.start()
-    t.join(seconds)
+    if while_waiting is None:
+        t.join(seconds)
+    else:
+        deadline = time.monotonic() + seconds
+        while t.is_alive() and time.monotonic() < deadline:
+            while_waiting()
+            t.join(poll_s)
     if t.is_alive():
         raise DeadlineExceeded(f"{what} did not finish within {seconds:.0f}s (raise {setting} if it is just slow)")
     if "error" in box:

@@ -14,7 +14,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 from typing import Any, Callable
 
@@ -94,35 +93,29 @@ def _collect_zombies() -> None:
 
 def run_ignoring(fn: Callable[[], Any], timeout_s: float, signals=(signal.SIGTERM, signal.SIGINT),
                  poll_s: float = 0.001) -> bool:
-    """Runs ``fn`` in a daemon thread while ``signals`` stay ignored; True if it returned within ``timeout_s``
-    (an error it raised is logged, not raised: this is for teardown).
+    """Runs ``fn`` (verl_pipe.deadline.call_with_deadline) while ``signals`` stay ignored; True if it returned within
+    ``timeout_s`` (an error it raised is logged, not raised: this is for teardown).
 
     Why the polling: Ray's driver installs absl's failure-signal handler on ``ray.init`` (SIGSEGV, SIGILL, SIGFPE,
     SIGABRT, SIGTERM) and ``ray.shutdown`` puts those signals back to SIG_DFL (RayLog::UninstallSignalAction), over
     our SIG_IGN: a second SIGTERM during the shutdown then killed the launcher mid-teardown and left its processes
     behind. The main thread re-asserts SIG_IGN every ``poll_s`` until ``fn`` is done, and once more after; the
     window left is that poll interval."""
-    box: dict[str, BaseException] = {}
-
-    def run() -> None:
-        try:
-            fn()
-        except BaseException as e:  # noqa: BLE001 -- reported below
-            box["error"] = e
+    from verl_pipe.deadline import DeadlineExceeded, call_with_deadline
 
     def ignore() -> None:
         for s in signals:
             signal.signal(s, signal.SIG_IGN)
 
     ignore()
-    t = threading.Thread(target=run, name="teardown", daemon=True)
-    t.start()
-    deadline = time.monotonic() + timeout_s
-    while t.is_alive() and time.monotonic() < deadline:
+    try:
+        call_with_deadline(fn, timeout_s, getattr(fn, "__name__", "teardown"), "the launcher's teardown",
+                           while_waiting=ignore, poll_s=poll_s)
+        return True
+    except DeadlineExceeded:
+        return False
+    except BaseException as e:  # noqa: BLE001 -- a half-dead cluster: what is left is ended by reap()
+        logger.warning("%s failed during teardown: %s: %s", getattr(fn, "__name__", fn), type(e).__name__, e)
+        return True
+    finally:
         ignore()
-        t.join(poll_s)
-    ignore()
-    if "error" in box:
-        logger.warning("%s failed during teardown: %s: %s", getattr(fn, "__name__", fn),
-                       type(box["error"]).__name__, box["error"])
-    return not t.is_alive()
