@@ -94,6 +94,20 @@ def _signal_group_and_wait(run: subprocess.Popen, seen: set[int], signals: list[
     return rc, rest, stop_s
 
 
+def _stopped_checkpoint(ckpt: Path, trace: Path, signalled_in: int) -> int:
+    """The run was signalled inside step ``signalled_in``: the checkpoint holds only completed steps. That is
+    step ``signalled_in - 1``, or ``signalled_in`` itself when the signal landed after the step had trained
+    (Ray's log forwarding delays the step line we wait for; a sync cut short by the engines' deaths saves the
+    trained step: verl_pipe/rollback.py). Returns the latest checkpointed step."""
+    latest = int((ckpt / "latest_checkpointed_iteration.txt").read_text())
+    assert latest in (signalled_in - 1, signalled_in), f"signalled inside step {signalled_in}, latest {latest}"
+    assert (ckpt / f"global_step_{latest}").is_dir()
+    assert not (ckpt / f"global_step_{latest + 1}").exists(), "a partial step is in the checkpoint"
+    traced = set(_steps(trace))
+    assert signalled_in - 1 in traced and traced <= set(range(1, latest + 1)), (latest, sorted(traced))
+    return latest
+
+
 def test_group_signals_stop_the_run_and_resume_goes_on(tmp_path):
     from verl_pipe.assets import ensure_assets
 
@@ -107,23 +121,20 @@ def test_group_signals_stop_the_run_and_resume_goes_on(tmp_path):
     assert rc == 128 + signal.SIGTERM, rest[-3000:]
     assert "[verl_pipe] stopped" in rest
     assert stop_s < 60, f"the run took {stop_s:.0f}s to stop after SIGTERM"  # a hang bound (Ray shutdown: 20 s)
-    # only completed steps are in the checkpoint: the interrupted step 2 left nothing
-    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "1"
-    assert not (ckpt / "global_step_2").exists()
-    assert sorted(_steps(trace)) == [1]
+    first = _stopped_checkpoint(ckpt, trace, signalled_in=2)
 
     resumed = _launch(common + ["trainer.total_training_steps=50", "trainer.resume_mode=auto"])
-    seen, out = _run_until_step(resumed, 2)  # signalled inside step 3
+    seen, out = _run_until_step(resumed, first + 1)  # signalled inside the step after
     log = "".join(out)
-    assert "[verl_pipe] step 1 " not in log, "it went on at step 2"
+    assert f"[verl_pipe] step {first} " not in log, f"it went on at step {first + 1}"
     rc, rest, stop_s = _signal_group_and_wait(resumed, seen, [signal.SIGINT, signal.SIGTERM])
-    print(f"[signals] SIGINT then SIGTERM to the group → exit {rc} in {stop_s:.1f}s")
+    print(f"[signals] SIGINT then SIGTERM to the group → exit {rc} in {stop_s:.1f}s; checkpoints at steps "
+          f"{first} and then {(ckpt / 'latest_checkpointed_iteration.txt').read_text()}")
     assert rc == 128 + signal.SIGINT, rest[-3000:]
     assert stop_s < 60, f"the run took {stop_s:.0f}s to stop after SIGINT"
-    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "2"
-    assert not (ckpt / "global_step_3").exists()
+    latest = _stopped_checkpoint(ckpt, trace, signalled_in=first + 2)
     steps = _steps(trace)
-    assert sorted(steps) == [1, 2]
     order = _reference_order(str(ensure_assets(None).train_file))
-    for k in (1, 2):
+    for k in sorted(steps):
         assert steps[k]["data_index"] == order[(k - 1) * BATCH: k * BATCH], f"step {k}'s prompts"
+    assert latest >= 2
