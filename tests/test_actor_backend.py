@@ -75,6 +75,7 @@ class FakeTrainer:
             "rolloutpipe": {"theta_k": {"store": "device", "auto_margin_gib": None},
                             "fault": {"checkpoint_on_failure": True}}})
         self.n, self.groups_per_unit, self.mode, self.granularity = N, GPU, "sync", "minibatch"
+        self.coalesce_log_probs = True
         self.metrics, self.log, self.lp_versions = {}, [], []
         self.version = 0  # the actor's weights: k = 0 until the step's first optimizer step
         self._actor_lock = threading.RLock()
@@ -136,6 +137,28 @@ def test_every_mode_trains_each_group_once_at_theta_k(mode, granularity, groups)
         assert [f[1] for f in finishes] == [GPU * N, (groups - GPU) * N]
         assert all(e[1] is None for e in t.log if isinstance(e, tuple) and e[0] == "accumulate")
     assert ("save" in t.log) == (mode == "cgp"), "θ_k kept for the later units in CGP only"
+
+
+def test_a_unit_across_two_coalesced_log_prob_calls():
+    """Mini-batch CGP, coalesced: unit 0 takes the 3 groups queued (one old log-prob call at θ_k); the 4th arrives
+    during unit 0's step and gets its own call, with θ_k swapped in; unit 1 is the 3rd group's rows of the first
+    piece and the 4th's of the second, in FIFO order, with their token counts recounted for the unit."""
+    t = FakeTrainer()
+    arrived = [group(g, float(g % 2)) for g in (2, 0, 3, 1)]
+    q = GroupQueue(weight_version=0)
+    for g in arrived[:3]:
+        q.put(g)
+    feeder = threading.Timer(0.3, lambda: (q.put(arrived[3]), q.close()))
+    feeder.start()
+    out = t.train(q, StepTimeline(1, GPU), mode="cgp", granularity="minibatch")
+    feeder.join()
+    assert [g.index for g in out.trained] == [2, 0, 3, 1]
+    assert t.lp_versions == [0] * 4, "both calls at θ_k"
+    assert [e[1:] for e in t.log if isinstance(e, tuple) and e[0] == "update"] == [(GPU, GPU), (GPU, GPU)]
+    assert out.batch.non_tensor_batch["uid"].tolist() == [f"u{g}" for g in (2, 2, 0, 0, 3, 3, 1, 1)]
+    unit_1 = ActorBackend._rows_of(t._current, (3, 1))
+    assert unit_1.non_tensor_batch["uid"].tolist() == ["u3", "u3", "u1", "u1"]
+    assert "global_token_num" not in unit_1.meta_info and unit_1.meta_info["temperature"] == 1.0
 
 
 def test_whitened_group_schedule_buffers_unit_zero_and_ends_with_verls_advantages():

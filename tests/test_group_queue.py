@@ -48,13 +48,18 @@ def test_take_blocks_until_the_unit_is_complete():
     assert [g.index for g in got] == [0, 1]
 
 
-def test_take_available_returns_what_arrived():
+def test_take_with_need_returns_what_arrived():
     q = GroupQueue(weight_version=0)
     q.put(_g(0, 0))
     q.put(_g(1, 0))
-    assert [g.index for g in q.take_available(3)] == [0, 1]
+    q.put(_g(2, 0))
+    assert [g.index for g in q.take(2, need=1)] == [0, 1]  # up to k, as soon as `need` are in
+    assert [g.index for g in q.take(5, need=1)] == [2]
     with pytest.raises(TimeoutError):
-        q.take_available(1, timeout=0.01)
+        q.take(3, need=1, timeout=0.01)
+    q.put(_g(3, 0))
+    with pytest.raises(TimeoutError, match="fewer than 2"):
+        q.take(3, need=2, timeout=0.01)
 
 
 def test_rollout_failure_reaches_the_trainer():
@@ -69,10 +74,10 @@ def test_rollout_failure_reaches_the_trainer():
 
 def test_bad_arguments():
     q = GroupQueue(weight_version=0)
-    with pytest.raises(ValueError, match="k must be"):
+    with pytest.raises(ValueError, match="need 1 <= need <= k"):
         q.take(0)
-    with pytest.raises(ValueError, match="max_k"):
-        q.take_available(0)
+    with pytest.raises(ValueError, match="need 1 <= need <= k"):
+        q.take(2, need=3)
 
 
 def test_end_with_closes_or_fails_the_queue_when_the_producer_ends():

@@ -45,7 +45,7 @@ class FakeRun:
     def __call__(self, a):
         self.log.append(a)
         if isinstance(a, S.Take):
-            assert 1 <= a.need <= a.max_k <= self.gpu
+            assert 1 <= a.need <= a.max_k <= self.gpu * self.ups - self.taken
             self._arrive(a.need)
             got = self.arrival[self.taken:self.taken + min(a.max_k, self.arrived - self.taken)]
             self.taken += len(got)
@@ -138,11 +138,19 @@ def test_every_schedule_over_arrival_orders(shape, data):
     groups = data.draw(st.integers(0, target), label="groups that arrive (short batch: the pool ran out)")
     arrival = data.draw(st.permutations(range(groups)), label="arrival order")
     extra = lambda: data.draw(st.integers(0, 3), label="arrive while the trainer works")  # noqa: E731
-    for mode, granularity in (("sync", "minibatch"), ("cgp", "minibatch"), ("cgp", "group")):
+    for mode, granularity, coalesce in (("sync", "minibatch", True), ("cgp", "minibatch", True),
+                                        ("cgp", "minibatch", False), ("cgp", "group", True)):
         run = FakeRun(list(arrival), extra, ups, gpu, use_ref)
-        out = S.drive(S.train_schedule(mode, granularity, gpu, ups, use_ref=use_ref), run)
+        out = S.drive(S.train_schedule(mode, granularity, gpu, ups, use_ref=use_ref, coalesce=coalesce), run)
         _check(run, out, mode, groups, gpu, use_ref)
         assert not out.buffered and run.whitened is None
+        calls = [a for a in run.log if isinstance(a, S.OldLogProb)]
+        if (mode, granularity, coalesce) == ("cgp", "minibatch", False):
+            assert [a.groups for a in calls] == list(out.units), "one old log-prob call per unit, over the unit"
+        if (mode, granularity) == ("cgp", "minibatch"):
+            # each call covers what was taken: every group queued when a unit needed groups (coalesce)
+            takes = [a for a in run.log if isinstance(a, S.Take)]
+            assert len(calls) <= len(takes) and len(calls) <= len(out.units)
 
 
 @settings(max_examples=300, deadline=None)
@@ -167,6 +175,25 @@ def test_whitened_group_schedule_over_arrival_orders(shape, data):
     # every group not buffered trained with the final advantages
     direct = [g for a in run.log if isinstance(a, S.Accumulate) and a.final_advantages for g in a.groups]
     assert sorted(direct + buffered) == list(range(groups))
+
+
+def test_coalesced_log_probs_one_call_per_catch_up():
+    """Mini-batch CGP with a trainer that lags: unit 0 takes the 2 groups queued; while it trains all 6 others
+    arrive, and unit 1 takes them all: one old log-prob call at θ_k (swapped in) for units 1-3, and units 2 and 3
+    need no call, no take, no swap of their own. Without coalescing: one call per unit."""
+    extra = iter([0, 8])
+    run = FakeRun([5, 0, 3, 1, 2, 4, 7, 6], lambda: next(extra), 4, 2, True)
+    out = S.drive(S.train_schedule("cgp", "minibatch", 2, 4, use_ref=True), run)
+    calls = [(a.unit, a.groups, a.at_theta_k) for a in run.log if isinstance(a, S.OldLogProb)]
+    assert calls == [(0, (5, 0), False), (1, (3, 1, 2, 4, 7, 6), True)]
+    assert [a.groups for a in run.log if isinstance(a, S.RefLogProb)] == [(5, 0), (3, 1, 2, 4, 7, 6)]
+    assert out.units == [(5, 0), (3, 1), (2, 4), (7, 6)]
+    ready = [(a.unit, a.groups) for a in run.log if isinstance(a, S.UnitReady)]
+    assert ready == list(enumerate(out.units))
+    extra = iter([0, 8, 0, 0])
+    run = FakeRun([5, 0, 3, 1, 2, 4, 7, 6], lambda: next(extra), 4, 2, False)
+    out = S.drive(S.train_schedule("cgp", "minibatch", 2, 4, coalesce=False), run)
+    assert [a.groups for a in run.log if isinstance(a, S.OldLogProb)] == out.units
 
 
 def test_batch_complete_from_the_start_buffers_nothing():

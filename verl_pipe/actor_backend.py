@@ -116,7 +116,7 @@ class ActorBackend:
         return [g.index for g in self.order([self.groups[i] for i in indices])]
 
     def Take(self, a: S.Take) -> S.Arrivals:
-        got = self.queue.take(a.max_k) if a.need > 1 else self.queue.take_available(a.max_k)
+        got = self.queue.take(a.max_k, need=a.need)
         return self._arrived(got, self.queue.closed)
 
     def Drain(self, a: S.Drain) -> S.Arrivals:
@@ -261,7 +261,8 @@ class ActorBackend:
     # ------------------------------------------------------------------ data
 
     def _span(self, a):
-        return self.timeline.span(a.span, unit=a.unit, group=a.tag)
+        groups = getattr(a, "groups", None)
+        return self.timeline.span(a.span, unit=a.unit, group=a.tag, groups=None if groups is None else list(groups))
 
     def _set_final_advantages(self, batch: DataProto, groups) -> None:
         adv = torch.cat([self.final[0][g] for g in groups])
@@ -275,14 +276,31 @@ class ActorBackend:
         return self.t._with_token_counts(batch)
 
     def _rows_of(self, groups: tuple[int, ...]) -> DataProto:
-        """The piece of ``groups``: their own, or their rows of the batch they were computed in (sync)."""
+        """The piece of ``groups``: their own, or their rows of the pieces they were computed in (sync's whole
+        batch, mini-batch CGP's coalesced log-prob calls), contiguous runs sliced and concatenated in order."""
         if groups in self.pieces and groups not in self.whole_batches:
             return self.pieces[groups]
-        for key, batch in self.pieces.items():
-            if key in self.whole_batches and groups[0] in key:
-                start = key.index(groups[0]) * self.n
-                return batch.slice(start, start + len(groups) * self.n)
-        raise KeyError(f"groups {groups} were not computed")
+        where = {g: key for key in self.pieces for g in key}  # the last piece a group was computed in
+        runs: list[list] = []  # [piece, first row, end row]
+        for g in groups:
+            if g not in where:
+                raise KeyError(f"groups {groups} were not computed (group {g})")
+            key = where[g]
+            start = key.index(g) * self.n
+            if runs and runs[-1][0] == key and runs[-1][2] == start:
+                runs[-1][2] += self.n
+            else:
+                runs.append([key, start, start + self.n])
+        parts = [self.pieces[key].slice(a, b) for key, a, b in runs]
+        if len(parts) == 1:
+            return parts[0]
+        # the pieces' meta_info differ in their token counts (DataProto.concat refuses conflicting values):
+        # the first piece's, without them; Update recounts the unit's tokens (_with_token_counts)
+        meta = {k: v for k, v in parts[0].meta_info.items() if k != "global_token_num"}
+        rows = DataProto.concat([DataProto(batch=p.batch, non_tensor_batch=p.non_tensor_batch, meta_info={})
+                                 for p in parts])
+        rows.meta_info = meta
+        return rows
 
     def outcome(self, planned: S.ScheduleOutcome, mode: str) -> StepOutcome:
         pieces = list(self.pieces.values())

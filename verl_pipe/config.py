@@ -194,7 +194,7 @@ ROLLOUTPIPE: dict[str, Any] = {
         "cache_dir": PATH_OR_NULL,
     },
     "trace_dir": PATH_OR_NULL,
-    "cgp": {"granularity": choice(*GRANULARITIES)},
+    "cgp": {"granularity": choice(*GRANULARITIES), "coalesce_log_probs": BOOLEAN},
     "theta_k": {
         "store": choice(*THETA_K_PLACEMENTS),
         "auto_margin_gib": Rule("null (a quarter of the device's memory) or a number of GiB >= 0",

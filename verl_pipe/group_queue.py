@@ -76,20 +76,16 @@ class GroupQueue:
 
         producer.add_done_callback(finished)
 
-    def take(self, k: int, timeout: float | None = None) -> list[Group]:
-        """Blocks until k groups are queued (or the queue is closed); returns up to k, FIFO.
+    def take(self, k: int, timeout: float | None = None, need: int | None = None) -> list[Group]:
+        """Blocks until ``need`` (default k) groups are queued (or the queue is closed); returns every queued
+        group up to k, FIFO.
 
         Returns [] once the queue is closed and drained.
         """
-        if k < 1:
-            raise ValueError(f"take(k={k}): k must be >= 1")
-        return self._pop(k, need=k, timeout=timeout)
-
-    def take_available(self, max_k: int, timeout: float | None = None) -> list[Group]:
-        """Blocks until at least one group is queued; returns up to max_k of them (FIFO), [] at the end."""
-        if max_k < 1:
-            raise ValueError(f"take_available(max_k={max_k}): max_k must be >= 1")
-        return self._pop(max_k, need=1, timeout=timeout)
+        need = k if need is None else need
+        if not 1 <= need <= k:
+            raise ValueError(f"take(k={k}, need={need}): need 1 <= need <= k")
+        return self._pop(k, need=need, timeout=timeout)
 
     def _pop(self, max_k: int, need: int, timeout: float | None) -> list[Group]:
         with self._cond:

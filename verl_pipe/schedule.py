@@ -21,7 +21,11 @@ The three schedules:
 - sync: wait for the whole rollout, old (and ref) log-probs for the whole batch (batch-normalized estimators
   recomputed over it first), then one ``Update`` (forward/backward + optimizer step) per unit;
 - cgp, mini-batch units: per unit, when its groups are in: old log-probs (at θ_k from the second unit on),
-  ref, keep θ_k before unit 0's step (if the step has more than one unit), ``Update``;
+  ref, keep θ_k before unit 0's step (if the step has more than one unit), ``Update``. With ``coalesce`` (the
+  default), a unit that needs groups takes every group queued by then (up to the step's batch) and computes
+  their old (and ref) log-probs in one call: θ_k is fixed for the step, so a group's old log-probs are the
+  same whichever call computes them, and a trainer that lags behind the rollout pays one call (and one θ_k
+  swap) per catch-up instead of one per unit; the units are then formed FIFO from what was taken;
 - cgp, group granularity: each take of whatever has arrived (up to the unit's remainder) is one
   gradient-accumulation micro-batch (old log-probs, ref, ``Accumulate``); the optimizer steps when the unit is
   complete. A batch-whitened estimator (``whiten``, verl_pipe/whitening.py) trains the groups that arrive
@@ -42,7 +46,8 @@ GRANULARITIES = ("minibatch", "group")
 
 @dataclass(frozen=True)
 class Take:
-    """Block until ``need`` groups are queued (or the rollout ended); take up to ``max_k`` of them, FIFO."""
+    """Block until ``need`` groups are queued (or the rollout ended); take every queued group, up to ``max_k``,
+    FIFO."""
     max_k: int
     need: int
 
@@ -171,10 +176,11 @@ def _keep(groups: list[int]) -> list[int]:
 
 def train_schedule(mode: str, granularity: str, groups_per_unit: int, units_per_step: int, *,
                    use_ref: bool = False, whiten: bool = False, batch_normalized: bool = False,
-                   order: Order | None = None) -> Steps:
+                   order: Order | None = None, coalesce: bool = True) -> Steps:
     """The step's schedule. ``whiten``: a batch-whitened (affine) estimator at group granularity;
     ``batch_normalized``: sync recomputes the advantages over the whole batch; ``order``: fixes the order groups
-    train in within what was taken (a test hook; default: as taken)."""
+    train in within what was taken (a test hook; default: as taken); ``coalesce``: mini-batch CGP computes the
+    log-probs of every group queued when a unit needs groups in one call (False: one call per unit)."""
     if mode not in MODES:
         raise ValueError(f"mode: got {mode!r}; allowed: {', '.join(MODES)}")
     if granularity not in GRANULARITIES:
@@ -186,7 +192,7 @@ def train_schedule(mode: str, granularity: str, groups_per_unit: int, units_per_
         return sync_schedule(groups_per_unit, use_ref, batch_normalized, order)
     if granularity == "group":
         return group_schedule(groups_per_unit, units_per_step, use_ref, whiten, order)
-    return minibatch_schedule(groups_per_unit, units_per_step, use_ref, order)
+    return minibatch_schedule(groups_per_unit, units_per_step, use_ref, order, coalesce)
 
 
 def sync_schedule(groups_per_unit: int, use_ref: bool, batch_normalized: bool, order: Order) -> Steps:
@@ -208,17 +214,34 @@ def sync_schedule(groups_per_unit: int, use_ref: bool, batch_normalized: bool, o
     return out
 
 
-def minibatch_schedule(groups_per_unit: int, units_per_step: int, use_ref: bool, order: Order) -> Steps:
+def minibatch_schedule(groups_per_unit: int, units_per_step: int, use_ref: bool, order: Order,
+                       coalesce: bool = True) -> Steps:
     out = ScheduleOutcome()
+    target = groups_per_unit * units_per_step
+    taken = 0
+    pending: list[int] = []  # taken, in no unit yet (FIFO)
+    formed: list[tuple[int, ...]] = []  # complete units, their log-probs computed, not trained yet
     for u in range(units_per_step):
-        arrived: Arrivals = yield Take(groups_per_unit, need=groups_per_unit)
-        if not arrived.groups:
+        while not formed and taken < target:
+            need = groups_per_unit - len(pending)
+            arrived: Arrivals = yield Take(target - taken if coalesce else need, need=need)
+            got = tuple(order(list(arrived.groups)))
+            if not got and not pending:
+                break  # the rollout ended and every group was taken
+            taken += len(got)
+            pending.extend(got)
+            # fewer than needed: the rollout ended (a short last unit)
+            while len(pending) >= groups_per_unit or (pending and len(got) < need):
+                unit, pending = tuple(pending[:groups_per_unit]), pending[groups_per_unit:]
+                yield UnitReady(len(out.units) + len(formed), unit)
+                formed.append(unit)
+            if got:
+                yield OldLogProb(u, got, at_theta_k=u > 0)  # unit 0: the actor still holds θ_k
+                if use_ref:
+                    yield RefLogProb(u, got)
+        if not formed:
             break
-        unit = tuple(order(list(arrived.groups)))
-        yield UnitReady(u, unit)
-        yield OldLogProb(u, unit, at_theta_k=u > 0)  # unit 0: the actor still holds θ_k
-        if use_ref:
-            yield RefLogProb(u, unit)
+        unit = formed.pop(0)
         if u == 0 and units_per_step > 1:
             yield Snapshot(u)  # later units' old log-probs
         yield Update(u, unit)

@@ -112,22 +112,25 @@ class StepTimeline:
         self._add("units_ready", t=self._at(t), unit=unit, groups=list(groups))
 
     def train_span(self, kind: str, start: float, end: float, unit: int | None = None,
-                   group: int | None = None) -> None:
+                   group: int | None = None, groups: list[int] | None = None) -> None:
         """``group``: the last group this span processed, when the trainer works per group (group
         granularity); the irreducible tail after the rollout is then only that group's work plus the
-        unit's group-less spans (the optimizer step), not the whole last unit."""
-        self._add("train_spans", kind=kind, start=float(start), end=float(end), unit=unit, group=group)
+        unit's group-less spans (the optimizer step), not the whole last unit. ``groups``: every group the
+        call processed, when known (a coalesced log-prob call covers groups of later units too)."""
+        extra = {} if groups is None else {"groups": [int(g) for g in groups]}
+        self._add("train_spans", kind=kind, start=float(start), end=float(end), unit=unit, group=group, **extra)
 
     def weight_sync(self, start: float, end: float) -> None:
         self._add("weight_syncs", start=float(start), end=float(end))
 
     @contextmanager
-    def span(self, kind: str, unit: int | None = None, group: int | None = None) -> Iterator[None]:
+    def span(self, kind: str, unit: int | None = None, group: int | None = None,
+             groups: list[int] | None = None) -> Iterator[None]:
         start = self.now()
         try:
             yield
         finally:  # time spent before an exception was still trainer time
-            self.train_span(kind, start, self.now(), unit, group)
+            self.train_span(kind, start, self.now(), unit, group, groups)
 
     # ---- derived quantities -------------------------------------------------------------------------
     def _snapshot(self) -> dict[str, list[dict]]:

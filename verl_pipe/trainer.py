@@ -93,6 +93,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         # Run-time knobs (a session may switch them between steps on the same workers).
         self.mode = rp.mode
         self.granularity = rp.cgp.granularity
+        self.coalesce_log_probs = bool(rp.cgp.coalesce_log_probs)
         self.fgd_enabled = bool(rp.fgd.enable)
         self.fgd_window = rp.fgd.window
         self.filter_zero_variance = bool(rp.filter_zero_variance)
@@ -242,7 +243,8 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         steps = train_schedule(mode, granularity, self.groups_per_unit, self._units_per_step(),
                                use_ref=bool(self.use_reference_policy), whiten=whiten,
                                batch_normalized=how != estimators.GROUP,
-                               order=backend.order_indices if self.unit_order_hook is not None else None)
+                               order=backend.order_indices if self.unit_order_hook is not None else None,
+                               coalesce=self.coalesce_log_probs)
         outcome = backend.outcome(drive(steps, backend), mode)
         if whiten:
             self.metrics["rolloutpipe/groups_trained_before_batch_complete"] = len(outcome.buffered)

@@ -211,7 +211,9 @@ def trainer_span_samples(step: dict, micro_rows: int) -> dict[str, list[tuple[fl
             continue
         if kind not in out:
             continue
-        if unit is None:
+        if s.get("groups") is not None:  # recorded: e.g. a coalesced log-prob call over several units' groups
+            groups = list(s["groups"])
+        elif unit is None:
             groups = all_groups
         elif s.get("group") is not None and unit in unit_groups and s["group"] in unit_groups[unit]:
             ug = unit_groups[unit]

@@ -170,8 +170,8 @@ def timeline_for(rollout: RolloutResult, workload: Workload, trainer: TrainerPar
     rollout.record_into(tl)
     for u, groups, ready in plan.units:
         tl.unit_ready(u, groups, t=ready)
-    for kind, start, end, u, g in plan.spans:
-        tl.train_span(kind, start, end, unit=u, group=g)
+    for kind, start, end, u, g, groups in plan.spans:
+        tl.train_span(kind, start, end, unit=u, group=g, groups=None if groups is None else list(groups))
     sync_start = max(plan.end, rollout.rollout_end)  # never push weights into a still-generating rollout
     tl.weight_sync(sync_start, sync_start + weight_sync_s)
     return tl

@@ -14,9 +14,11 @@ the same generator ``verl_pipe/trainer.py`` executes on verl's workers) on ``Cos
 action; what that gives per mode:
 
 - sync: one old_log_prob (and ref) call over the whole batch after the rollout, then one update per unit;
-- cgp (mini-batch units): per unit, when its groups are in, old_log_prob, ref and update calls;
+- cgp (mini-batch units): per unit, when its groups are in, old_log_prob, ref and update calls; a unit that
+  needs groups takes every group queued by then (``GroupQueue.take(k, need)``), and one old_log_prob (and ref)
+  call covers them all, so a lagging trainer pays one call per catch-up, not one per unit;
 - cgp_group: per unit, the trainer takes whatever groups have arrived, up to the unit's remainder, as one
-  burst (``GroupQueue.take_available``): one old_log_prob, ref and forward_backward call over the burst; the
+  burst (``GroupQueue.take(k, need=1)``): one old_log_prob, ref and forward_backward call over the burst; the
   optimizer step once the unit is complete. When the trainer lags behind the rollout, bursts merge groups and
   the per-call overhead is paid once per burst, not once per group. An idle trainer wakes on the first group
   and takes it alone (measured: 0 of 49 idle takes in the benchmark runs got more than one group);
@@ -128,8 +130,10 @@ def placement_costs(placement: str, num_gpus: int, f: dict) -> dict:
 
 @dataclass
 class TrainPlan:
-    # kind, start, end, unit, group (the last group of a per-group burst, as the real trainer tags it)
-    spans: list[tuple[str, float, float, int | None, int | None]] = field(default_factory=list)
+    # kind, start, end, unit, group (the last group of a per-group burst, as the real trainer tags it), groups
+    # (every group the call processed, as the real trainer records it; None: not recorded)
+    spans: list[tuple[str, float, float, int | None, int | None, tuple[int, ...] | None]] = field(
+        default_factory=list)
     units: list[tuple[int, list[int], float]] = field(default_factory=list)  # unit, groups, ready time
 
     @property
@@ -143,11 +147,12 @@ class _Trainer:
     def __init__(self, plan: TrainPlan, t_free: float = 0.0):
         self.plan, self.free = plan, t_free
 
-    def run(self, kind: str, ready: float, dur: float, unit: int | None, group: int | None = None) -> None:
+    def run(self, kind: str, ready: float, dur: float, unit: int | None, group: int | None = None,
+            groups: tuple[int, ...] | None = None) -> None:
         start = max(self.free, ready)
         self.free = start + dur
         if dur > 0:
-            self.plan.spans.append((kind, start, self.free, unit, group))
+            self.plan.spans.append((kind, start, self.free, unit, group, groups))
 
 
 # The simulator's modes as the trainer's (mode, granularity); verl_separate_async is verl's trainer, not ours.
@@ -159,7 +164,7 @@ class CostModel:
     """Executes verl_pipe.schedule's actions on the clock: the simulator's executor of the real trainer's schedule.
 
     The FIFO is the completion list: a ``Take`` waits for its groups' completion times (or the rollout's end)
-    like ``GroupQueue.take`` / ``take_available``; each compute action costs what ``TrainerParams`` says and runs
+    like ``GroupQueue.take``; each compute action costs what ``TrainerParams`` says and runs
     when both the trainer and its input are free.
     """
 
@@ -176,22 +181,21 @@ class CostModel:
         return [L for g in groups for L in self.seq_lens(g)]
 
     def _run(self, kind: str, dur: float, action) -> None:
-        self.tr.run(kind, self.ready, dur, action.unit, getattr(action, "tag", None))
+        self.tr.run(kind, self.ready, dur, action.unit, getattr(action, "tag", None), getattr(action, "groups", None))
 
     def __call__(self, a):
         p, rest = self.p, self.fifo[self.next:]
         if isinstance(a, S.Take):
-            if a.need > 1:  # GroupQueue.take: the need-th next group's completion, or the rollout's end
-                got = rest[:a.max_k]
-                self.ready = got[-1][0] if len(got) >= a.need else self.rollout_end
-            elif not rest:  # take_available at the end: the queue closes with the rollout
-                got, self.ready = [], max(self.ready, self.rollout_end)
+            # GroupQueue.take(max_k, need): wait until `need` groups are queued, take every queued one up to max_k.
+            # An idle trainer wakes on the need-th group and takes what is queued then, `need` groups (groups are
+            # materialized one at a time, so even simultaneous completions reach the FIFO one by one); a busy
+            # trainer takes every group that arrived meanwhile. Fewer left than `need`: the queue closes with
+            # the rollout.
+            if len(rest) < a.need:
+                got, self.ready = rest[:a.max_k], max(self.ready, self.rollout_end)
             else:
-                # take_available: an idle trainer wakes on the next group and takes it alone (groups are
-                # materialized one at a time, so even simultaneous completions reach the FIFO one by one); a busy
-                # trainer takes every group that arrived meanwhile
-                take, j = max(self.tr.free, rest[0][0]), 1
-                if self.tr.free >= rest[0][0]:
+                take, j = max(self.tr.free, rest[a.need - 1][0]), a.need
+                if self.tr.free >= rest[a.need - 1][0]:
                     while j < min(len(rest), a.max_k) and rest[j][0] <= take:
                         j += 1
                 got, self.ready = rest[:j], take
