@@ -91,11 +91,27 @@ def ray_init_kwargs(config: DictConfig) -> dict:
     return kwargs
 
 
+# Ray settings a long run needs, unless the launcher's environment sets them (read by the processes ray.init starts;
+# a cluster started with `ray start` takes them from that command's environment: docs/reliability.md). Ray's GCS keeps
+# the events of the last RAY_task_events_max_num_task_in_gcs tasks (Ray 2.60's default: 100,000) for its dashboard and
+# state API, and a step makes hundreds of tasks: measured on the tiny default, the GCS grew +0.64 MiB/step with Ray's
+# default and +0.07 with the cap at 1,000 (45-step soaks, same session).
+RAY_ENV_DEFAULTS = {"RAY_task_events_max_num_task_in_gcs": "10000"}
+
+
+def ray_env_defaults(environ=os.environ) -> dict[str, str]:
+    """Sets RAY_ENV_DEFAULTS in ``environ`` where unset; returns what it set."""
+    added = {k: v for k, v in RAY_ENV_DEFAULTS.items() if k not in environ}
+    environ.update(added)
+    return added
+
+
 def start_ray(config: DictConfig) -> None:
     import ray
 
     if ray.is_initialized():
         return
+    ray_env_defaults()  # before ray.init: its GCS and raylet read them when they start
     kwargs = ray_init_kwargs(config)
     if config.rolloutpipe.platform == "cpu":  # what Ray starts inherits the launcher's cores
         from verl_pipe.platform.env import confine_launcher, system_core_list

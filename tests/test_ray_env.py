@@ -1,0 +1,12 @@
+"""The Ray settings the launcher gives a long run (verl_pipe/main_grpo.py: RAY_ENV_DEFAULTS), pure: set where unset,
+a user's own value kept."""
+
+from verl_pipe.main_grpo import RAY_ENV_DEFAULTS, ray_env_defaults
+
+
+def test_task_event_cap_is_set_unless_the_user_set_it():
+    env = {}
+    assert ray_env_defaults(env) == RAY_ENV_DEFAULTS == {"RAY_task_events_max_num_task_in_gcs": "10000"}
+    assert env == RAY_ENV_DEFAULTS
+    mine = {"RAY_task_events_max_num_task_in_gcs": "500"}
+    assert ray_env_defaults(mine) == {} and mine == {"RAY_task_events_max_num_task_in_gcs": "500"}
