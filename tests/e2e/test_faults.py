@@ -90,30 +90,43 @@ def _gone(pids, timeout=30.0) -> bool:
     return False
 
 
-class _KillAfterFirstUnit:
-    """Wraps the trainer's unit update (a subclass of its schedule executor, ``backend_cls``, for one step): once the
-    first unit has trained (the actor is past θ_k), SIGKILL the vLLM server process while the long groups are still
-    being generated."""
+class _KillAtFirstUnit:
+    """A subclass of the trainer's schedule executor (``backend_cls``, for one step): SIGKILL the vLLM server process
+    the moment unit 0's (short) groups are in, while the long groups still have ~LONG decode steps to go (killing
+    after unit 0's update instead raced them on a fast machine: CI saw nothing in flight). Records whether the
+    actor had stepped past θ_k when the restarted replica got its weights (the restart takes seconds, unit 0's
+    training about one): the replica must then be given θ_k from the store, not the actor's weights."""
 
     def __init__(self, trainer, pid: int):
         self.trainer, self.pid = trainer, pid
         self.killed_at = None
         self.inflight_at_kill = None
+        self.pushes: list[bool] = []  # per weight push into a restarted replica: had the actor stepped past θ_k?
+        self.updates = 0  # units trained in the step
         kill = self
 
         class Backend(type(trainer).backend_cls):
-            def update_unit(self, unit_batch):
-                out = super().update_unit(unit_batch)
-                kill.after_update()
-                return out
+            def UnitReady(self, a):
+                super().UnitReady(a)
+                if a.unit == 0:
+                    kill.now()
+
+            def Update(self, a):
+                super().Update(a)
+                kill.updates += 1
 
         self.backend_cls = Backend
 
-    def after_update(self):
+    def now(self):
         if self.killed_at is None:
             self.inflight_at_kill = self.trainer.rollout._tasks and len(self.trainer.rollout._tasks)
             os.kill(self.pid, signal.SIGKILL)
             self.killed_at = time.perf_counter()
+
+    def pushed(self, replica, version):
+        current = self.trainer._current
+        self.pushes.append(current is not None and current.stepped)
+        return type(self.trainer)._push_weights(self.trainer, replica, version)
 
 
 def test_replica_killed_mid_step_restarts_with_theta_k(stack):
@@ -123,19 +136,25 @@ def test_replica_killed_mid_step_restarts_with_theta_k(stack):
     pid = _server_pid(trainer)
     engine_pids = _descendants(pid)
     assert engine_pids, "the vLLM engine runs in child processes of the server actor"
-    kill = _KillAfterFirstUnit(trainer, pid)
+    kill = _KillAtFirstUnit(trainer, pid)
 
+    supervisor = trainer.rollout.supervisor
+    supervisor.push_weights = kill.pushed  # records, then pushes as the trainer does
     t0 = time.perf_counter()
-    rec = stack.step(sampling_overrides=_lengths, backend_cls=kill.backend_cls)
+    try:
+        rec = stack.step(sampling_overrides=_lengths, backend_cls=kill.backend_cls)
+    finally:
+        del trainer.backend_cls  # back to the class's executor
+        supervisor.push_weights = trainer._push_weights
     took = time.perf_counter() - t0
-    del trainer.backend_cls  # back to the class's executor
     m = rec["metrics"]
     # the bad records were skipped and counted, and the run went on with the good ones
     for reason, n in stack.expected_skips.items():
         assert m[f"data/skipped_records/train/{reason}"] == n, reason
     assert kill.killed_at is not None
     assert kill.inflight_at_kill, "the long groups must still be in flight at the kill (raise LONG)"
-    print(f"\n[fault] replica killed after unit 0 with {kill.inflight_at_kill} requests in flight; "
+    assert kill.pushes == [True], "one push into the restarted replica, after the actor stepped past θ_k"
+    print(f"\n[fault] replica killed when unit 0 was in, {kill.inflight_at_kill} requests in flight; "
           f"recovered in {m['rolloutpipe/replica_recovery_s']:.1f}s, step {took:.1f}s")
     assert m["rolloutpipe/replica_failures"] == 1
     assert m["rolloutpipe/replica_restarts"] == 1
@@ -308,11 +327,12 @@ def _no_replica_left_rolls_back_and_checkpoints(stack, ckpt_dir):
     batch_dict = next(stack._batches)
     stack.failed_batch = batch_dict
     stack.theta_k = theta_k
-    kill = _KillAfterFirstUnit(trainer, _server_pid(trainer))
+    kill = _KillAtFirstUnit(trainer, _server_pid(trainer))
     with pytest.raises(StepFailedError, match="no replica is left") as err:
         stack.step(batch_dict=batch_dict, sampling_overrides=_lengths, backend_cls=kill.backend_cls)
     print(f"\n[fault] {err.value}")
     assert kill.killed_at is not None and kill.inflight_at_kill
+    assert kill.updates == 1, "unit 0 (taken before the failure surfaced) trained; the failure stopped unit 1"
     assert "resume_mode=auto" in str(err.value)
     # rolled back: the actor is θ_k again although unit 0 had trained
     after = stack.actor_state()
