@@ -8,7 +8,8 @@ import pytest
 
 from verl_pipe.bench import run as bench
 from verl_pipe.bench.calib import (PaddedWorkload, StepShape, engine_intervals, fit_engine, fit_trainer, nonneg_lstsq,
-                                   padded_tokens, sim_validation, simulate_like, trainer_span_samples)
+                                   padded_tokens, sim_validation, simulate_like, trainer_cost_split,
+                                   trainer_span_samples)
 from verl_pipe.bench.report import (MODES, REPORTED, check_schema, format_setting, format_sim_validation, format_sweep,
                                     mode_entry, setting_entry, train_to_rollout_ratio)
 from verl_pipe.sim.engine import CPU_TINY
@@ -257,6 +258,26 @@ def test_trainer_span_samples_cover_units_and_whole_batch():
     assert any(x == pytest.approx(whole) for x, _ in smp["old_log_prob"])
 
 
+def test_trainer_cost_split_prices_calls_during_and_after_the_rollout():
+    # two groups of 2 rows, prompt 10, micro-batches of 2 rows: group 0 pads to 2 x (10 + 4) = 28 tokens, group 1 to 26
+    resp = lambda rid, g, n, t: {"t": t, "request_id": rid, "group": g, "num_tokens": n}  # noqa: E731
+    span = lambda kind, a, b, unit, groups=None: {"kind": kind, "start": a, "end": b, "unit": unit,  # noqa: E731
+                                                  "group": None, **({"groups": groups} if groups else {})}
+    tl = {"requests": [], "aborts": [], "units_ready": [{"t": 4.0, "unit": 0, "groups": [0]},
+                                                        {"t": 10.0, "unit": 1, "groups": [1]}],
+          "responses": [resp("a", 0, 4, 3.0), resp("b", 0, 2, 4.0), resp("c", 1, 3, 9.0), resp("d", 1, 3, 10.0)],
+          "train_spans": [span("old_log_prob", 4.0, 4.5, 0, [0]), span("snapshot_theta_k", 4.5, 4.6, 0),
+                          span("update", 4.6, 6.0, 0), span("old_log_prob", 9.9, 10.4, 1, [1]),
+                          span("update", 10.4, 11.4, 1)]}
+    step = {"timeline": tl, "lengths": [[4, 2], [3, 3]], "prompt_len": 10}
+    split = trainer_cost_split([step, step], micro_rows=2)  # pooled over steps: the same rates
+    assert set(split) == {"old_log_prob", "update"}  # the snapshot has no tokens to price
+    assert split["update"]["during_rollout"] == pytest.approx(1000 * 1.4 / 28)
+    assert split["update"]["after_rollout"] == pytest.approx(1000 * 1.0 / 26)
+    # unit 1's log-prob began 0.1 s before the last response and ended after it: neither during nor after
+    assert split["old_log_prob"] == pytest.approx({"during_rollout": 1000 * 0.5 / 28, "across_rollout_end": 1000 * 0.5 / 26})
+
+
 def test_sim_validation_on_simulated_runs_is_nearly_exact():
     steps = simulated_steps()
     sv, cal = sim_validation(steps, SHAPE)
@@ -286,6 +307,9 @@ def test_build_result_end_to_end_from_simulated_steps(tmp_path):
     for p in res["sim"]["tr_sweep"]:
         assert p["sync_train_to_rollout_ratio"] == pytest.approx(p["target_tr"], rel=0.05)
     assert not math.isnan(res["sim_validation"]["max_rel_error"])
+    # sync's trainer works after the rollout only; the table prints each mode's split
+    assert {p for ph in s["modes"]["sync"]["trainer_s_per_1k_padded_tokens"].values() for p in ph} == {"after_rollout"}
+    assert "trainer s per 1k padded tokens" in format_setting(s)
     json.dumps(res)
     pytest.importorskip("matplotlib")
     paths = bench.write_charts(res, steps, tmp_path, {"bench": SHAPE}, None)

@@ -185,7 +185,16 @@ class TrainerFit:
 
 
 def trainer_span_samples(step: dict, micro_rows: int) -> dict[str, list[tuple[float, float]]]:
-    """(padded tokens, seconds) of each trainer span of one step, by kind.
+    """(padded tokens, seconds) of each trainer span of one step, by kind (``_trainer_spans``)."""
+    out: dict[str, list[tuple[float, float]]] = {"update": [], "old_log_prob": [], "old_log_prob_swapped": [],
+                                                 "forward_backward": [], "optimizer_step": [], "swap": []}
+    for key, tokens, dur, _ in _trainer_spans(step, micro_rows):
+        out[key].append((tokens, dur))
+    return out
+
+
+def _trainer_spans(step: dict, micro_rows: int) -> list[tuple[str, float, float, float]]:
+    """(cost kind, padded tokens, seconds, start) of each trainer span of one step, in start order.
 
     ``step``: {"timeline": tl_dict, "lengths": [[...]], "prompt_len": P}. A span's groups: those the trainer
     recorded as ready for its unit; with group granularity a span names the last group of the burst it
@@ -195,21 +204,17 @@ def trainer_span_samples(step: dict, micro_rows: int) -> dict[str, list[tuple[fl
     tl, lengths, P = step["timeline"], step["lengths"], step["prompt_len"]
     unit_groups = {u["unit"]: list(u["groups"]) for u in tl["units_ready"]}
     all_groups = [g for u in sorted(unit_groups) for g in unit_groups[u]]
-    out: dict[str, list[tuple[float, float]]] = {"update": [], "old_log_prob": [], "old_log_prob_swapped": [],
-                                                 "forward_backward": [], "optimizer_step": [], "swap": []}
+    out: list[tuple[str, float, float, float]] = []
     # A unit with its own optimizer_step span (group granularity, or the simulator's timelines) has update
     # spans without the optimizer step: they cost like forward_backward.
     own_opt = {s["unit"] for s in tl["train_spans"] if s["kind"] == "optimizer_step"}
     burst_start: dict[tuple[int, str], int] = {}  # (unit, kind) -> where the next burst starts in the unit's groups
     for s in sorted(tl["train_spans"], key=lambda s: s["start"]):
         kind, dur, unit = s["kind"], s["end"] - s["start"], s["unit"]
-        if kind == "snapshot_theta_k":
-            out["swap"].append((0.0, dur))
+        if kind in ("snapshot_theta_k", "optimizer_step"):
+            out.append(("swap" if kind == "snapshot_theta_k" else kind, 0.0, dur, s["start"]))
             continue
-        if kind == "optimizer_step":
-            out["optimizer_step"].append((0.0, dur))
-            continue
-        if kind not in out:
+        if kind not in ("update", "old_log_prob", "forward_backward"):
             continue
         if s.get("groups") is not None:  # recorded: e.g. a coalesced log-prob call over several units' groups
             groups = list(s["groups"])
@@ -227,8 +232,33 @@ def trainer_span_samples(step: dict, micro_rows: int) -> dict[str, list[tuple[fl
             key = "forward_backward" if kind == "update" and unit in own_opt else kind
             if kind == "old_log_prob" and unit is not None and unit > 0:
                 key = "old_log_prob_swapped"  # _old_log_prob_at_theta_k: the span includes the theta_k swap
-            out[key].append((padded_tokens(groups, lengths, P, micro_rows), dur))
+            out.append((key, padded_tokens(groups, lengths, P, micro_rows), dur, s["start"]))
     return out
+
+
+def trainer_cost_split(steps: list[dict], micro_rows: int) -> dict[str, dict[str, float]]:
+    """Seconds per 1,000 padded tokens of each trainer call kind, for calls that ended before the rollout's last
+    response (``during_rollout``), started after it (``after_rollout``) or ran across it (``across_rollout_end``),
+    pooled over ``steps`` (total seconds over total tokens): ``{kind: {phase: s}}``, a phase without calls left out. Where the trainer shares the host with the
+    rollout's processes, overlapped work runs slower than the same work after the rollout; this is what that
+    costs (README, "paper_tiny"). Old-log-prob calls at θ_k after unit 0 count as old_log_prob."""
+    total: dict[str, dict[str, list[float]]] = {}
+    for step in steps:
+        tl = step["timeline"]
+        ends = [e["t"] for e in tl["responses"]] + [e["t"] for e in tl["aborts"]]
+        if not ends:
+            continue
+        rollout_end = max(ends)
+        for key, tokens, dur, start in _trainer_spans(step, micro_rows):
+            if tokens <= 0:
+                continue
+            kind = "old_log_prob" if key == "old_log_prob_swapped" else key
+            phase = ("after_rollout" if start >= rollout_end else
+                     "during_rollout" if start + dur <= rollout_end else "across_rollout_end")
+            acc = total.setdefault(kind, {}).setdefault(phase, [0.0, 0.0])
+            acc[0] += dur
+            acc[1] += tokens
+    return {kind: {phase: 1000.0 * s / tok for phase, (s, tok) in phases.items()} for kind, phases in total.items()}
 
 
 def fit_trainer(steps: list[dict], micro_rows: int, base: TrainerParams | None = None,

@@ -385,6 +385,7 @@ def build_result(cfg: dict, settings: list[dict], steps: list[dict], skipped_mod
                               role=s.get("role", "sweep"), tr_sweep=bool(s.get("tr_sweep", False)),
                               prompt_len_mean=sum(st["prompt_len"] for st in mine) / len(mine))
         _peer_extras(entry, mine)
+        _trainer_cost_split(entry, mine, shapes)
         if "cgp_fgd" in entry["modes"] and "skipped" not in entry["modes"]["cgp_fgd"]:
             entry["modes"]["cgp_fgd"]["granularity"] = granularity.get(name, "minibatch")
         if "cgp_group" in entry["modes"] and "skipped" not in entry["modes"]["cgp_group"]:
@@ -421,6 +422,18 @@ def _peer_extras(entry: dict, steps: list[dict]) -> None:
             if mode != SEPARATE_ASYNC and "rollout_to_train_end_s" in e:
                 e["reduction_vs_verl_separate_async_pct"] = 100.0 * (
                     1.0 - e["rollout_to_train_end_s"] / ref["rollout_to_train_end_s"])
+
+
+def _trainer_cost_split(entry: dict, steps: list[dict], shapes: dict) -> None:
+    """Each of our modes' trainer cost per 1,000 padded tokens, during and after the rollout (calib.trainer_cost_split):
+    what overlapping the rollout costs the trainer on this host."""
+    from verl_pipe.bench.calib import trainer_cost_split
+
+    for mode in MODES:
+        mine = [st for st in steps if st["mode"] == mode and st.get("timeline") and st.get("lengths")]
+        shape = shapes.get(_size(mine[0])) if mine else None
+        if shape is not None and "skipped" not in entry["modes"].get(mode, {"skipped": ""}):
+            entry["modes"][mode]["trainer_s_per_1k_padded_tokens"] = trainer_cost_split(mine, shape.micro_rows)
 
 
 def _size(st: dict) -> str:
