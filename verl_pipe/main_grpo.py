@@ -95,8 +95,12 @@ def ray_init_kwargs(config: DictConfig) -> dict:
 # a cluster started with `ray start` takes them from that command's environment: docs/reliability.md). Ray's GCS keeps
 # the events of the last RAY_task_events_max_num_task_in_gcs tasks (Ray 2.60's default: 100,000) for its dashboard and
 # state API, and a step makes hundreds of tasks: measured on the tiny default, the GCS grew +0.64 MiB/step with Ray's
-# default and +0.07 with the cap at 1,000 (45-step soaks, same session).
-RAY_ENV_DEFAULTS = {"RAY_task_events_max_num_task_in_gcs": "10000"}
+# default and +0.07 with the cap at 1,000 (45-step soaks, same session). Ray's metrics collection (the core workers'
+# and raylet's Prometheus series, exported through each node's DashboardAgent) grew the DashboardAgent +0.11 MiB/step
+# and the weight-sync and reward workers +0.04-0.10 MiB/step each, with the Name label dropped too
+# (RAY_metric_cardinality_level=low); off, they are flat (docs/reliability.md). It is off unless the environment
+# turns it on: RAY_enable_metrics_collection=1 keeps Ray's dashboard metrics for a run that scrapes them.
+RAY_ENV_DEFAULTS = {"RAY_task_events_max_num_task_in_gcs": "10000", "RAY_enable_metrics_collection": "0"}
 
 
 def ray_env_defaults(environ=os.environ) -> dict[str, str]:
