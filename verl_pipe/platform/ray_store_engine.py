@@ -42,16 +42,23 @@ class WeightChannel:
             await self._cond.wait_for(lambda: len(self._items.get(key, ())) > index)
             return self._items[key][index]
 
+    async def begin(self, key: str) -> None:
+        """A new transfer: drop every other one (a sync cut short never reached its finalize's clear)."""
+        async with self._cond:
+            self._items = {key: []}
+
     async def clear(self, key: str) -> None:
         async with self._cond:
             self._items.pop(key, None)
 
 
-def _channel(name: str):
-    # Detached: whichever worker creates it first must not take it down when its handle goes away;
-    # the trainer's rank 0 kills it in finalize().
-    return WeightChannel.options(name=name, namespace=_CHANNEL_NAMESPACE, get_if_exists=True,
-                                 lifetime="detached").remote()
+def _create_channel(name: str):
+    """The run's channel, owned by the trainer's rank 0 (it lives and dies with that worker)."""
+    return WeightChannel.options(name=name, namespace=_CHANNEL_NAMESPACE).remote()
+
+
+def _lookup_channel(name: str):
+    return ray.get_actor(name, namespace=_CHANNEL_NAMESPACE)
 
 
 @CheckpointEngineRegistry.register("ray_store")
@@ -61,12 +68,22 @@ class RayStoreCheckpointEngine(CheckpointEngine):
         self.is_master = is_master
         self.channel_name: str | None = None
         self.transfer: str | None = None
+        self._handle = None
+        self._owned = None  # the master's channel: (name, handle), created at its first prepare, kept for the run
 
     def prepare(self) -> dict[str, Any]:
         if not self.is_master:
             return {}
-        # A fresh transfer id per sync, so a reader never sees a previous sync's buckets.
-        return {"channel": f"weights-{uuid.uuid4().hex[:8]}", "transfer": uuid.uuid4().hex}
+        # One channel for the run, a fresh transfer id per sync (a reader never sees a previous sync's buckets).
+        # A channel actor per sync made Ray start, register and tear down an actor every step: the raylet and the
+        # GCS grew with each one (docs/reliability.md, soak).
+        if self._owned is None:
+            name = f"weights-{uuid.uuid4().hex[:8]}"
+            self._owned = (name, _create_channel(name))
+        name, handle = self._owned
+        transfer = uuid.uuid4().hex
+        ray.get(handle.begin.remote(transfer))  # before any reader or writer of this sync touches it
+        return {"channel": name, "transfer": transfer}
 
     @classmethod
     def build_topology(cls, actor_wg_world_size: int, rollout_world_size: int, metadata: list[dict]):
@@ -78,14 +95,14 @@ class RayStoreCheckpointEngine(CheckpointEngine):
         return actor, rollout
 
     def init_process_group(self, channel: str, transfer: str, **kwargs):
+        if self._handle is None or self.channel_name != channel:  # a reader looks the master's channel up once
+            self._handle = self._owned[1] if self._owned and self._owned[0] == channel else _lookup_channel(channel)
         self.channel_name, self.transfer = channel, transfer
-        self._handle = _channel(channel)
 
     def finalize(self):
-        if self.is_master and self.channel_name is not None:
-            ray.get(self._handle.clear.remote(self.transfer))
-            ray.kill(self._handle)
-        self.channel_name, self.transfer, self._handle = None, None, None
+        if self.is_master and self.transfer is not None:
+            ray.get(self._handle.clear.remote(self.transfer))  # the buckets' object refs go with it
+        self.transfer = None
 
     async def send_weights(self, weights: Generator[tuple[str, torch.Tensor], None, None], global_steps: int | None = None):
         bucket: list[tuple[str, torch.Tensor]] = []
