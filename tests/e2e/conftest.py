@@ -1,3 +1,6 @@
+import os
+import signal
+import time
 from contextlib import contextmanager
 
 import pytest
@@ -185,3 +188,42 @@ def check_whitened_equivalence(out: dict, n_groups: int, groups_per_unit: int, r
     deviation = update_deviation(out["group_buffered"]["state"], out["group_complete"]["state"], out["theta_k"])
     print(f"[whitened] |Δθ_buffered - Δθ_complete| / |Δθ_complete| = {deviation:.2e}")
     assert deviation <= max_update_deviation
+
+
+class KillAtFirstUnit:
+    """A subclass of the trainer's schedule executor (``backend_cls``, for one step): SIGKILL a vLLM server process
+    the moment unit 0's (short) groups are in, while the long groups still have many decode steps to go (killing
+    after unit 0's update instead raced them on a fast machine: CI saw nothing in flight). Records whether the
+    actor had stepped past θ_k when the restarted replica got its weights (the restart takes seconds, unit 0's
+    training about one): the replica must then be given θ_k from the store, not the actor's weights."""
+
+    def __init__(self, trainer, pid: int):
+        self.trainer, self.pid = trainer, pid
+        self.killed_at = None
+        self.inflight_at_kill = None
+        self.pushes: list[bool] = []  # per weight push into a restarted replica: had the actor stepped past θ_k?
+        self.updates = 0  # units trained in the step
+        kill = self
+
+        class Backend(type(trainer).backend_cls):
+            def UnitReady(self, a):
+                super().UnitReady(a)
+                if a.unit == 0:
+                    kill.now()
+
+            def Update(self, a):
+                super().Update(a)
+                kill.updates += 1
+
+        self.backend_cls = Backend
+
+    def now(self):
+        if self.killed_at is None:
+            self.inflight_at_kill = self.trainer.rollout._tasks and len(self.trainer.rollout._tasks)
+            os.kill(self.pid, signal.SIGKILL)
+            self.killed_at = time.perf_counter()
+
+    def pushed(self, replica, version):
+        current = self.trainer._current
+        self.pushes.append(current is not None and current.stepped)
+        return type(self.trainer)._push_weights(self.trainer, replica, version)

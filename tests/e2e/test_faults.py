@@ -17,7 +17,7 @@ import ray
 import torch
 from omegaconf import open_dict
 
-from tests.e2e.conftest import E2E_OVERRIDES, assert_every_group_once_at
+from tests.e2e.conftest import E2E_OVERRIDES, KillAtFirstUnit, assert_every_group_once_at
 
 pytestmark = pytest.mark.e2e
 
@@ -90,45 +90,6 @@ def _gone(pids, timeout=30.0) -> bool:
     return False
 
 
-class _KillAtFirstUnit:
-    """A subclass of the trainer's schedule executor (``backend_cls``, for one step): SIGKILL the vLLM server process
-    the moment unit 0's (short) groups are in, while the long groups still have ~LONG decode steps to go (killing
-    after unit 0's update instead raced them on a fast machine: CI saw nothing in flight). Records whether the
-    actor had stepped past θ_k when the restarted replica got its weights (the restart takes seconds, unit 0's
-    training about one): the replica must then be given θ_k from the store, not the actor's weights."""
-
-    def __init__(self, trainer, pid: int):
-        self.trainer, self.pid = trainer, pid
-        self.killed_at = None
-        self.inflight_at_kill = None
-        self.pushes: list[bool] = []  # per weight push into a restarted replica: had the actor stepped past θ_k?
-        self.updates = 0  # units trained in the step
-        kill = self
-
-        class Backend(type(trainer).backend_cls):
-            def UnitReady(self, a):
-                super().UnitReady(a)
-                if a.unit == 0:
-                    kill.now()
-
-            def Update(self, a):
-                super().Update(a)
-                kill.updates += 1
-
-        self.backend_cls = Backend
-
-    def now(self):
-        if self.killed_at is None:
-            self.inflight_at_kill = self.trainer.rollout._tasks and len(self.trainer.rollout._tasks)
-            os.kill(self.pid, signal.SIGKILL)
-            self.killed_at = time.perf_counter()
-
-    def pushed(self, replica, version):
-        current = self.trainer._current
-        self.pushes.append(current is not None and current.stepped)
-        return type(self.trainer)._push_weights(self.trainer, replica, version)
-
-
 def test_replica_killed_mid_step_restarts_with_theta_k(stack):
     trainer = stack.trainer
     stack.step(sampling_overrides=_lengths)  # a normal step first (vLLM warm, version 1 in the replica)
@@ -136,7 +97,7 @@ def test_replica_killed_mid_step_restarts_with_theta_k(stack):
     pid = _server_pid(trainer)
     engine_pids = _descendants(pid)
     assert engine_pids, "the vLLM engine runs in child processes of the server actor"
-    kill = _KillAtFirstUnit(trainer, pid)
+    kill = KillAtFirstUnit(trainer, pid)
 
     supervisor = trainer.rollout.supervisor
     supervisor.push_weights = kill.pushed  # records, then pushes as the trainer does
@@ -327,7 +288,7 @@ def _no_replica_left_rolls_back_and_checkpoints(stack, ckpt_dir):
     batch_dict = next(stack._batches)
     stack.failed_batch = batch_dict
     stack.theta_k = theta_k
-    kill = _KillAtFirstUnit(trainer, _server_pid(trainer))
+    kill = KillAtFirstUnit(trainer, _server_pid(trainer))
     with pytest.raises(StepFailedError, match="no replica is left") as err:
         stack.step(batch_dict=batch_dict, sampling_overrides=_lengths, backend_cls=kill.backend_cls)
     print(f"\n[fault] {err.value}")

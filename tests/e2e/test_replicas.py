@@ -3,14 +3,13 @@ group on one replica and uses both; a replica killed mid-step with restarts off 
 requests finish on the other one, and later steps run without it."""
 
 import os
-import signal
 from collections import defaultdict
 
 import pytest
 import ray
 from omegaconf import open_dict
 
-from tests.e2e.conftest import E2E_OVERRIDES, assert_every_group_once_at
+from tests.e2e.conftest import E2E_OVERRIDES, KillAtFirstUnit, assert_every_group_once_at
 
 pytestmark = pytest.mark.e2e
 
@@ -62,23 +61,15 @@ def test_replica_killed_without_restart_is_retired(two):
     version = trainer.global_steps - 1
     handle = trainer.llm_server_manager.server_handles[0]
     pid = ray.get(handle.__ray_call__.remote(lambda self: os.getpid()))
-    killed = []
-
-    class KillAtFirstUnit(type(trainer).backend_cls):  # the trainer's schedule executor, for one step
-        def UnitReady(self, a):
-            # the moment unit 0's groups are in, while the long ones are generated (after unit 0's update, as this
-            # test did before, races them on a fast machine: tests/e2e/test_faults.py's kill saw that in CI)
-            super().UnitReady(a)
-            if not killed:
-                killed.append(len(trainer.rollout._tasks))
-                os.kill(pid, signal.SIGKILL)
-
-    rec = two.step(sampling_overrides=_lengths, backend_cls=KillAtFirstUnit)
-    del trainer.backend_cls
+    kill = KillAtFirstUnit(trainer, pid)  # the moment unit 0's groups are in, while the long ones are generated
+    try:
+        rec = two.step(sampling_overrides=_lengths, backend_cls=kill.backend_cls)
+    finally:
+        del trainer.backend_cls  # back to the class's executor
     m = rec["metrics"]
-    print(f"\n[replicas] killed replica 0 with {killed[0]} requests in flight; "
+    print(f"\n[replicas] killed replica 0 with {kill.inflight_at_kill} requests in flight; "
           f"{m['rolloutpipe/requeued_requests']} requeued to replica 1")
-    assert killed and killed[0] > 0
+    assert kill.killed_at is not None and kill.inflight_at_kill
     assert m["rolloutpipe/replica_failures"] == 1 and m["rolloutpipe/replica_restarts"] == 0
     assert m["rolloutpipe/requeued_requests"] > 0
     batch = trainer.last_outcome.batch
