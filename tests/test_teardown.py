@@ -96,3 +96,24 @@ def test_only_the_first_signal_interrupts_the_launcher(monkeypatch):
         main_grpo._stop_on(signal.SIGINT, None)
     main_grpo._stop_on(signal.SIGTERM, None)  # recorded, not raised
     assert main_grpo._SIGNALS == [signal.SIGINT, signal.SIGTERM]
+
+
+def test_an_actor_death_that_surfaces_before_the_signal_handler_is_still_the_signals_stop(monkeypatch):
+    """A group SIGTERM kills the TaskRunner actor as it reaches the launcher: ray.get may raise the actor's death
+    before the launcher's handler ran. ``_signalled`` gives the pending handler the time to run, and says so; with no
+    signal it says no after its wait (a real failure is re-raised)."""
+    import os
+    import signal
+    import threading
+
+    from verl_pipe import main_grpo
+
+    monkeypatch.setattr(main_grpo, "_SIGNALS", [])
+    assert main_grpo._signalled(wait_s=0.1) is False
+    before = signal.signal(signal.SIGUSR1, main_grpo._stop_on)
+    try:
+        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGUSR1)).start()  # arrives while _signalled waits
+        assert main_grpo._signalled(wait_s=5.0) is True
+        assert main_grpo._SIGNALS == [signal.SIGUSR1]
+    finally:
+        signal.signal(signal.SIGUSR1, before)

@@ -45,3 +45,21 @@ def test_val_only_stops_after_the_first_validation():
     t = _Loop(resumed_step=0, batches_per_epoch=2, epochs=1, total_steps=2, val_only=True)
     t.fit()
     assert t.calls == ["begin", "end"]
+
+
+def test_a_stop_request_starts_no_new_step(tmp_path):
+    """The launcher touches its stop file when signalled (verl_pipe/main_grpo.py: request_stop): the loop starts no
+    step after that and ends; without the file it runs on."""
+    stop = tmp_path / "stop"
+    t = _Loop(resumed_step=0, batches_per_epoch=4, epochs=1, total_steps=4)
+    t.stop_file = str(stop)
+    real_step = t.fit_step
+
+    def step_then_signal(batch_dict=None):
+        real_step(batch_dict)
+        if t.global_steps == 3:  # signalled during step 2
+            stop.touch()
+
+    t.fit_step = step_then_signal
+    t.fit()
+    assert t.calls == ["begin", (0, 1), (0, 2), "end"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -131,8 +132,17 @@ def run(config: DictConfig) -> dict:
 
     from verl_pipe.task_runner import PipeTaskRunner
 
+    STOP_FILE.unlink(missing_ok=True)  # a previous process's, with our pid
     runner = PipeTaskRunner.remote()
-    return ray.get(runner.run.remote(config))
+    return ray.get(runner.run.remote(config, str(STOP_FILE)))
+
+
+# Touched when the launcher is signalled: the trainer starts no new step (RolloutPipeTrainer.stop_requested).
+STOP_FILE = Path(tempfile.gettempdir()) / f"verl_pipe_stop_{os.getpid()}"
+
+
+def request_stop() -> None:
+    STOP_FILE.touch()
 
 
 _SIGNALS: list[int] = []  # what stopped the run (Ray's ray.get re-raises a plain KeyboardInterrupt)
@@ -145,6 +155,19 @@ def _stop_on(signum, frame):
     _SIGNALS.append(signum)
     if len(_SIGNALS) == 1:
         raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _signalled(wait_s: float = 1.0) -> bool:
+    """Whether a signal stopped the run. A signal to the whole process group reaches the TaskRunner actor at the
+    same moment as this process: the actor's death may surface from ray.get before our handler has run (Python runs
+    it between bytecodes of the main thread). Gives a pending handler ``wait_s`` to run."""
+    deadline = time.monotonic() + wait_s
+    try:
+        while not _SIGNALS and time.monotonic() < deadline:
+            time.sleep(0.02)
+    except KeyboardInterrupt:  # the handler ran here
+        pass
+    return bool(_SIGNALS)
 
 
 def stop(reason: str, shutdown_timeout_s: float = 20.0) -> None:
@@ -181,12 +204,14 @@ def main(config: DictConfig) -> None:
     except BaseException as e:
         # A signal to the whole process group also reaches the TaskRunner actor: its death (RayActorError) may
         # surface before our own handler's KeyboardInterrupt does. Either way it is the signal's stop.
-        if not (isinstance(e, KeyboardInterrupt) or _SIGNALS):
+        if not (isinstance(e, KeyboardInterrupt) or _signalled()):
             raise
         for s in (signal.SIGTERM, signal.SIGINT):  # a second signal must not cut the teardown short
             signal.signal(s, signal.SIG_IGN)
         signum = _SIGNALS[0] if _SIGNALS else signal.SIGINT
+        request_stop()  # before the teardown, which takes seconds: no new step starts meanwhile
         stop(signal.Signals(signum).name)
+        STOP_FILE.unlink(missing_ok=True)
         print("[verl_pipe] stopped; the latest completed checkpoint (if any) is in "
               f"{config.trainer.default_local_dir}; resume with trainer.resume_mode=auto", flush=True)
         raise SystemExit(128 + signum) from None

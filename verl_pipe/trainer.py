@@ -29,6 +29,7 @@ its one-step-off-policy loop with this on-policy one.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -140,6 +141,10 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         first_epoch = (self.global_steps - 1) // max(1, len(self.train_dataloader))
         for epoch in range(first_epoch, self.config.trainer.total_epochs):
             for batch_dict in self.train_dataloader:
+                if self.stop_requested():
+                    print(f"[verl_pipe] stop requested: no step after {self.global_steps - 1}", flush=True)
+                    self.end()
+                    return
                 self.epoch = epoch
                 self.fit_step(batch_dict)
                 if self.is_last_step:
@@ -179,6 +184,14 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         self.prev_step_profile = False
         self.curr_step_profile = self.global_steps in steps if steps is not None else False
         self.next_step_profile = False
+
+    # The launcher touches this file when it is signalled (verl_pipe/main_grpo.py): Ray's workers run in process
+    # groups of their own, so a signal to the launcher's group does not reach this loop, which would otherwise go on
+    # with new steps until the teardown ends it. Best effort: the file is on the launcher's node.
+    stop_file: str | None = None
+
+    def stop_requested(self) -> bool:
+        return bool(self.stop_file) and os.path.exists(self.stop_file)
 
     def end(self) -> None:
         if self.progress_bar is not None:

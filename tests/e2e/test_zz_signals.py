@@ -70,9 +70,22 @@ def _run_until_step(run: subprocess.Popen, step: int) -> tuple[set[int], list[st
             break
     else:
         pytest.fail(f"the run ended before step {step}:\n" + "".join(out[-40:]))
-    time.sleep(1.0)  # inside the next step (a step takes several seconds)
     seen |= _tree(run.pid)
     return seen, out
+
+
+def _checkpointed(ckpt: Path) -> int:
+    """The latest step the run has checkpointed (0: none yet), read the moment before a signal: Ray forwards the step
+    lines with a delay, so the step a signal lands in is known from the checkpoint, not from the output."""
+    path = ckpt / "latest_checkpointed_iteration.txt"
+    for _ in range(50):
+        try:
+            return int(path.read_text())
+        except FileNotFoundError:
+            return 0
+        except ValueError:  # being written
+            time.sleep(0.01)
+    return int(path.read_text())
 
 
 def _signal_group_and_wait(run: subprocess.Popen, seen: set[int], signals: list[int]) -> tuple[int, str, float]:
@@ -90,21 +103,22 @@ def _signal_group_and_wait(run: subprocess.Popen, seen: set[int], signals: list[
     while _alive(seen) and time.time() < deadline:
         time.sleep(0.5)
     left = _alive(seen)
-    assert not left, f"left behind: {[(p, psutil.Process(p).name()) for p in left]}"
+    assert not left, f"left behind: {[(p, psutil.Process(p).name()) for p in left]}; exit {rc}:\n{rest[-3000:]}"
     return rc, rest, stop_s
 
 
-def _stopped_checkpoint(ckpt: Path, trace: Path, signalled_in: int) -> int:
-    """The run was signalled inside step ``signalled_in``: the checkpoint holds only completed steps. That is
-    step ``signalled_in - 1``, or ``signalled_in`` itself when the signal landed after the step had trained
-    (Ray's log forwarding delays the step line we wait for; a sync cut short by the engines' deaths saves the
-    trained step: verl_pipe/rollback.py). Returns the latest checkpointed step."""
+def _stopped_checkpoint(ckpt: Path, trace: Path, at_signal: int) -> int:
+    """The run was signalled when its latest checkpoint was step ``at_signal``: the checkpoint holds only completed
+    steps. That is ``at_signal`` (the step in progress was cut short), or ``at_signal + 1`` when the signal landed
+    after that step had trained (a sync cut short by the engines' deaths saves the trained step:
+    verl_pipe/rollback.py), never a partial step. Returns the latest checkpointed step."""
     latest = int((ckpt / "latest_checkpointed_iteration.txt").read_text())
-    assert latest in (signalled_in - 1, signalled_in), f"signalled inside step {signalled_in}, latest {latest}"
+    assert latest in (at_signal, at_signal + 1), f"checkpointed step {at_signal} at the signal, latest {latest}"
     assert (ckpt / f"global_step_{latest}").is_dir()
     assert not (ckpt / f"global_step_{latest + 1}").exists(), "a partial step is in the checkpoint"
     traced = set(_steps(trace))
-    assert signalled_in - 1 in traced and traced <= set(range(1, latest + 1)), (latest, sorted(traced))
+    # a step's trace line follows its checkpoint by milliseconds: the one before at_signal is certainly traced
+    assert max(1, at_signal - 1) in traced and traced <= set(range(1, latest + 1)), (latest, sorted(traced))
     return latest
 
 
@@ -115,24 +129,27 @@ def test_group_signals_stop_the_run_and_resume_goes_on(tmp_path):
     common = ["trainer.test_freq=-1", "trainer.save_freq=1", f"trainer.default_local_dir={ckpt}",
               f"rolloutpipe.trace_dir={trace}", "rolloutpipe.mode=cgp", f"data.train_batch_size={BATCH}"]
     run = _launch(common + ["trainer.total_training_steps=50"])
-    seen, _ = _run_until_step(run, 1)  # signalled inside step 2
+    seen, _ = _run_until_step(run, 1)
+    at_signal = _checkpointed(ckpt)  # signalled inside step at_signal + 1
     rc, rest, stop_s = _signal_group_and_wait(run, seen, [signal.SIGTERM])
     print(f"\n[signals] SIGTERM to the group → exit {rc} in {stop_s:.1f}s; {len(seen)} processes the run had started")
     assert rc == 128 + signal.SIGTERM, rest[-3000:]
     assert "[verl_pipe] stopped" in rest
     assert stop_s < 60, f"the run took {stop_s:.0f}s to stop after SIGTERM"  # a hang bound (Ray shutdown: 20 s)
-    first = _stopped_checkpoint(ckpt, trace, signalled_in=2)
+    first = _stopped_checkpoint(ckpt, trace, at_signal)
 
     resumed = _launch(common + ["trainer.total_training_steps=50", "trainer.resume_mode=auto"])
-    seen, out = _run_until_step(resumed, first + 1)  # signalled inside the step after
+    seen, out = _run_until_step(resumed, first + 1)
     log = "".join(out)
     assert f"[verl_pipe] step {first} " not in log, f"it went on at step {first + 1}"
+    at_signal = _checkpointed(ckpt)
+    assert at_signal > first, "the resumed run checkpointed its own steps"
     rc, rest, stop_s = _signal_group_and_wait(resumed, seen, [signal.SIGINT, signal.SIGTERM])
     print(f"[signals] SIGINT then SIGTERM to the group → exit {rc} in {stop_s:.1f}s; checkpoints at steps "
           f"{first} and then {(ckpt / 'latest_checkpointed_iteration.txt').read_text()}")
     assert rc == 128 + signal.SIGINT, rest[-3000:]
     assert stop_s < 60, f"the run took {stop_s:.0f}s to stop after SIGINT"
-    latest = _stopped_checkpoint(ckpt, trace, signalled_in=first + 2)
+    latest = _stopped_checkpoint(ckpt, trace, at_signal)
     steps = _steps(trace)
     order = _reference_order(str(ensure_assets(None).train_file))
     for k in sorted(steps):
