@@ -239,9 +239,10 @@ def _trainer_spans(step: dict, micro_rows: int) -> list[tuple[str, float, float,
 def trainer_cost_split(steps: list[dict], micro_rows: int) -> dict[str, dict[str, float]]:
     """Seconds per 1,000 padded tokens of each trainer call kind, for calls that ended before the rollout's last
     response (``during_rollout``), started after it (``after_rollout``) or ran across it (``across_rollout_end``),
-    pooled over ``steps`` (total seconds over total tokens): ``{kind: {phase: s}}``, a phase without calls left out. Where the trainer shares the host with the
-    rollout's processes, overlapped work runs slower than the same work after the rollout; this is what that
-    costs (README, "paper_tiny"). Old-log-prob calls at θ_k after unit 0 count as old_log_prob."""
+    pooled over ``steps`` (total seconds over total tokens): ``{kind: {phase: s}}``, a phase without calls left
+    out. Where the trainer shares the host with the rollout's processes, overlapped work runs slower than the same
+    work after the rollout; this is what that costs (README, "paper_tiny"). Old-log-prob calls at θ_k after unit 0
+    count as old_log_prob."""
     total: dict[str, dict[str, list[float]]] = {}
     for step in steps:
         tl = step["timeline"]

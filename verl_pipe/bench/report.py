@@ -171,9 +171,10 @@ def format_setting(s: dict) -> str:
             lines.append(f"{mode}: verl's V1 separate_async, {'exactly on-policy' if e.get('on_policy') else 'off-policy'}"
                          f" (max staleness {e.get('max_staleness', '?')} weight versions), step wall "
                          f"{_fmt(e.get('step_wall_s'), '.2f')}s")
-    costs = {m: e["trainer_s_per_1k_padded_tokens"] for m, e in s["modes"].items() if e.get("trainer_s_per_1k_padded_tokens")}
+    costs = {m: e["trainer_s_per_1k_padded_tokens"] for m, e in s["modes"].items()
+             if e.get("trainer_s_per_1k_padded_tokens")}
     if costs:
-        lines.append("trainer s per 1k padded tokens, calls started during / after the rollout:")
+        lines.append("trainer s per 1k padded tokens, calls that ended before / started after the rollout's end:")
         for m, kinds in costs.items():
             lines.append(f"  {m:<10} " + ", ".join(
                 f"{k} {_fmt(ph.get('during_rollout'), '.3f')} / {_fmt(ph.get('after_rollout'), '.3f')}"
