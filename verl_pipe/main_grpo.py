@@ -126,6 +126,14 @@ def start_ray(config: DictConfig) -> None:
     ray.init(**kwargs)
 
 
+# Touched when the launcher is signalled: the trainer starts no new step (RolloutPipeTrainer.stop_requested).
+STOP_FILE = Path(tempfile.gettempdir()) / f"verl_pipe_stop_{os.getpid()}"
+
+
+def request_stop() -> None:
+    STOP_FILE.touch()
+
+
 def run(config: DictConfig) -> dict:
     """Runs training in a TaskRunner actor; returns its summary. Ray must be started."""
     import ray
@@ -136,13 +144,6 @@ def run(config: DictConfig) -> dict:
     runner = PipeTaskRunner.remote()
     return ray.get(runner.run.remote(config, str(STOP_FILE)))
 
-
-# Touched when the launcher is signalled: the trainer starts no new step (RolloutPipeTrainer.stop_requested).
-STOP_FILE = Path(tempfile.gettempdir()) / f"verl_pipe_stop_{os.getpid()}"
-
-
-def request_stop() -> None:
-    STOP_FILE.touch()
 
 
 _SIGNALS: list[int] = []  # what stopped the run (Ray's ray.get re-raises a plain KeyboardInterrupt)

@@ -430,10 +430,11 @@ def _trainer_cost_split(entry: dict, steps: list[dict], shapes: dict) -> None:
     from verl_pipe.bench.calib import trainer_cost_split
 
     for mode in MODES:
+        e = entry["modes"].get(mode)
         mine = [st for st in steps if st["mode"] == mode and st.get("timeline") and st.get("lengths")]
         shape = shapes.get(_size(mine[0])) if mine else None
-        if shape is not None and "skipped" not in entry["modes"].get(mode, {"skipped": ""}):
-            entry["modes"][mode]["trainer_s_per_1k_padded_tokens"] = trainer_cost_split(mine, shape.micro_rows)
+        if e is not None and "skipped" not in e and shape is not None:
+            e["trainer_s_per_1k_padded_tokens"] = trainer_cost_split(mine, shape.micro_rows)
 
 
 def _size(st: dict) -> str:

@@ -68,8 +68,8 @@ class RayStoreCheckpointEngine(CheckpointEngine):
         self.is_master = is_master
         self.channel_name: str | None = None
         self.transfer: str | None = None
-        self._handle = None
-        self._owned = None  # the master's channel: (name, handle), created at its first prepare, kept for the run
+        self._handle = None  # the channel of ``channel_name``: the master creates it at its first prepare, a reader
+        # looks it up at its first init_process_group; both keep it for the run
 
     def prepare(self) -> dict[str, Any]:
         if not self.is_master:
@@ -77,13 +77,12 @@ class RayStoreCheckpointEngine(CheckpointEngine):
         # One channel for the run, a fresh transfer id per sync (a reader never sees a previous sync's buckets).
         # A channel actor per sync made Ray start, register and tear down an actor every step: the raylet and the
         # GCS grew with each one (docs/reliability.md, soak).
-        if self._owned is None:
-            name = f"weights-{uuid.uuid4().hex[:8]}"
-            self._owned = (name, _create_channel(name))
-        name, handle = self._owned
+        if self._handle is None:
+            self.channel_name = f"weights-{uuid.uuid4().hex[:8]}"
+            self._handle = _create_channel(self.channel_name)
         transfer = uuid.uuid4().hex
-        ray.get(handle.begin.remote(transfer))  # before any reader or writer of this sync touches it
-        return {"channel": name, "transfer": transfer}
+        ray.get(self._handle.begin.remote(transfer))  # before any reader or writer of this sync touches it
+        return {"channel": self.channel_name, "transfer": transfer}
 
     @classmethod
     def build_topology(cls, actor_wg_world_size: int, rollout_world_size: int, metadata: list[dict]):
@@ -95,9 +94,9 @@ class RayStoreCheckpointEngine(CheckpointEngine):
         return actor, rollout
 
     def init_process_group(self, channel: str, transfer: str, **kwargs):
-        if self._handle is None or self.channel_name != channel:  # a reader looks the master's channel up once
-            self._handle = self._owned[1] if self._owned and self._owned[0] == channel else _lookup_channel(channel)
-        self.channel_name, self.transfer = channel, transfer
+        if channel != self.channel_name:  # a reader, the first time (the master made it in prepare)
+            self.channel_name, self._handle = channel, _lookup_channel(channel)
+        self.transfer = transfer
 
     def finalize(self):
         if self.is_master and self.transfer is not None:
