@@ -116,6 +116,19 @@ def test_check_schema_finds_each_problem(mutate, problem):
     assert any(problem in p for p in check_schema(r)), check_schema(r)
 
 
+def test_check_schema_asks_for_the_modes_the_config_listed():
+    # a bench config with `modes: [sync, cgp_fgd]`: its settings have those two modes only, and that conforms
+    s = setting_entry("longtail-subset", {"sync": [fake_metrics(10.0, 0.4)], "cgp_fgd": [fake_metrics(7.0, 0.1)]})
+    assert set(s["modes"]) == {"sync", "cgp_fgd"}
+    r = fake_result([s]) | {"config": {"modes": ["sync", "cgp_fgd"]}}
+    assert check_schema(r) == []
+    # a mode the config listed is still required
+    r["config"]["modes"] = ["sync", "cgp", "cgp_fgd"]
+    assert check_schema(r) == ["longtail-subset: mode 'cgp' missing"]
+    # without the config, every mode is asked for
+    assert "longtail-subset: mode 'cgp_group' missing" in check_schema(fake_result([s]))
+
+
 def test_tables_render():
     s = fake_setting()
     s["tr_sweep"] = True

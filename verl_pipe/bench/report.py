@@ -75,7 +75,10 @@ def setting_entry(name: str, per_mode: dict[str, list[dict]], skipped_modes: dic
 
 
 def check_schema(result: dict) -> list[str]:
-    """Problems with a benchmark result against docs/metrics.md's schema; empty when it conforms."""
+    """Problems with a benchmark result against docs/metrics.md's schema; empty when it conforms.
+
+    Every setting must have an entry (figures or ``skipped``) for each mode the bench config listed
+    (``config.modes``; all of MODES when the result does not say): a config may run a subset of the modes."""
     errs = []
     for key in ("settings", "sim_validation", "env"):
         if key not in result:
@@ -85,6 +88,7 @@ def check_schema(result: dict) -> list[str]:
     if not isinstance(result["settings"], list) or not result["settings"]:
         errs.append("settings must be a non-empty list")
         return errs
+    asked = (result.get("config") or {}).get("modes") or MODES
     for s in result["settings"]:
         name = s.get("name", "?")
         if not isinstance(name, str) or not name.startswith(SETTING_PREFIXES):
@@ -95,7 +99,7 @@ def check_schema(result: dict) -> list[str]:
         if not isinstance(modes, dict):
             errs.append(f"{name}: modes missing")
             continue
-        for mode in MODES:
+        for mode in asked:
             if mode not in modes:
                 errs.append(f"{name}: mode {mode!r} missing")
         for mode, entry in modes.items():
