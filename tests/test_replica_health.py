@@ -1,4 +1,4 @@
-"""Replica health outside the rollout's requests (issue 12), as pure logic: ReplicaSupervisor's heal at a step's
+"""Replica health outside the rollout's requests (docs/reliability.md), as pure logic: ReplicaSupervisor's heal at a step's
 start and its weight sync around dead replicas, with the probe, restart and retire steps replaced by records
 (the real ones need Ray and vLLM: tests/e2e/test_faults.py kills the engine at each phase)."""
 

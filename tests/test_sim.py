@@ -137,7 +137,7 @@ def test_lognormal_workload_moments_and_group_correlation():
     assert between / np.var(x) == pytest.approx(0.72, abs=0.04)
     capped = W.named("D4", seed=0)
     assert max(max(g) for g in capped.lengths) == 8192
-    assert capped.truncated_fraction(8192) == pytest.approx(0.39, abs=0.05)  # sim_params §7: 39%
+    assert capped.truncated_fraction(8192) == pytest.approx(0.39, abs=0.05)  # docs/sim_sources.md §7 (D4): 39%
     assert W.named("D1", seed=3).lengths == W.named("D1", seed=3).lengths  # seeded
 
 

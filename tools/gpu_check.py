@@ -16,8 +16,9 @@ forward-only pass leaves the root's parameters unsharded: the case the store mus
   step) and the learning rate bitwise.
 
 It prints save / refresh / swap / restore times and memory per placement, the optimizer snapshot's cost, the
-old pageable path (``.cpu()`` per call, what verl's save_model_to_cpu and workers._cpu_copy did) for
-comparison, and on CUDA whether a host snapshot issued on a side stream overlaps a training step.
+old pageable path (``.cpu()`` per call: verl's save_model_to_cpu, and the trainer's copy of the optimizer state
+before the store) for comparison, and on CUDA whether a host snapshot issued on a side stream overlaps a training
+step.
 """
 
 from __future__ import annotations

@@ -187,7 +187,7 @@ class _KillBeforeLastUnit:
 
 
 def test_engine_killed_at_every_phase_of_a_step_the_run_goes_on(stack):
-    """Issue 12: the vLLM engine process (not its server) dies while the trainer trains, during the weight sync,
+    """The vLLM engine process (not its server) dies while the trainer trains, during the weight sync,
     and between steps; each time the replica is found dead, restarted with the weights it should hold, and the
     run goes on with every group trained once at its version."""
     trainer = stack.trainer

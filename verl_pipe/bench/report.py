@@ -222,9 +222,10 @@ def format_sim_validation(sv: dict) -> str:
 
 # ---------------------------------------------------------------------------------------------- targets
 
-# Issue 17's targets in the many-groups regime (settings with role "paper" / "paper-control"): the paper's
-# figures vs Slime (-42.3% rollout->train end, -76% trainer wait), at >= 0.95 of the ideal bound, >= 15% shorter
-# than verl's own separate_async on-policy, and no tail: pipelining costs <= 3% of the step time vs sync.
+# The targets in the many-groups regime (settings with role "paper" / "paper-control"; docs/sim_sources.md §9):
+# the paper's figures vs Slime (-42.3% rollout->train end, -76% trainer wait), and the project's own: >= 0.95 of
+# the ideal bound, >= 15% shorter than verl's own separate_async on-policy, and no tail: pipelining costs <= 3% of
+# the step time vs sync.
 TARGETS = {"reduction_vs_sync_pct": 42.3, "wait_reduction_vs_sync_pct": 76.0, "pipeline_efficiency": 0.95,
            "reduction_vs_verl_separate_async_pct": 15.0, "notail_step_time_cost_pct": 3.0}
 

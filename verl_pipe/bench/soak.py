@@ -1,5 +1,5 @@
 """The soak benchmark: a long CGP+FGD run, with checkpoints and traces, that samples every process's resident memory
-and the step time after each step, and reports how they grow per step (issue 12).
+and the step time after each step, and reports how they grow per step (docs/reliability.md).
 
     python -m verl_pipe.bench --soak 60 --out soak.json [hydra overrides ...]
 
@@ -159,7 +159,7 @@ def cli(argv: list[str]) -> int:
 
 def main(steps: int, out: str, save_freq: int = 10, skip: int = 5, overrides: list[str] | None = None) -> int:
     if steps < skip + 3:
-        raise SystemExit(f"--soak {steps}: needs at least --skip ({skip}) + 3 steps; the issue asks for >= 40")
+        raise SystemExit(f"--soak {steps}: needs at least --skip ({skip}) + 3 steps to fit a slope; >= 40 for the report")
     os.environ.setdefault("VERL_PIPE_CACHE", str(Path(__file__).resolve().parents[2] / ".cache" / "verl_pipe"))
     t0 = time.perf_counter()
     samples = run_soak(steps, save_freq, overrides or [])

@@ -25,13 +25,14 @@ import numpy as np
 
 @dataclass(frozen=True)
 class EngineParams:
-    """Defaults: Qwen3-1.7B, TP=1 on an H100-class GPU (docs/sim_sources.md §3 and §7; tags in the YAML)."""
+    """Defaults: Qwen3-1.7B, TP=1 on an H100-class GPU (docs/sim_sources.md §3 and §7, which give each figure's
+    source). Tags as there: [S] sourced, [D] derived (arithmetic shown), [A] assumed."""
 
     max_num_seqs: int = 256  # verl rollout.yaml [S]
     max_num_batched_tokens: int = 8192  # verl rollout.yaml [S]
     kv_capacity_tokens: int = 540_000  # H100 80 GB at util 0.85 [D]
     kv_bytes_per_token: float = 114_688.0  # 2*28 layers*8 kv heads*128*2 B [D]
-    weight_bytes: float = 4.06e9  # [S]
+    weight_bytes: float = 4.06e9  # Qwen3-1.7B: 2.03B params in bf16 [S]
     t0_s: float = 3.0e-3  # fixed per-step overhead [D: midpoint of 2.5-3.4 ms]
     per_seq_s: float = 0.0  # compute per running sequence per step; 0 on GPU (memory-bound), fitted on CPU
     bw_eff_Bps: float = 0.8 * 3.35e12  # [A: 0.8 x H100 SXM peak]

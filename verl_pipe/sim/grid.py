@@ -109,7 +109,7 @@ def run_setting(cfg: dict, s: dict, placements: list[str] | None = None, sweeps:
                     ms[key] = tl.metrics()
             for key, m in ms.items():
                 per_mode.setdefault(key, []).append(_derived(m, ms[BASE], R, G))
-        if "cgp_fgd" in modes:  # DESIGN: cgp_fgd is FGD with its best granularity
+        if "cgp_fgd" in modes:  # docs/metrics.md: cgp_fgd is FGD with its best granularity
             best = min(("minibatch", "group"), key=lambda g: sum(
                 m["rollout_to_train_end_s"] for m in per_mode[f"cgp_fgd[{g}]"]))
             per_mode["cgp_fgd"] = [dict(m, granularity=best) for m in per_mode[f"cgp_fgd[{best}]"]]

@@ -1,6 +1,7 @@
 """Trainer cost model and the trainer's schedule for each mode.
 
-Cost (docs/sim_sources.md §4, §7): a trainer call (one old_log_prob, ref, update or forward_backward call on the
+Cost (docs/sim_sources.md §4, §7, which give each figure's source; tags as there: [S] sourced, [D] derived,
+[A] assumed): a trainer call (one old_log_prob, ref, update or forward_backward call on the
 worker group) over a set of sequences costs ``call_overhead_s`` + FLOPs / (GPUs * FLOP rate * eta) + a fixed
 overhead per micro-batch, where the micro-batches per GPU are ceil(tokens / GPUs / max_tokens_per_microbatch)
 (verl's dynamic batch size packs tokens). FLOPs per sequence of length L = L * linear + attn_coef * L^2 (6N +
@@ -52,7 +53,7 @@ class TrainerParams:
     microbatch_overhead_s: float = 0.1  # [S: ThunderSyncRL]
     max_tokens_per_microbatch: int = 9216  # per GPU [S: slime --max-tokens-per-gpu]
     call_overhead_s: float = 0.0  # per trainer call (dispatch, batch set-up); fitted on CPU, 0 at cluster scale [A]
-    logprob_ratio: float = 1 / 3  # old_log_prob / update [S]
+    logprob_ratio: float = 1 / 3  # old_log_prob / update [S: verl 2.9-3.25]
     use_ref: bool = True  # KL loss on -> a ref log-prob pass as costly as old_log_prob [A]
     optimizer_step_s: float = 0.1  # grad reduce + AdamW step per mini-batch [A]
     time_scale: float = 1.0
@@ -62,7 +63,7 @@ class TrainerParams:
     swap_cycle_s: float | None = None  # a swap in + out measured as one figure (device placement); None: save + 2 restores
     opt_snapshot_s: float = 0.0  # CGP's optimizer rollback snapshot at unit 0 (fault.checkpoint_on_failure)
     # verl V1 separate_async only:
-    poll_interval_s: float = 2.0  # ReplayBuffer poll_interval default [S: verl v1/replay_buffer.py]
+    poll_interval_s: float = 2.0  # verl V1 ReplayBuffer.poll_interval default [S: docs/peer.md]
     verl_swap_save_s: float | None = None  # its pi_old copies (verl's own pageable path); None: swap_save_s
     verl_swap_restore_s: float | None = None  # None: swap_restore_s
 

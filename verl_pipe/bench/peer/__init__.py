@@ -1,4 +1,4 @@
-"""verl 0.9.1's own V1 ``separate_async`` trainer as a measured benchmark peer (issue 17).
+"""verl 0.9.1's own V1 ``separate_async`` trainer as a measured benchmark peer (docs/peer.md).
 
 ``run_peer(config, steps, bench_cfg, setting)`` runs it for real (vLLM, FSDP, Ray, TransferQueue) in a
 subprocess with its own Ray cluster (``runner``), with the bench's overrides, model size and response-length
