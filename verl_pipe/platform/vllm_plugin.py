@@ -21,7 +21,7 @@ def _keep_linear_weights_for_reload() -> None:
     the first load, do not repack: verl calls ``process_weights_after_loading`` after every update, and each
     repack left the previous packed copy behind (measured, ``python -m verl_pipe.bench --soak``: the
     VLLM::Worker process grew by about one copy of the weights per update, +2.3 MiB/step with the tiny model;
-    with torch's linear on reloads +0.01 MiB/step, and the steps were faster, 3.4 s instead of 4.4 s).
+    with torch's linear on reloads it is flat and the steps are faster: docs/reliability.md).
     torch's linear on the fp32 CPU default uses ATen's GEMM; the weight updated in place by ``load_weights``
     is what it reads. The first load keeps vLLM's own dispatch (its start-up checks run through it).
     vLLM seam: ``vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm``, called per linear layer by
