@@ -17,6 +17,7 @@ LOGNORMAL = "kind: lognormal, median: 8, sigma: 1, rho: 0.5, cap: 16"
 GPU = ["rolloutpipe.platform=gpu", "trainer.device=cuda"]
 NCCL = "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"
 REBUILD = "++actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.nccl.rebuild_group=true"
+NCCL_ENGINE = "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=verl_pipe.platform.nccl_engine"
 
 ROLLOUTPIPE_BAD = [
     (["rolloutpipe.mode=turbo"], "rolloutpipe.mode", "sync, cgp"),
@@ -58,6 +59,10 @@ ROLLOUTPIPE_BAD = [
     (["rolloutpipe.oversample=-1"], "rolloutpipe.oversample", "integer >= 0"),
     (["rolloutpipe.oversample=2.5"], "rolloutpipe.oversample", "integer >= 0"),
     (["rolloutpipe.request_timeout_s=0"], "rolloutpipe.request_timeout_s", "null (no deadline)"),
+    (["rolloutpipe.nccl_sync.min_gib_per_s=0"], "rolloutpipe.nccl_sync.min_gib_per_s", "bandwidth floor in GiB/s > 0"),
+    (["rolloutpipe.nccl_sync.min_gib_per_s=fast"], "rolloutpipe.nccl_sync.min_gib_per_s", "null"),
+    (["rolloutpipe.nccl_sync.setup_s=null"], "rolloutpipe.nccl_sync.setup_s", "a number of seconds > 0"),
+    (["rolloutpipe.nccl_sync.setup_s=-5"], "rolloutpipe.nccl_sync.setup_s", "a number of seconds > 0"),
     (["rolloutpipe.request_timeout_s=soon"], "rolloutpipe.request_timeout_s", "seconds > 0"),
     (["rolloutpipe.weight_sync_timeout_s=-1"], "rolloutpipe.weight_sync_timeout_s", "seconds > 0"),
     ([WL + "lognormal"], "rolloutpipe.workload", "null or a mapping"),
@@ -154,6 +159,11 @@ VERL_BAD = [
      "actor_rollout_ref.rollout.checkpoint_engine.backend", "2 rollout replicas: a dead replica is retired"),
     ([*GPU, NCCL, "++actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.nccl.rebuild_group=false"],
      "actor_rollout_ref.rollout.checkpoint_engine.backend", "rolloutpipe.fault.replica_restart"),
+    # nccl only as verl_pipe's engine that survives a replica dying mid-sync (verl's keeps its group)
+    ([*GPU, NCCL, REBUILD], "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module",
+     "it must import verl_pipe.platform.nccl_engine"),
+    ([*GPU, NCCL, REBUILD, "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=null"],
+     "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module", "keeps its group"),
     # verl's trainer switches honoured only in some settings.
     (["trainer.val_only=true", "trainer.val_before_train=false"], "trainer.val_only", "val_before_train=true"),
     ([CGP, "rolloutpipe.cgp.granularity=group", "trainer.balance_batch=true"], "trainer.balance_batch",
@@ -184,9 +194,12 @@ GOOD = [
     [WL + "{kind: equal, length: 32}"],
     ["++rolloutpipe.fault.on_request_failure=drop_group", "++rolloutpipe.fault.max_request_retries=0",
      "++rolloutpipe.fault.replica_restart_timeout_s=null", "++rolloutpipe.fault.replica_restart=false"],
-    [*GPU, NCCL, REBUILD],
-    [*GPU, NCCL, REBUILD, "actor_rollout_ref.rollout.n_gpus_per_node=4"],
-    [*GPU, NCCL, "++rolloutpipe.fault.replica_restart=false"],  # one replica: a dead one stops the run
+    [*GPU, NCCL, REBUILD, NCCL_ENGINE],
+    [*GPU, NCCL, REBUILD, NCCL_ENGINE, "actor_rollout_ref.rollout.n_gpus_per_node=4"],
+    [*GPU, NCCL, NCCL_ENGINE, "++rolloutpipe.fault.replica_restart=false"],  # one replica: a dead one stops the run
+    [*GPU, NCCL, REBUILD, "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module="
+                          "[verl_pipe.platform.nccl_engine,my.engines]"],
+    [*GPU, NCCL, REBUILD, NCCL_ENGINE, "rolloutpipe.nccl_sync.min_gib_per_s=null", "rolloutpipe.nccl_sync.setup_s=5"],
     [*GPU, "actor_rollout_ref.rollout.checkpoint_engine.backend=ray_store", "rolloutpipe.allow_ray_store_on_gpu=true"],
     ["trainer.balance_batch=true"], [CGP, "trainer.balance_batch=true"],
     ["trainer.val_only=true", "trainer.val_before_train=true"],

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from verl_pipe import estimators
@@ -53,6 +53,10 @@ CHECKPOINT_BACKEND_KEY = "actor_rollout_ref.rollout.checkpoint_engine.backend"
 # group exists; HCCLCheckpointEngine registers as "nccl" on Ascend and does the same). A restarted replica is
 # a new process and a retired one shrinks the group, so with rebuild_group=false the next sync asserts or hangs.
 FIXED_GROUP_BACKENDS = ("nccl",)
+CUSTOM_BACKEND_KEY = "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module"
+# verl's NCCL engine with a group per sync, a deadline and a teardown when a peer dies mid-sync (registered over
+# verl's "nccl"); verl's own engine would wait for a dead replica until weight_sync_timeout_s and could not sync again.
+NCCL_ENGINE_MODULE = "verl_pipe.platform.nccl_engine"
 
 
 class CpuBf16Warning(UserWarning):
@@ -215,6 +219,11 @@ ROLLOUTPIPE: dict[str, Any] = {
     "oversample": integer(0),
     "request_timeout_s": SECONDS,
     "weight_sync_timeout_s": SECONDS,
+    "nccl_sync": {
+        "min_gib_per_s": Rule("null (weight_sync_timeout_s alone) or a bandwidth floor in GiB/s > 0",
+                              lambda v: v is None or (_is_number(v) and v > 0)),
+        "setup_s": Rule("a number of seconds > 0", lambda v: _is_number(v) and v > 0),
+    },
     "workload": _check_workload,
     "fault": {
         "replica_restart": BOOLEAN,
@@ -467,6 +476,7 @@ def _validate_rollout(config: DictConfig) -> None:
                    "'ray_store' (weights through Ray's object store, host memory) with rolloutpipe.platform=gpu: "
                    "use nccl between GPU pools, or set rolloutpipe.allow_ray_store_on_gpu=true to ask for it")
     _validate_weight_sync_faults(config, backend)
+    _validate_nccl_engine(config, backend)
     if rp.fgd.enable and rp.mode != "cgp":
         raise _err("rolloutpipe.fgd.enable", "frontier-group dispatch feeds the CGP pipeline; set rolloutpipe.mode=cgp")
     if rp.fgd.enable and rollout.get("scheduling_policy", "fcfs") != "priority":
@@ -521,6 +531,19 @@ def _validate_weight_sync_faults(config: DictConfig, backend) -> None:
         raise _err(CHECKPOINT_BACKEND_KEY,
                    f"{backend!r} with rolloutpipe.fault.replica_restart=false and {replicas} rollout replicas: a dead "
                    f"replica is retired and {why}. Set {rebuild}=true")
+
+
+def _validate_nccl_engine(config: DictConfig, backend) -> None:
+    """nccl must be verl_pipe's recoverable engine (imported by every worker through custom_backend_module)."""
+    if backend != "nccl":
+        return
+    modules = OmegaConf.select(config, CUSTOM_BACKEND_KEY, default=None)
+    listed = list(modules) if isinstance(modules, (list, ListConfig)) else [modules]
+    if NCCL_ENGINE_MODULE not in listed:
+        raise _err(CUSTOM_BACKEND_KEY,
+                   f"got {modules!r} with checkpoint_engine.backend=nccl; it must import {NCCL_ENGINE_MODULE}: verl's "
+                   "own NCCL engine waits for a replica that died mid-sync until rolloutpipe.weight_sync_timeout_s and "
+                   "keeps its group, so the retry cannot create one (the GPU recipes set it)")
 
 
 def _validate_cpu(config: DictConfig) -> None:

@@ -36,6 +36,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 
+import ray
 import torch
 from omegaconf import OmegaConf
 
@@ -45,7 +46,6 @@ from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrain
 from verl_pipe import estimators
 from verl_pipe.actor_backend import ActorBackend, StepOutcome
 from verl_pipe.config import ConfigError, cgp_estimator_problem, groups_per_unit
-from verl_pipe.deadline import call_with_deadline
 from verl_pipe.frontier import FCFSPolicy, FrontierPolicy, resolve_window
 from verl_pipe.group_queue import Group, GroupQueue
 from verl_pipe.rollout.materialize import is_trainable, materialize_group, weight_versions
@@ -55,6 +55,7 @@ from verl_pipe.rollout.stream import StepRequest, StreamingRollout, group_rows
 from verl_pipe.schedule import drive, train_schedule
 from verl_pipe.step_record import record_step
 from verl_pipe.timeline import StepTimeline
+from verl_pipe.weight_sync import WeightSync, abort_all_ranks, sync_deadline
 
 logger = logging.getLogger(__name__)
 
@@ -274,10 +275,7 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
             manager = type(self.checkpoint_manager)(config=self.checkpoint_manager.config,
                                                     actor_wg=self.checkpoint_manager.actor_wg,
                                                     replicas=[replica])
-            call_with_deadline(lambda: manager.update_weights(version),
-                               self.config.rolloutpipe.get("weight_sync_timeout_s"),
-                               f"loading weights version {version} into a restarted replica",
-                               "rolloutpipe.weight_sync_timeout_s")
+            self._weight_sync().run(manager, version, f"loading weights version {version} into a restarted replica")
 
     # ------------------------------------------------------------------ rollout side
 
@@ -375,11 +373,29 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         """θ_{k+1} into every live replica; a replica found dead before or during the sync is synced apart (restarted
         with θ_{k+1}, or retired) instead of failing the run (ReplicaSupervisor.sync_weights)."""
         start = time.perf_counter()
-        sync_metrics = self.rollout.supervisor.sync_weights(lambda: call_with_deadline(
-            lambda: self.checkpoint_manager.update_weights(self.global_steps),
-            self.config.rolloutpipe.get("weight_sync_timeout_s"), f"step {self.global_steps}'s weight sync",
-            "rolloutpipe.weight_sync_timeout_s"), self.global_steps)
+        sync_metrics = self.rollout.supervisor.sync_weights(lambda: self._weight_sync().run(
+            self.checkpoint_manager, self.global_steps, f"step {self.global_steps}'s weight sync"), self.global_steps)
         end = time.perf_counter()
         timeline.weight_sync(start, end)
         if sync_metrics:
             self.metrics.update(sync_metrics)
+
+    def _weight_sync(self) -> WeightSync:
+        """The sync's deadline and teardown (verl_pipe/weight_sync.py), built at the first sync: a backend that tears
+        its group down at a deadline (the NCCL engine of verl_pipe/platform/nccl_engine.py) gets one sized to the
+        actor's weight bytes, which its engines on the actor ranks learn here (the master hands it to the rest)."""
+        ws = getattr(self, "_weight_sync_plan", None)
+        if ws is not None:
+            return ws
+        rp = self.config.rolloutpipe
+        bounded = hasattr(self.checkpoint_manager.backend_cls, "abort_sync")
+        nbytes = int(self.actor_wg.weight_sync_nbytes()[0]) if bounded else None
+        deadline = sync_deadline(rp, bounded, nbytes)
+        if bounded:
+            n = self.actor_wg.world_size
+            ray.get(self.actor_wg.execute_checkpoint_engine(["set_sync_deadline"] * n, [deadline.seconds] * n))
+            logger.info("weight sync deadline %s s (%s)", deadline.seconds, deadline.hint)
+        setup = (rp.get("nccl_sync") or {}).get("setup_s")
+        self._weight_sync_plan = WeightSync(deadline, teardown_wait_s=setup,
+                                            abort=abort_all_ranks if bounded else None)
+        return self._weight_sync_plan

@@ -79,6 +79,13 @@ class PipeActorWorker(DetachActorWorker):
             malloc_trim()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def weight_sync_nbytes(self) -> int:
+        """Bytes of the full model at the actor's parameter dtype: what the trainer sizes the weight sync's deadline
+        by (verl_pipe/weight_sync.py). FSDP2 parameters are DTensors whose numel is the full tensor's; fp32 master
+        weights count 4 bytes where the sync may send 2 (bf16), which only makes the deadline longer."""
+        return int(sum(p.numel() * p.element_size() for p in self.actor.engine.module.parameters()))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def actor_state(self) -> dict:
         """The actor's full (unsharded) parameters on CPU, by HF name: for checks and tests."""
         params, _ = self.actor.engine.get_per_tensor_param()
