@@ -395,6 +395,13 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
             n = self.actor_wg.world_size
             ray.get(self.actor_wg.execute_checkpoint_engine(["set_sync_deadline"] * n, [deadline.seconds] * n))
             logger.info("weight sync deadline %s s (%s)", deadline.seconds, deadline.hint)
+            # the actor ranks outside the broadcast wait in FSDP gathers for rank 0 up to the deadline; past
+            # torch.distributed's own timeout torch ends them instead of the watchdog freeing rank 0
+            torch_timeout = self.config.actor_rollout_ref.get("nccl_timeout")
+            if deadline.seconds and torch_timeout and deadline.seconds >= float(torch_timeout):
+                logger.warning("weight sync deadline %.0f s >= actor_rollout_ref.nccl_timeout %s s: a sync stuck on a "
+                               "dead replica ends the actor's ranks before its own teardown; lower the deadline "
+                               "(rolloutpipe.nccl_sync) or raise nccl_timeout", deadline.seconds, torch_timeout)
         setup = (rp.get("nccl_sync") or {}).get("setup_s")
         self._weight_sync_plan = WeightSync(deadline, teardown_wait_s=setup,
                                             abort=abort_all_ranks if bounded else None)
