@@ -58,9 +58,10 @@ def select_platform(config: DictConfig) -> dict:
     """Sets the platform's environment in this process (before verl resolves its platform); returns the
     variables every process Ray starts for the run gets (its runtime_env)."""
     if config.rolloutpipe.platform != "cpu":
-        from verl_pipe.preflight import check_environment, gpu_runtime_env
+        from verl_pipe.preflight import check_environment, check_gpu_driver, gpu_runtime_env
 
         check_environment(config)  # no CPU-run leftovers in the launcher's environment
+        check_gpu_driver(config)  # a driver that runs torch's CUDA build, before Ray starts (CUDA 13: >= 580)
         return gpu_runtime_env()  # ... nor from a raylet's: blanked for the run's processes
     from verl_pipe.platform.env import cpu_env
     from verl_pipe.platform.plugin import activate_cpu

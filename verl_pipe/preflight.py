@@ -5,6 +5,8 @@
   (``VERL_PIPE_*_CORES``): left over from a CPU run, they would silently put a GPU run on CPU paths.
   ``gpu_runtime_env`` overrides ``VERL_PLATFORM`` and the core lists for every process Ray starts for the
   run, so a raylet that inherited them (``ray start`` from such a shell) cannot pass them on either.
+- ``check_gpu_driver``: on ``rolloutpipe.platform=gpu``, this node's NVIDIA driver can run the CUDA build of the
+  installed torch (CUDA 13, PyPI's torch 2.13.0: driver >= 580 and Turing or newer GPUs; ``gpu_driver.py``).
 - ``check_runtime``, in the process that builds the workers, before any is created: the configured
   checkpoint-engine backend is registered in verl's ``CheckpointEngineRegistry`` (verl imports its engines
   optionally and only records a failed import, e.g. cupy missing for ``nccl``), and flash-attn is importable
@@ -42,6 +44,15 @@ def check_environment(config: DictConfig, environ: Mapping[str, str] | None = No
             f"rolloutpipe.platform: 'gpu', but the environment carries CPU-run settings: {', '.join(leftovers)}. "
             "They select verl_pipe's CPU platform or pin the pools to cores; unset them (e.g. `unset "
             f"{' '.join(v.split('=', 1)[0] for v in leftovers)}`), also in the shell that ran `ray start`")
+
+
+def check_gpu_driver(config: DictConfig, **probe) -> None:
+    """``probe``: gpu_driver.check_gpu_driver's injectables (torch's build, nvidia-smi, /proc, /dev), for tests."""
+    if config.rolloutpipe.platform != "gpu":
+        return
+    from verl_pipe.gpu_driver import check_gpu_driver as check
+
+    check(**probe)
 
 
 def gpu_runtime_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
