@@ -32,7 +32,8 @@ class Smi:
 
 def smi(version: str, *gpus: tuple[str, str]) -> Smi:
     rows = "".join(f"{version}, {name}, {cc}\n" for name, cc in gpus)
-    return Smi({"driver_version,name,compute_cap": (0, rows, ""), "driver_version": (0, f"{version}\n" * len(gpus), "")})
+    return Smi({"driver_version,name,compute_cap": (0, rows, ""),
+                "driver_version": (0, f"{version}\n" * len(gpus), "")})
 
 
 @pytest.fixture
@@ -96,7 +97,8 @@ def test_the_cuda12_set_needs_nvidias_cuda12_floor(node):
 def test_without_nvidia_smi_the_kernel_modules_version_is_read(node, line, version, enough):
     node["proc_version"].write_text(line + "\nGCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04)\n")
     driver, tried = read_driver(node["run"], node["proc_version"])
-    assert driver.version == version and driver.source == str(node["proc_version"]) and tried == ["nvidia-smi: not installed"]
+    assert driver.version == version and driver.source == str(node["proc_version"])
+    assert tried == ["nvidia-smi: not installed"]
     if enough:
         _check(node)
     else:

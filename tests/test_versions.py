@@ -83,7 +83,8 @@ def test_extras_pin_what_the_constraints_say():
     (verl,) = [Requirement(r) for r in extras["gpu"] if _name(Requirement(r).name) == "verl"]
     assert verl.extras == {"cupy-cu130"} and "cupy-cuda13x" in GPU
     # The CUDA 12 set: its own vLLM and torch, the same verl, transformers, TransferQueue and Ray as the others.
-    assert exact(extras["gpu-cu12"]) == {k: GPU_CU12[k] for k in ("verl", "vllm", "torch", "transformers", "cupy-cuda12x")}
+    cu12 = ("verl", "vllm", "torch", "transformers", "cupy-cuda12x")
+    assert exact(extras["gpu-cu12"]) == {k: GPU_CU12[k] for k in cu12}
     for name in ("verl", "transformers", "transferqueue", "ray"):
         assert GPU_CU12[name] == CPU[name], name
     assert "cupy-cuda13x" not in GPU_CU12 and "cupy-cuda12x" not in GPU

@@ -114,7 +114,8 @@ def pip_args(version: str, index_url: str, config_list: str) -> tuple[list[str],
     if not index_url:
         return [], (f"torch {version}+cpu: no local wheel in pip's find-links and {VARIABLE} is empty: pip must "
                     "find it through its own configuration")
-    return ["--extra-index-url", index_url], f"torch {version}+cpu: from {index_url} (no local wheel in pip's find-links)"
+    why = f"torch {version}+cpu: from {index_url} (no local wheel in pip's find-links)"
+    return ["--extra-index-url", index_url], why
 
 
 def main(argv: list[str] | None = None) -> int:

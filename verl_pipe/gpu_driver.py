@@ -137,8 +137,8 @@ def check(cuda: str | None, torch_version: str, driver: Driver | None, tried: li
                           f"expected here (no /dev/nvidia<N>, no CUDA_VISIBLE_DEVICES); the GPU nodes need "
                           f"driver >= {need} ({build})", GpuDriverNotChecked, stacklevel=3)
             return
-        raise ConfigError(f"rolloutpipe.platform: 'gpu' and a GPU is expected on this node ({expected}), but its NVIDIA "
-                          f"driver version cannot be read ({'; '.join(tried)}); {build}. Make nvidia-smi available "
+        raise ConfigError(f"rolloutpipe.platform: 'gpu' and a GPU is expected on this node ({expected}), but its "
+                          f"NVIDIA driver version cannot be read ({'; '.join(tried)}); {build}. Make nvidia-smi available "
                           f"(or /proc/driver/nvidia/version readable) so the driver can be checked; if it is older: "
                           f"{fixes}")
     try:
