@@ -1,12 +1,15 @@
-"""Check and time the θ_k store (verl_pipe/theta_store.py) under FSDP2 on one device: torch + transformers only.
+"""Check and time the θ_k store (verl_pipe/theta_store.py) under FSDP2: torch + transformers only.
 
-    python tools/gpu_check.py [--json out.json]          # Qwen3-1.7B shape on the GPU (nccl), fp32 master
-                                                         # weights, bf16 compute, gradient checkpointing
-    python tools/gpu_check.py --tiny [--json out.json]   # a tiny Qwen3 on CPU (gloo), fp32: seconds
+    python tools/gpu_check.py [--json out.json]            # Qwen3-1.7B shape on one GPU (nccl), fp32 master
+                                                           # weights, bf16 compute, gradient checkpointing
+    torchrun --nproc-per-node 4 tools/gpu_check.py         # the same sharded over 4 GPUs (FSDP2 over all ranks)
+    python tools/gpu_check.py --tiny [--json out.json]     # a tiny Qwen3 on CPU (gloo), fp32: seconds
+    torchrun --nproc-per-node 2 tools/gpu_check.py --tiny  # the sharded path on CPU
 
-World size 1: ``fully_shard`` on every decoder layer and the root (FSDP2's default reshard_after_forward, so a
-forward-only pass leaves the root's parameters unsharded: the case the store must handle). Per placement
-(device, pinned; auto is reported with its choice) it saves θ_k, runs a few AdamW steps, and asserts:
+``fully_shard`` on every decoder layer and the root over all ranks (FSDP2's default reshard_after_forward, so a
+forward-only pass leaves the root's parameters unsharded: the case the store must handle); each rank trains on
+its own batch (data parallel), as the trainer's ranks do. Per placement (device, pinned; auto is reported with
+its choice) it saves θ_k, runs a few AdamW steps, and asserts on every rank:
 
 - the old log-probs computed through the store equal those computed at θ_k before the updates (bitwise on
   CPU; on an accelerator max |Δ| <= 1e-4 nats, the figure is printed and ``bitwise`` tells whether it was 0),
@@ -15,10 +18,18 @@ forward-only pass leaves the root's parameters unsharded: the case the store mus
 - ``restore()`` brings θ_k back (same log-probs), and the optimizer snapshot restores Adam's state (m, v,
   step) and the learning rate bitwise.
 
-It prints save / refresh / swap / restore times and memory per placement, the optimizer snapshot's cost, the
-old pageable path (``.cpu()`` per call: verl's save_model_to_cpu, and the trainer's copy of the optimizer state
-before the store) for comparison, and on CUDA whether a host snapshot issued on a side stream overlaps a training
-step.
+Then it times the snapshot the trainer takes once per step, the way it takes it (``save_step_state``, as
+``PipeActorWorker.save_train_state`` calls it: θ_k and the optimizer state, synchronous on the training
+stream), against a measured training step of the same model (forward, backward and AdamW on this rank's
+batch), and reports each placement's cost as a percentage of that step, both the snapshot alone and the step
+with the snapshot in front of it; these times are the slowest rank's (the other table's are rank 0's). Also printed: save / refresh / swap / restore
+times and memory per placement, and the old pageable path (``.cpu()`` per call, what verl's
+save_model_to_cpu did) for comparison. Only rank 0 prints and writes ``--json``.
+
+Memory: the check's reference copies live in host memory, and without ``--batch`` the sequences per step are
+sized to the device: one- and two-sequence steps are measured, and the batch is the largest (at most
+``DEFAULT_BATCH``) whose step fits beside a device copy of θ_k and the optimizer state in ``HEADROOM`` of the
+memory (the smallest over ranks). An 80 GB card runs the defaults.
 """
 
 from __future__ import annotations
@@ -30,26 +41,97 @@ import socket
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # verl_pipe without installing it
 
-from verl_pipe.theta_store import OptimizerSnapshot, ThetaStore, reshard  # noqa: E402
+from verl_pipe.theta_store import OptimizerSnapshot, ThetaStore, reshard, save_step_state  # noqa: E402
 
 FULL = dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
             intermediate_size=6144, vocab_size=151936, head_dim=128, tie_word_embeddings=True)
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, vocab_size=512, head_dim=16, tie_word_embeddings=True)
 MIB = float(1 << 20)
+GIB = float(1 << 30)
 GPU_TOL = 1e-4  # nats, max |Δ| of old log-probs on an accelerator (bf16 compute); 0 on CPU
+DEFAULT_BATCH = 8  # sequences per rank and step on a GPU, when they fit
+HEADROOM = 0.90  # share of the device memory the plan may fill (the allocator's fragmentation, NCCL buffers)
+
+
+# ---------------------------------------------------------------- ranks
+
+
+@dataclass
+class Ranks:
+    rank: int
+    world: int
+    device: torch.device
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def _reduce(self, values: list[float], op) -> list[float]:
+        if self.world == 1:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=op)
+        return t.tolist()
+
+    def max(self, values: dict) -> dict:
+        """Each figure's largest value over the ranks (a step is as slow as its slowest rank)."""
+        keys = list(values)
+        return dict(zip(keys, self._reduce([float(values[k]) for k in keys], dist.ReduceOp.MAX)))
+
+    def min_int(self, value: int) -> int:
+        return int(self._reduce([float(value)], dist.ReduceOp.MIN)[0])
+
+    def gather(self, items: list) -> list:
+        """Every rank's items, each tagged with its rank when there are several."""
+        if self.world == 1:
+            return list(items)
+        out = [None] * self.world
+        dist.all_gather_object(out, items)
+        return [f"rank {r}: {x}" for r, xs in enumerate(out) for x in xs]
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def init_ranks(args) -> Ranks:
+    """One process, or one of torchrun's (WORLD_SIZE > 1: RANK, LOCAL_RANK, MASTER_ADDR/PORT from torchrun)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if args.device:
+        device = torch.device(args.device)
+    else:
+        device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
+    if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(int(os.environ.get("GPU_CHECK_THREADS", "1")))
+    if world == 1:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    dist.init_process_group("gloo" if device.type == "cpu" else "nccl", rank=rank, world_size=world)
+    return Ranks(rank, world, device)
+
+
+# ---------------------------------------------------------------- the model and a step
 
 
 def _sync(device: torch.device) -> None:
@@ -69,19 +151,20 @@ def _allocated(device) -> int:
     return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
 
 
-def build(args, device: torch.device):
+def build(args, ranks: Ranks):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    torch.manual_seed(0)
+    device = ranks.device
+    torch.manual_seed(0)  # the same initial weights on every rank, then sharded
     config = Qwen3Config(**(TINY if args.tiny else FULL), max_position_embeddings=max(4096, args.seq_len))
     config._attn_implementation = "sdpa"
     with torch.device(device):
         model = Qwen3ForCausalLM(config).to(torch.float32)
     if args.recompute:
         model.gradient_checkpointing_enable()
-    mesh = init_device_mesh(device.type, (1,))
+    mesh = init_device_mesh(device.type, (ranks.world,))
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" \
         else MixedPrecisionPolicy()
     for layer in model.model.layers:
@@ -96,40 +179,123 @@ def log_probs(model, ids: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
 
 
-def train_step(model, optimizer, ids, before_step=None) -> None:
+@torch.no_grad()
+def log_probs_nograd(model, ids):
+    return log_probs(model, ids)
+
+
+def train_step(model, optimizer, ids) -> None:
+    """One training step: forward, backward, AdamW (FSDP2 reduce-scatters the gradients over the ranks)."""
     loss = -log_probs(model, ids).mean()
     loss.backward()
-    if before_step is not None:
-        before_step()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
 
+def token_batch(vocab: int, rows: int, seq_len: int, seed: int, device) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (rows, seq_len), generator=g).to(device)
+
+
+# ---------------------------------------------------------------- sizing the step to the device
+
+
+def plan_batch(requested: int | None, default: int, fixed_bytes: int, per_seq_bytes: int, snapshot_bytes: int,
+               capacity_bytes: int | None, headroom: float = HEADROOM) -> tuple[int, str]:
+    """Sequences per step: ``requested`` as given; else the largest up to ``default`` whose step (``fixed_bytes``
+    plus ``per_seq_bytes`` a sequence) fits beside a device snapshot of ``snapshot_bytes`` in ``headroom`` of
+    ``capacity_bytes`` (None: no figure, e.g. CPU: ``default``). Raises ValueError naming the option when not
+    even one sequence fits."""
+    if requested is not None:
+        if requested < 1:
+            raise ValueError(f"--batch: got {requested}; allowed: an integer >= 1")
+        return requested, "--batch"
+    if capacity_bytes is None:
+        return default, "default (no device memory figure)"
+    room = int(headroom * capacity_bytes) - fixed_bytes - snapshot_bytes
+    fit = room // max(per_seq_bytes, 1)
+    if fit < 1:
+        raise ValueError(
+            f"--seq-len: one sequence needs {per_seq_bytes / GIB:.2f} GiB on top of {fixed_bytes / GIB:.2f} GiB for the "
+            f"model and optimizer and {snapshot_bytes / GIB:.2f} GiB for a device snapshot, more than "
+            f"{headroom:.0%} of {capacity_bytes / GIB:.1f} GiB: lower --seq-len, or run over more GPUs (torchrun)")
+    return min(default, int(fit)), (f"sized to the device: {fit} sequence(s) fit in {headroom:.0%} of "
+                                    f"{capacity_bytes / GIB:.1f} GiB beside a {snapshot_bytes / GIB:.1f} GiB snapshot")
+
+
+def measure_step_memory(ranks: Ranks, model, optimizer, vocab: int, seq_len: int) -> tuple[int, int]:
+    """(fixed, per sequence) peak bytes of a training step, from one- and two-sequence steps."""
+    peaks = []
+    for rows in (1, 2):
+        ids = token_batch(vocab, rows, seq_len, 100 + ranks.rank, ranks.device)
+        torch.cuda.reset_peak_memory_stats(ranks.device)
+        train_step(model, optimizer, ids)
+        _sync(ranks.device)
+        peaks.append(torch.cuda.max_memory_allocated(ranks.device))
+    per_seq = max(peaks[1] - peaks[0], 1 << 20)
+    return peaks[0] - per_seq, per_seq
+
+
+def size_batch(args, ranks: Ranks, model, optimizer, vocab: int) -> dict:
+    """The sequences per step on every rank (the smallest plan over the ranks) and why."""
+    device = ranks.device
+    if args.batch is not None or device.type != "cuda":
+        batch, why = plan_batch(args.batch, 2 if args.tiny else DEFAULT_BATCH, 0, 1, 0, None)
+        return {"batch": batch, "why": why}
+    fixed, per_seq = measure_step_memory(ranks, model, optimizer, vocab, args.seq_len)
+    snapshot = ThetaStore(model, "pinned").need_bytes() + OptimizerSnapshot(optimizer, "pinned").need_bytes()
+    free, total = torch.cuda.mem_get_info(device)
+    capacity = free + torch.cuda.memory_reserved(device)  # what this process can still get, its own cache included
+    batch, why = plan_batch(None, DEFAULT_BATCH, fixed, per_seq, snapshot, capacity)
+    batch = ranks.min_int(batch)
+    return {"batch": batch, "why": why, "fixed_gib": fixed / GIB, "per_sequence_gib": per_seq / GIB,
+            "snapshot_gib": snapshot / GIB, "capacity_gib": capacity / GIB, "total_gib": total / GIB}
+
+
+# ---------------------------------------------------------------- correctness per placement
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu", copy=True)
+
+
 def _clone_params(model) -> dict[str, torch.Tensor]:
+    """This rank's shards, on the host: references on the device would cost the memory the check measures."""
     reshard(model)  # a forward-only pass can leave the root unsharded (plain parameters registered)
-    return {n: p.to_local().detach().clone() for n, p in model.named_parameters()}
+    return {n: _host(p.to_local()) for n, p in model.named_parameters()}
 
 
 def _params_equal(model, ref: dict[str, torch.Tensor]) -> bool:
     reshard(model)
-    return all(torch.equal(p.to_local(), ref[n]) for n, p in model.named_parameters())
+    return all(torch.equal(_host(p.to_local()), ref[n]) for n, p in model.named_parameters())
+
+
+def _state_items(optimizer):
+    for g in optimizer.param_groups:
+        for p in g["params"]:
+            yield optimizer.state.get(p, {})
 
 
 def _clone_state(optimizer) -> list[dict]:
-    out = []
-    for g in optimizer.param_groups:
-        for p in g["params"]:
-            st = optimizer.state.get(p, {})
-            out.append({k: (v.to_local() if hasattr(v, "to_local") else v).detach().clone() if torch.is_tensor(v)
-                        else v for k, v in st.items()})
-    return out
+    return [{k: _host(v.to_local() if hasattr(v, "to_local") else v) if torch.is_tensor(v) else v
+             for k, v in st.items()} for st in _state_items(optimizer)]
 
 
 def _state_equal(optimizer, ref: list[dict]) -> bool:
-    cur = _clone_state(optimizer)
-    return len(cur) == len(ref) and all(
-        a.keys() == b.keys() and all(torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k] for k in a)
-        for a, b in zip(cur, ref))
+    """Tensor by tensor, each brought to the host alone."""
+    cur = list(_state_items(optimizer))
+    if len(cur) != len(ref):
+        return False
+    for a, b in zip(cur, ref):
+        if a.keys() != b.keys():
+            return False
+        for k, v in a.items():
+            if torch.is_tensor(v):
+                if not torch.equal(_host(v.to_local() if hasattr(v, "to_local") else v), b[k]):
+                    return False
+            elif v != b[k]:
+                return False
+    return True
 
 
 def check_placement(args, device, model, optimizer, batch, eval_ids, placement: str) -> dict:
@@ -163,7 +329,7 @@ def check_placement(args, device, model, optimizer, batch, eval_ids, placement: 
         swaps_out.append(t_out)
     lp_after = log_probs_nograd(model, eval_ids)
     live_untouched = _params_equal(model, live)
-    theta_by_name = all(torch.equal(t.to(at_k[n].device), at_k[n]) for n, t in store.named_tensors())
+    theta_by_name = all(torch.equal(_host(t), at_k[n]) for n, t in store.named_tensors())
     t_restore, _ = _timed(device, store.restore)
     restored = _params_equal(model, at_k)
     lp_restored = log_probs_nograd(model, eval_ids)
@@ -197,9 +363,35 @@ def check_placement(args, device, model, optimizer, batch, eval_ids, placement: 
     return r
 
 
-@torch.no_grad()
-def log_probs_nograd(model, ids):
-    return log_probs(model, ids)
+# ---------------------------------------------------------------- cost per step
+
+
+def snapshot_cost(args, ranks: Ranks, model, optimizer, batch, placement: str) -> dict:
+    """The trainer's per-step snapshot (save_step_state) against a training step, interleaved: the step alone,
+    the snapshot alone, the snapshot then the step (what the trainer's first unit pays)."""
+    device = ranks.device
+    theta, opt = ThetaStore(model, placement), OptimizerSnapshot(optimizer, placement)
+    save_step_state(theta, opt)  # allocates the buffers once per run, like the worker's stores
+    step_s, snap_s, both_s = [], [], []
+
+    def both():
+        save_step_state(theta, opt)
+        train_step(model, optimizer, batch)
+
+    for _ in range(args.repeats):
+        ranks.barrier()
+        step_s.append(_timed(device, lambda: train_step(model, optimizer, batch))[0])
+        ranks.barrier()
+        snap_s.append(_timed(device, lambda: save_step_state(theta, opt))[0])
+        ranks.barrier()
+        both_s.append(_timed(device, both)[0])
+    t = ranks.max({"step_s": statistics.median(step_s), "snapshot_s": statistics.median(snap_s),
+                   "step_with_snapshot_s": statistics.median(both_s)})
+    r = {"requested": placement, "placement": theta.placement, "bytes": theta.nbytes + opt.stats.nbytes, **t,
+         "snapshot_pct_of_step": 100.0 * t["snapshot_s"] / t["step_s"],
+         "overhead_pct_of_step": 100.0 * (t["step_with_snapshot_s"] - t["step_s"]) / t["step_s"]}
+    del theta, opt
+    return r
 
 
 @torch.no_grad()
@@ -217,59 +409,12 @@ def pageable_baseline(device, model, optimizer) -> dict:
             "opt_bytes": sum(v.numel() * v.element_size() for v in states)}
 
 
-def overlap_check(args, device, model, optimizer, batch) -> dict:
-    """Is a host snapshot (θ + optimizer state to pinned buffers) issued on a side stream hidden under a
-    training step? The copy starts with the step's forward and the optimizer step waits for it (fence)."""
-    if device.type != "cuda":
-        return {"skipped": f"no side streams on {device.type}: the overlap check needs CUDA"}
-    theta = ThetaStore(model, "pinned")
-    opt = OptimizerSnapshot(optimizer, "pinned")
-    theta.save()
-    opt.save()  # allocate
-    side = torch.cuda.Stream(device)
-    n = 3
+# ---------------------------------------------------------------- report
 
-    def step_alone():
-        train_step(model, optimizer, batch)
 
-    def snap_alone():
-        theta.save()
-        opt.save()
-
-    def step_with_snapshot():
-        main = torch.cuda.current_stream(device)
-        side.wait_stream(main)  # the weights and state as the main stream left them
-        with torch.cuda.stream(side):
-            theta.save()
-            opt.save()
-            done = torch.cuda.Event()
-            done.record(side)
-        # the forward and backward run beside the copies; the optimizer step waits for them
-        train_step(model, optimizer, batch, before_step=lambda: main.wait_event(done))
-
-    a = statistics.median(_timed(device, step_alone)[0] for _ in range(n))
-    s = statistics.median(_timed(device, snap_alone)[0] for _ in range(n))
-    c = statistics.median(_timed(device, step_with_snapshot)[0] for _ in range(n))
-    x = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-
-    def matmuls():
-        for _ in range(40):
-            x @ x
-
-    m = statistics.median(_timed(device, matmuls)[0] for _ in range(n))
-
-    def matmuls_with_snapshot():
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            theta.save()
-            opt.save()
-        matmuls()
-
-    mc = statistics.median(_timed(device, matmuls_with_snapshot)[0] for _ in range(n))
-    return {"step_s": a, "snapshot_s": s, "step_with_side_snapshot_s": c,
-            "step_overlap_fraction": (a + s - c) / s if s > 0 else None,
-            "matmuls_s": m, "matmuls_with_side_snapshot_s": mc,
-            "matmul_overlap_fraction": (m + s - mc) / s if s > 0 else None}
+def _columns(rows) -> str:
+    w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.rjust(w[i]) if i else c.ljust(w[i]) for i, c in enumerate(r)) for r in rows)
 
 
 def table(results: dict) -> str:
@@ -286,66 +431,78 @@ def table(results: dict) -> str:
     rows.append(("pageable (old)", "copy", f"{p['theta_bytes'] / MIB:.1f}", "0", f"{p['theta_save_s']:.4f}",
                  f"{p['theta_save_s']:.4f}", f"{p['swap_s']:.4f}", f"{p['theta_restore_s']:.4f}",
                  f"{p['opt_bytes'] / MIB:.1f}", f"{p['opt_save_s']:.4f}", "-", "-", "-"))
-    w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.rjust(w[i]) if i else c.ljust(w[i]) for i, c in enumerate(r)) for r in rows)
+    return _columns(rows)
+
+
+def cost_table(results: dict) -> str:
+    rows = [("snapshot", "MiB/rank", "step s", "snapshot s", "% of step", "step+snapshot s", "overhead %")]
+    for r in results["snapshot_cost"]:
+        rows.append((f"{r['requested']}->{r['placement']}", f"{r['bytes'] / MIB:.1f}", f"{r['step_s']:.4f}",
+                     f"{r['snapshot_s']:.4f}", f"{r['snapshot_pct_of_step']:.1f}",
+                     f"{r['step_with_snapshot_s']:.4f}", f"{r['overhead_pct_of_step']:+.1f}"))
+    return _columns(rows)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="tiny Qwen3 shape on CPU")
-    ap.add_argument("--device", default=None, help="default: cuda if available (cpu with --tiny)")
+    ap.add_argument("--device", default=None, help="default: cuda (cuda:LOCAL_RANK under torchrun) if available, "
+                                                   "cpu with --tiny")
     ap.add_argument("--steps", type=int, default=3, help="AdamW steps between θ_k and the check")
-    ap.add_argument("--batch", type=int, default=None, help="sequences per step (default 9; 2 with --tiny)")
+    ap.add_argument("--batch", type=int, default=None, help=f"sequences per rank and step (default: up to "
+                                                            f"{DEFAULT_BATCH}, sized to the device; 2 with --tiny)")
     ap.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default 1024; 16 with --tiny)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed steps per placement (default 5; 2 with --tiny)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--placements", default="device,pinned,auto")
     ap.add_argument("--no-recompute", dest="recompute", action="store_false", help="no gradient checkpointing")
-    ap.add_argument("--no-overlap", dest="overlap", action="store_false", help="skip the side-stream check")
-    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--json", help="write the results here (rank 0)")
     args = ap.parse_args(argv)
-    args.batch = args.batch or (2 if args.tiny else 9)
     args.seq_len = args.seq_len or (16 if args.tiny else 1024)
+    args.repeats = args.repeats or (2 if args.tiny else 5)
+    for name in ("steps", "seq_len", "repeats"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')}: got {getattr(args, name)}; allowed: an integer >= 1")
     if args.tiny:
         args.recompute = False
-    device = torch.device(args.device or ("cpu" if args.tiny or not torch.cuda.is_available() else "cuda"))
-    if device.type == "cpu":
-        torch.set_num_threads(int(os.environ.get("GPU_CHECK_THREADS", "1")))
-    else:
-        torch.cuda.set_device(device)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo" if device.type == "cpu" else "nccl", rank=0, world_size=1)
+    ranks = init_ranks(args)
+    device = ranks.device
     t0 = time.perf_counter()
     try:
-        model, optimizer = build(args, device)
-        g = torch.Generator().manual_seed(1)
+        model, optimizer = build(args, ranks)
         vocab = model.config.vocab_size
-        batch = torch.randint(0, vocab, (args.batch, args.seq_len), generator=g).to(device)
-        eval_ids = torch.randint(0, vocab, (min(args.batch, 4), args.seq_len), generator=g).to(device)
-        train_step(model, optimizer, batch)  # lazy init and Adam state exist before the first snapshot
+        train_step(model, optimizer, token_batch(vocab, 1, args.seq_len, 50 + ranks.rank, device))  # lazy init, Adam
+        try:
+            plan = size_batch(args, ranks, model, optimizer, vocab)
+        except ValueError as e:
+            ap.error(str(e))
+        batch = token_batch(vocab, plan["batch"], args.seq_len, 1 + ranks.rank, device)  # each rank its own data
+        eval_ids = token_batch(vocab, min(plan["batch"], 4), args.seq_len, 7, device)  # the same on every rank
         results = {"device": str(torch.cuda.get_device_name(device)) if device.type == "cuda" else "cpu",
-                   "torch": torch.__version__, "tiny": args.tiny,
-                   "params": sum(p.numel() for p in model.parameters()),
-                   "tokens_per_step": args.batch * args.seq_len, "steps": args.steps, "recompute": args.recompute,
-                   "placements": []}
-        for placement in args.placements.split(","):
-            results["placements"].append(check_placement(args, device, model, optimizer, batch, eval_ids, placement))
+                   "torch": torch.__version__, "tiny": args.tiny, "world_size": ranks.world,
+                   "params": sum(p.numel() for p in model.parameters()), "batch_plan": plan,
+                   "tokens_per_step": plan["batch"] * args.seq_len * ranks.world, "steps": args.steps,
+                   "recompute": args.recompute, "placements": [], "snapshot_cost": []}
+        placements = args.placements.split(",")
+        for placement in placements:
+            r = check_placement(args, device, model, optimizer, batch, eval_ids, placement)
+            r["failures"] = ranks.gather(r["failures"])
+            results["placements"].append(r)
+        for placement in placements:
+            results["snapshot_cost"].append(snapshot_cost(args, ranks, model, optimizer, batch, placement))
         results["pageable"] = pageable_baseline(device, model, optimizer)
-        results["overlap"] = overlap_check(args, device, model, optimizer, batch) if args.overlap else {
-            "skipped": "--no-overlap"}
         results["wall_s"] = time.perf_counter() - t0
     finally:
         dist.destroy_process_group()
-    print(table(results))
-    ov = results["overlap"]
-    print("side-stream snapshot:", ov.get("skipped") or
-          f"step {ov['step_s']:.3f} s alone, snapshot {ov['snapshot_s']:.3f} s alone, together "
-          f"{ov['step_with_side_snapshot_s']:.3f} s (overlap {ov['step_overlap_fraction']:.0%}); beside matmuls "
-          f"overlap {ov['matmul_overlap_fraction']:.0%}")
     failures = [f"{r['requested']}: {f}" for r in results["placements"] for f in r["failures"]]
     results["ok"] = not failures
+    if not ranks.main:
+        return 0 if not failures else 1
+    print(table(results))
+    print(f"\nper-step snapshot (θ_k + optimizer state, save_step_state as the trainer calls it) vs one training step "
+          f"(forward, backward, AdamW) of {plan['batch']} x {args.seq_len} tokens per rank on {ranks.world} "
+          f"rank(s), the slowest rank's times; batch: {plan['why']}")
+    print(cost_table(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     for f in failures:

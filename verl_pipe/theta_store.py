@@ -374,6 +374,16 @@ class ThetaStore:
             yield s.name, s.frozen[-1] if s.fsdp_param is not None else s.frozen[0]
 
 
+def save_step_state(theta: ThetaStore, optimizer: "OptimizerSnapshot | None" = None) -> None:
+    """The snapshot the trainer takes once per step, before the step's first optimizer step
+    (``PipeActorWorker.save_train_state``): θ_k, then the optimizer state for a rollback. Both are issued on the
+    current stream, so the step's kernels queue behind the copies (``pinned``: non-blocking host copies whose
+    time still lands in the step). ``tools/gpu_check.py`` times exactly this against a training step."""
+    theta.save()
+    if optimizer is not None:
+        optimizer.save()
+
+
 # ---------------------------------------------------------------- optimizer
 
 

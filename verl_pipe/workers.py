@@ -41,7 +41,7 @@ from verl.workers.utils.padding import no_padding_2_padding
 
 from verl_pipe.platform.env import malloc_trim, pin_current_process
 from verl_pipe.theta_store import KEY as THETA_KEY
-from verl_pipe.theta_store import OptimizerSnapshot, ThetaStore
+from verl_pipe.theta_store import OptimizerSnapshot, ThetaStore, save_step_state
 
 # Keys of verl's mini-batch iterator that a single accumulated micro-batch does not use.
 _ITERATOR_KEYS = ("mini_batch_size", "num_mini_batch", "epochs", "seed", "dataloader_kwargs",
@@ -207,10 +207,9 @@ class PipeActorWorker(DetachActorWorker):
         restarted replica, a rollback) and, with ``optimizer``, the optimizer and LR-schedule state (this rank's
         shards) for a rollback of a step that fails for good. ``placement``: rolloutpipe.theta_k.store."""
         theta, opt = self._train_state_stores(placement, margin_gib)
-        theta.save()
+        save_step_state(theta, opt if optimizer else None)  # the path tools/gpu_check.py times
         self._lr_snapshot = None
         if optimizer:
-            opt.save()
             scheduler = self.actor.engine.lr_scheduler
             self._lr_snapshot = copy.deepcopy(scheduler.state_dict()) if scheduler else None
         return {"theta_k_on_device": float(theta.placement == "device"), "theta_k_bytes": float(theta.nbytes),
