@@ -22,9 +22,9 @@ Then it times the snapshot the trainer takes once per step, the way it takes it 
 ``PipeActorWorker.save_train_state`` calls it: θ_k and the optimizer state, synchronous on the training
 stream), against a measured training step of the same model (forward, backward and AdamW on this rank's
 batch), and reports each placement's cost as a percentage of that step, both the snapshot alone and the step
-with the snapshot in front of it; these times are the slowest rank's (the other table's are rank 0's). Also printed: save / refresh / swap / restore
-times and memory per placement, and the old pageable path (``.cpu()`` per call, what verl's
-save_model_to_cpu did) for comparison. Only rank 0 prints and writes ``--json``.
+with the snapshot in front of it; these times are the slowest rank's (the other table's are rank 0's). Also
+printed: save / refresh / swap / restore times and memory per placement, and the old pageable path (``.cpu()``
+per call, what verl's save_model_to_cpu did) for comparison. Only rank 0 prints and writes ``--json``.
 
 Memory: the check's reference copies live in host memory, and without ``--batch`` the sequences per step are
 sized to the device: one- and two-sequence steps are measured, and the batch is the largest (at most
@@ -216,8 +216,8 @@ def plan_batch(requested: int | None, default: int, fixed_bytes: int, per_seq_by
     fit = room // max(per_seq_bytes, 1)
     if fit < 1:
         raise ValueError(
-            f"--seq-len: one sequence needs {per_seq_bytes / GIB:.2f} GiB on top of {fixed_bytes / GIB:.2f} GiB for the "
-            f"model and optimizer and {snapshot_bytes / GIB:.2f} GiB for a device snapshot, more than "
+            f"--seq-len: one sequence needs {per_seq_bytes / GIB:.2f} GiB on top of {fixed_bytes / GIB:.2f} GiB for "
+            f"the model and optimizer and {snapshot_bytes / GIB:.2f} GiB for a device snapshot, more than "
             f"{headroom:.0%} of {capacity_bytes / GIB:.1f} GiB: lower --seq-len, or run over more GPUs (torchrun)")
     return min(default, int(fit)), (f"sized to the device: {fit} sequence(s) fit in {headroom:.0%} of "
                                     f"{capacity_bytes / GIB:.1f} GiB beside a {snapshot_bytes / GIB:.1f} GiB snapshot")
