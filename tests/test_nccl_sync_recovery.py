@@ -278,7 +278,7 @@ def test_without_the_recovery_the_stand_in_stalls_and_the_retry_cannot_create_it
     and the next sync's init_process_group raises Ray's error (this is what the recovery test must not see)."""
     wire = Wire(dead={2: 2})
     actor, rollout = _ranks(StandInEngine, wire, n_rollout=2)
-    gather = Gather(NAMES, timeout=1.0)
+    gather = Gather(NAMES, timeout=3.0)  # longer than the join below: the other actor rank is still waiting then
     try:
         first = run_sync(actor, rollout, gather, version=1, dead_rollout={1}, join_s=DEADLINE + 0.5)
         # the sender and the live receiver wait for the dead peer, the other actor rank for the sender's next gather
