@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_pipe.frontier import Admission, FCFSPolicy, FrontierPolicy, Request, auto_frontier
+from verl_pipe.frontier import (ADAPTIVE_BURST_FACTOR, Admission, AdaptiveWindow, FCFSPolicy, FrontierPolicy, Request,
+                                auto_frontier, resolve_window)
 
 
 def finish_group(policy, g, trainable=True, replica=None):
@@ -249,7 +250,8 @@ def scenarios(draw):
     kind = draw(st.sampled_from(["fcfs", "fcfs_interleave", "fgd", "fgd_noaffinity"]))
     return dict(num_groups=num_groups, n=draw(st.integers(1, 4)), target_groups=target,
                 groups_per_unit=draw(st.integers(1, target)), replicas=list(range(draw(st.integers(1, 3)))),
-                window=draw(st.one_of(st.none(), st.integers(1, 5))), kind=kind,
+                window=draw(st.one_of(st.none(), st.integers(1, 5),
+                                      st.builds(AdaptiveWindow, st.integers(1, 4), st.integers(1, 3)))), kind=kind,
                 frontier_groups=draw(st.integers(1, 4)), removal=draw(st.booleans()),
                 seed=draw(st.integers(0, 2**32 - 1)))
 
@@ -291,12 +293,13 @@ def test_random_driver_invariants(sc):
             extra = sum(len(h) - 1 for h in homes.values())
             assert extra <= p.stats()["split_admissions"]
             assert sc["window"] is not None or extra == 0
+        limit = p.window_limit()
         for r in p.replicas:
             on_r = sum(1 for x in inflight.values() if x == r)
             assert on_r == p.inflight_count(r)
-            assert sc["window"] is None or on_r <= sc["window"]
+            assert on_r <= limit
             # work conserving: no slot idles while anything waits
-            assert p.pending_count == 0 or (sc["window"] is not None and on_r == sc["window"])
+            assert p.pending_count == 0 or on_r == limit
 
     admit()
     for _ in range(10_000):
@@ -401,11 +404,115 @@ def test_last_replica_removed_for_restart_and_added_back(cls):
 
 
 def test_fgd_window_resolution():
-    from verl_pipe.frontier import resolve_window
-
+    assert resolve_window("adaptive", 8, 8, 256) == AdaptiveWindow(capacity=256, floor=8)  # one group's margin
+    assert resolve_window("adaptive", 8, 16, 8) == AdaptiveWindow(capacity=8, floor=8)  # the margin <= the slots
     assert resolve_window(None, 8, 8, 256) == 256  # max_num_seqs
     assert resolve_window("auto", 8, 8, 256) == 128  # two units of 8 groups x 8
     assert resolve_window("auto", 8, 8, 100) == 100  # at most the slots
     assert resolve_window(64, 8, 8, 256) == 64
     with pytest.raises(ValueError, match="window must be an int >= 1"):
         resolve_window(0, 8, 8, 256)
+
+
+# --- the adaptive window -----------------------------------------------------------------------------------------
+
+def test_adaptive_limit_starts_at_slots_plus_floor_and_is_capped_at_twice_the_slots():
+    w = AdaptiveWindow(capacity=16, floor=8)
+    assert w.limit(0) == 24 and w.limit(4) == 24  # 2 x 4 = 8: the floor
+    assert w.limit(5) == 16 + ADAPTIVE_BURST_FACTOR * 5
+    assert w.limit(16) == 32 and w.limit(1000) == 32
+    with pytest.raises(ValueError, match="capacity"):
+        AdaptiveWindow(capacity=0)
+    with pytest.raises(ValueError, match="floor"):
+        AdaptiveWindow(capacity=4, floor=0)
+
+
+def test_adaptive_margin_grows_with_the_largest_burst_seen_on_one_replica():
+    p = FrontierPolicy(num_groups=16, n=2, groups_per_unit=2, target_groups=16, replicas=[0, 1],
+                       window=AdaptiveWindow(capacity=4, floor=1))
+    first = p.admit()
+    assert p.inflight_count(0) == p.inflight_count(1) == 5  # 4 slots + a margin of 1
+    assert p.stats()["window_limit"] == 5 and p.stats()["completion_burst_peak"] == 0
+    on0 = [a.request for a in first if a.replica == 0]
+    for req in on0[:3]:  # three slots free on replica 0 in one driver cycle
+        p.on_response_done(req)
+    on1 = [a.request for a in first if a.replica == 1]
+    p.on_response_done(on1[0])
+    again = p.admit()
+    assert p.window_limit() == 4 + 4  # min(capacity, 2 x 3)
+    assert p.inflight_count(0) == p.inflight_count(1) == 8
+    assert len(again) == 3 + 3 + 1 + 3  # refills, plus the grown margin on both replicas
+    p.on_response_done(again[0].request)
+    p.admit()
+    assert p.window_limit() == 8 and p.stats()["completion_burst_peak"] == 3  # a smaller burst never shrinks it
+
+
+def test_adaptive_admits_everything_when_the_slots_cover_the_step():
+    # max_num_seqs covers the step (verl's GPU default): the whole step is in the engine at once, like the baseline,
+    # where fgd.window=auto would hold all but two units back.
+    adaptive = FrontierPolicy(num_groups=32, n=8, groups_per_unit=4, target_groups=32, replicas=[0],
+                              window=resolve_window("adaptive", 4, 8, 256))
+    assert len(adaptive.admit()) == 256
+    auto = FrontierPolicy(num_groups=32, n=8, groups_per_unit=4, target_groups=32, replicas=[0],
+                          window=resolve_window("auto", 4, 8, 256))
+    assert len(auto.admit()) == 64
+
+
+@st.composite
+def adaptive_runs(draw):
+    num_groups = draw(st.integers(1, 12))
+    return dict(num_groups=num_groups, n=draw(st.integers(1, 4)), replicas=draw(st.integers(1, 3)),
+                capacity=draw(st.integers(1, 6)), floor=draw(st.integers(1, 4)), affinity=draw(st.booleans()),
+                seed=draw(st.integers(0, 2**32 - 1)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(adaptive_runs())
+def test_adaptive_window_properties(sc):
+    """Under random completions (in random bursts), failures and group completions: (1) after every admit() the
+    requests in flight are at least what full admission would keep running, min(waiting + in flight, slots);
+    (2) requests go in rank order: with one replica every admitted request outranks every one left pending, with
+    several each group's first admission comes in rank order; (3) no request is admitted while in flight or done;
+    (4) the window never shrinks and stays within [slots + floor, 2 x slots]."""
+    rng = random.Random(sc["seed"])
+    G, n, R, cap = sc["num_groups"], sc["n"], sc["replicas"], sc["capacity"]
+    w = AdaptiveWindow(capacity=cap, floor=sc["floor"])
+    p = FrontierPolicy(num_groups=G, n=n, groups_per_unit=1, target_groups=G, replicas=list(range(R)), window=w,
+                       affinity=sc["affinity"])
+    inflight, done, started = {}, set(), []
+    last_limit = 0
+
+    def admit():
+        nonlocal last_limit
+        waiting_before = p.pending_count + len(inflight)
+        adms = p.admit()
+        for a in adms:
+            assert a.request not in inflight and a.request not in done  # (3)
+            inflight[a.request] = a.replica
+            if a.request.group not in started:
+                started.append(a.request.group)
+        assert len(inflight) >= min(waiting_before, R * cap)  # (1), over all replicas
+        for r in range(R):  # (1), per replica: none below its slots while anything waits
+            assert p.pending_count == 0 or p.inflight_count(r) >= cap
+        if R == 1 and adms and p.pending_count:  # (2)
+            pending = {Request(g, i) for g in range(G) for i in range(n)} - set(inflight) - done
+            assert max(a.request for a in adms) < min(pending)
+        limit = p.window_limit()
+        assert last_limit <= limit and cap + min(sc["floor"], cap) <= limit <= 2 * cap  # (4)
+        last_limit = limit
+
+    admit()
+    while inflight:
+        burst = rng.sample(sorted(inflight), rng.randint(1, len(inflight)))  # one driver cycle's completions
+        for req in burst:
+            del inflight[req]
+            if rng.random() < 0.1:
+                p.on_request_failed(req)
+                continue
+            done.add(req)
+            assert p.on_response_done(req)
+            if all(Request(req.group, i) in done for i in range(n)):
+                p.on_group_done(req.group, True)
+        admit()
+    assert p.all_done and len(done) == G * n
+    assert started == sorted(started)  # (2): groups start in rank order

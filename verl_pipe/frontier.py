@@ -6,8 +6,10 @@ simulator share one implementation and it can be tested exhaustively.
 Why a client-side policy at all: vLLM V1 with ``scheduling_policy="priority"`` only reorders its *waiting* queue;
 a high-priority arrival never preempts a running request when ``max_num_seqs`` binds (vllm#40004). If every
 request goes to the engine at once, whatever got a running slot first keeps it. So FGD keeps a per-replica
-admission ``window`` (about max_num_seqs) on the client and decides itself which request takes a freed slot;
-the engine priority only orders what does queue inside vLLM (and picks KV-pressure preemption victims).
+admission ``window`` on the client and decides itself which request takes a freed slot; the engine priority
+orders what does queue inside vLLM (and picks KV-pressure preemption victims). The default window
+(``AdaptiveWindow``) is never below the engine's running slots, so the client never throttles the engine:
+FGD only chooses which requests fill the slots and orders the short queue behind them.
 
 Driver protocol (one step):
     policy = FrontierPolicy(...)
@@ -50,18 +52,61 @@ def _check_int(name: str, value, low: int) -> None:
 
 
 AUTO_WINDOW_UNITS = 2  # fgd.window=auto: the requests of this many training units in flight per replica
+# fgd.window=adaptive: the refill margin covers this many times the largest burst of completions seen between two
+# admissions on one replica (a burst is noticed one driver cycle late and refilled one cycle later).
+ADAPTIVE_BURST_FACTOR = 2
 
 
-def resolve_window(window: int | str | None, groups_per_unit: int, n: int, max_num_seqs: int) -> int:
-    """FGD's per-replica admission window (``rolloutpipe.fgd.window``): an int as given; null = ``max_num_seqs``
-    (vLLM's running slots; with more requests than slots vLLM's waiting queue, ordered by our priorities, holds
-    the rest); ``auto`` = the requests of ``AUTO_WINDOW_UNITS`` training units (the frontier unit and the next),
-    at most ``max_num_seqs``. ``auto`` matters when ``max_num_seqs`` covers the whole step (every request admitted
-    at once, as verl does): then null admits everything, every group progresses at the same pace and priorities
-    order an empty queue, while a window of two units lets the frontier unit's groups finish first."""
+@dataclass(frozen=True)
+class AdaptiveWindow:
+    """``rolloutpipe.fgd.window=adaptive``: per replica, the engine's running slots (``capacity`` =
+    ``max_num_seqs``) plus a refill margin, so FGD never costs the engine throughput.
+
+    Why not fewer than ``capacity``: a smaller window runs a smaller decode batch than admitting everything would,
+    and the engine's throughput falls with it (measured on CPU: rollout 24.6 s with two units' requests in flight
+    vs 15.1 s with all 256, docs/fgd.md). With at least ``capacity`` in flight the engine runs the same batch as
+    with full admission; FGD only decides which requests are in it (rank order) and, where the KV cache binds
+    first, vLLM's priority queue runs the frontier's waiting requests first and preempts the latest ranks.
+
+    Why more than ``capacity``: a slot freed inside the engine is refilled from vLLM's own waiting queue at the
+    next scheduler step, but a request the client still holds must first travel through the driver (response
+    back, policy, agent loop, HTTP): with a window of exactly ``capacity`` the slot idles meanwhile. The margin
+    keeps the next-ranked requests waiting inside vLLM (priority-ordered, so nothing overtakes the frontier).
+    It starts at ``floor`` (one group's requests) and grows to ``ADAPTIVE_BURST_FACTOR`` times the largest
+    number of slots seen freeing on one replica between two ``admit()`` calls (what the driver must refill per
+    cycle; equal-length groups free a whole batch at once), never above ``capacity``: the window stays within
+    ``[capacity + floor, 2 * capacity]`` and never shrinks within a step.
+    """
+
+    capacity: int
+    floor: int = 1
+
+    def __post_init__(self):
+        _check_int("capacity", self.capacity, 1)
+        _check_int("floor", self.floor, 1)
+
+    def limit(self, peak_burst: int) -> int:
+        """In-flight requests allowed per replica once bursts of up to ``peak_burst`` completions were seen."""
+        margin = min(self.capacity, max(self.floor, ADAPTIVE_BURST_FACTOR * peak_burst))
+        return self.capacity + margin
+
+
+def resolve_window(window: int | str | None, groups_per_unit: int, n: int,
+                   max_num_seqs: int) -> int | AdaptiveWindow:
+    """FGD's per-replica admission window (``rolloutpipe.fgd.window``), as the policies take it.
+
+    ``adaptive`` (the default) = ``AdaptiveWindow``: never below ``max_num_seqs``, plus a refill margin that
+    starts at one group's ``n`` requests and grows with the completion bursts the driver sees. An int as given;
+    null = ``max_num_seqs`` (no margin: a freed slot waits for the client's refill); ``auto`` = the requests of
+    ``AUTO_WINDOW_UNITS`` training units (the frontier unit and the next), at most ``max_num_seqs``: when
+    ``max_num_seqs`` covers the whole step it lets the frontier unit's groups finish first, at the cost of a
+    smaller decode batch (docs/fgd.md)."""
     _check_int("max_num_seqs", max_num_seqs, 1)
     if window is None:
         return max_num_seqs
+    if window == "adaptive":
+        _check_int("n", n, 1)
+        return AdaptiveWindow(capacity=max_num_seqs, floor=min(n, max_num_seqs))
     if window == "auto":
         _check_int("groups_per_unit", groups_per_unit, 1)
         _check_int("n", n, 1)
@@ -96,7 +141,7 @@ class AdmissionPolicy:
     """
 
     def __init__(self, num_groups: int, n: int, groups_per_unit: int, target_groups: int,
-                 replicas: Sequence[int], window: int | None):
+                 replicas: Sequence[int], window: int | AdaptiveWindow | None):
         _check_int("num_groups", num_groups, 1)
         _check_int("n", n, 1)
         _check_int("groups_per_unit", groups_per_unit, 1)
@@ -105,7 +150,7 @@ class AdmissionPolicy:
             raise ValueError(f"target_groups ({target_groups}) must be <= num_groups ({num_groups})")
         if groups_per_unit > target_groups:
             raise ValueError(f"groups_per_unit ({groups_per_unit}) must be <= target_groups ({target_groups})")
-        if window is not None:
+        if window is not None and not isinstance(window, AdaptiveWindow):
             _check_int("window", window, 1)
         replicas = list(replicas)
         if not replicas:
@@ -116,6 +161,10 @@ class AdmissionPolicy:
             raise ValueError(f"replicas must be unique, got {replicas}")
 
         self.num_groups, self.n, self.window = num_groups, n, window
+        # AdaptiveWindow: slots freed per replica since the last admit(), and the largest such burst so far
+        self._freed = {r: 0 for r in replicas}
+        self._peak_burst = 0
+        self._limit = self.window_limit()
         self.groups_per_unit, self.target_groups = groups_per_unit, target_groups
         self._inflight: dict[int, set[Request]] = {r: set() for r in sorted(replicas)}
         self._replica_of: dict[Request, int] = {}
@@ -156,8 +205,17 @@ class AdmissionPolicy:
     def _on_group_dropped(self, group: int) -> None: ...
 
     # --- admission ------------------------------------------------------------------------------------------
+    def window_limit(self) -> float:
+        """In-flight requests allowed per replica now (inf: no window)."""
+        w = self.window
+        if w is None:
+            return math.inf
+        if isinstance(w, AdaptiveWindow):
+            return w.limit(self._peak_burst)
+        return w
+
     def _room(self, replica: int) -> float:
-        return math.inf if self.window is None else self.window - len(self._inflight[replica])
+        return self._limit - len(self._inflight[replica])
 
     def _least_loaded(self, replicas: list[int]) -> int:
         # One window for all replicas, so "most window room" and "fewest in flight" are the same order.
@@ -166,6 +224,10 @@ class AdmissionPolicy:
     def admit(self) -> list[Admission]:
         if self.all_done:
             return []
+        if self._freed:
+            self._peak_burst = max(self._peak_burst, max(self._freed.values()))
+            self._freed = dict.fromkeys(self._freed, 0)
+        self._limit = self.window_limit()  # fixed for this call: its admissions refill one burst
         out = []
         while self._pending:
             open_replicas = [r for r in self._inflight if self._room(r) > 0]
@@ -205,6 +267,7 @@ class AdmissionPolicy:
             raise RuntimeError(f"{req} is not in flight")
         del self._replica_of[req]
         self._inflight[r].remove(req)
+        self._freed[r] = self._freed.get(r, 0) + 1
         return True
 
     # --- callbacks ------------------------------------------------------------------------------------------
@@ -271,6 +334,7 @@ class AdmissionPolicy:
         if len(self._inflight) == 1 and not allow_none_left:
             raise RuntimeError(f"cannot remove replica {replica}: no replica would be left")
         lost = sorted(self._inflight.pop(replica))
+        self._freed.pop(replica, None)  # a lost replica's requests are requeued, not a burst to refill there
         self._on_replica_removed(replica)  # unpin first, so the requeued requests find a new home
         for req in lost:
             del self._replica_of[req]
@@ -326,7 +390,9 @@ class AdmissionPolicy:
 
     def stats(self) -> dict:
         trainable = len(self._trainable_order)
+        limit = self.window_limit()
         return dict(self._stats, pending=self.pending_count, inflight=self.inflight_count(),
+                    window_limit=None if limit == math.inf else int(limit), completion_burst_peak=self._peak_burst,
                     replicas=len(self._inflight), groups_done=len(self._group_trainable),
                     trainable_groups_done=trainable,
                     untrainable_groups_done=len(self._group_trainable) - trainable)
