@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_pipe.frontier import FCFSPolicy, FrontierPolicy
+from verl_pipe.frontier import AdaptiveWindow, FCFSPolicy, FrontierPolicy, resolve_window
 from verl_pipe import workload as W
 from verl_pipe.sim.engine import EngineParams, Replica, Seq, fit_engine_params
 from verl_pipe.sim.grid import format_setting, run_grid
-from verl_pipe.sim.simulate import make_policy, simulate_rollout, simulate_step, timeline_for
+from verl_pipe.sim.simulate import make_policy, rollout_for_mode, simulate_rollout, simulate_step, timeline_for
 from verl_pipe.sim.trainer import MODES, TrainerParams, placement_costs, schedule
 
 # One decode step = exactly 1 s, no prefill cost, KV never binds: schedules can be worked out by hand.
@@ -142,18 +142,21 @@ def test_lognormal_workload_moments_and_group_correlation():
 
 
 # ---- invariants on random small steps -----------------------------------------------------------------------
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(groups=st.integers(2, 6), n=st.integers(1, 4), replicas=st.integers(1, 3), slots=st.integers(1, 6),
-       kv=st.sampled_from([60, 150, 10**6]), fgd=st.booleans(), window=st.sampled_from([None, 1, 3]),
-       gpu=st.integers(1, 3), mode=st.sampled_from(MODES), seed=st.integers(0, 1000), oversample=st.booleans())
-def test_invariants(groups, n, replicas, slots, kv, fgd, window, gpu, mode, seed, oversample):
+       kv=st.sampled_from([60, 150, 10**6]), fgd=st.booleans(), window=st.sampled_from([None, 1, 3, "adaptive"]),
+       gpu=st.integers(1, 3), mode=st.sampled_from(MODES), seed=st.integers(0, 1000), oversample=st.booleans(),
+       client=st.sampled_from([0.0, 0.003]))
+def test_invariants(groups, n, replicas, slots, kv, fgd, window, gpu, mode, seed, oversample, client):
     wl = W.lognormal(groups, n, sigma=0.8, rho=0.5, cap=40, prompt_len=5, seed=seed, median=10)
     eng = EngineParams(max_num_seqs=slots, kv_capacity_tokens=kv, max_num_batched_tokens=16,
                        scheduling_policy="priority" if fgd else "fcfs")
     gpu = min(gpu, groups - 1 if oversample else groups)
     target = groups - 1 if oversample else groups
+    if window == "adaptive":
+        window = resolve_window(window, gpu, n, slots)
     policy = make_policy("fgd" if fgd else "fcfs", wl, replicas, gpu, window, target, "interleave:2")
-    ro = simulate_rollout(wl, eng, policy, replicas)
+    ro = simulate_rollout(wl, eng, policy, replicas, client_s_per_request=client)
     tl = timeline_for(ro, wl, TrainerParams(), mode if mode != "cgp_fgd" else "cgp", gpu, 0.5)
     ev = tl.to_dict()
     done = [e["request_id"] for e in ev["responses"]]
@@ -185,6 +188,9 @@ def test_invariants(groups, n, replicas, slots, kv, fgd, window, gpu, mode, seed
     if mode == "sync":  # wait ratio = R / (R + T)
         R, T = m["rollout_end_s"], m["trainer_busy_s"]
         assert m["trainer_wait_ratio"] == pytest.approx(R / (R + T))
+    if client:  # one driver thread: its submissions and responses never overlap
+        times = sorted([e["t"] for e in ev["requests"]] + [e["t"] for e in ev["responses"]])
+        assert all(b - a >= client - 1e-9 for a, b in zip(times, times[1:]))
 
 
 def test_kv_preemption_when_capacity_binds_and_everything_completes():
@@ -241,6 +247,45 @@ def test_cgp_beats_sync_on_long_tail():
         m = simulate_step(wl, EngineParams(max_num_seqs=32), TrainerParams(), mode, **kw).metrics()
         assert m["rollout_to_train_end_s"] < sync["rollout_to_train_end_s"]
         assert m["trainer_wait_ratio"] < sync["trainer_wait_ratio"]
+
+
+def test_hand_computed_driver_cost():
+    # one slot, two 1-token requests, the driver takes 0.5 s per request. All at once (FCFS, no window): submitted
+    # at 0.5 and 1.0; 0.0 runs 0.5-1.5 and 1 waits inside the engine, runs 1.5-2.5; the driver takes the responses
+    # at 2.0 and 3.0. A window of exactly the slot: 1 is submitted only once 0's response is in (2.0 -> 2.5),
+    # runs 2.5-3.5, is taken at 4.0. The adaptive window (slot + a margin of 1) keeps 1 waiting in the engine.
+    wl = W.Workload(1, 2, [[1, 1]], prompt_len=0)
+    eng = UNIT_STEP.with_(max_num_seqs=1)
+
+    def run(kind, window):
+        ro = simulate_rollout(wl, eng, make_policy(kind, wl, 1, 1, window), 1, client_s_per_request=0.5)
+        return [kw["t"] for m, kw in ro.log if m == "request_submitted"], \
+            [kw["t"] for m, kw in ro.log if m == "response_done"]
+
+    assert run("fcfs", None) == ([0.5, 1.0], [2.0, 3.0])
+    assert run("fgd", 1) == ([0.5, 2.5], [2.0, 4.0])
+    assert run("fgd", AdaptiveWindow(capacity=1, floor=1)) == ([0.5, 1.0], [2.0, 3.0])
+    with pytest.raises(ValueError, match="client_s_per_request"):
+        simulate_rollout(wl, eng, make_policy("fcfs", wl, 1, 1, None), 1, client_s_per_request=-1)
+
+
+def test_adaptive_window_never_costs_where_a_window_of_the_slots_does():
+    # Equal lengths free the whole batch at once; with a driver that takes time per request, a window of exactly
+    # max_num_seqs idles the slots until the driver refills them, the baseline (everything in the engine) and
+    # the adaptive window refill from vLLM's own queue. Where the slots cover the step, fgd.window=auto runs a
+    # smaller batch than everything and the step's rollout is longer.
+    wl = W.equal_lengths(8, 8, length=32, prompt_len=8)
+    eng = EngineParams(max_num_seqs=16, kv_capacity_tokens=10**6, t0_s=5e-3, per_seq_s=1e-4)
+    kw = dict(num_replicas=1, groups_per_unit=2, client_s_per_request=5e-3)
+    cgp = rollout_for_mode("cgp", wl, eng, window=None, **kw).rollout_end
+    adaptive = rollout_for_mode("cgp_fgd", wl, eng, window="adaptive", **kw).rollout_end
+    slots = rollout_for_mode("cgp_fgd", wl, eng, window=16, **kw).rollout_end  # fgd.window=null
+    assert adaptive <= 1.01 * cgp and slots > 1.1 * adaptive
+    wide = eng.with_(max_num_seqs=64)  # covers the step's 64 requests
+    cgp = rollout_for_mode("cgp", wl, wide, window=None, **kw).rollout_end
+    adaptive = rollout_for_mode("cgp_fgd", wl, wide, window="adaptive", **kw).rollout_end
+    auto = rollout_for_mode("cgp_fgd", wl, wide, window="auto", **kw).rollout_end
+    assert adaptive <= 1.01 * cgp and auto > 1.1 * adaptive
 
 
 def test_policies_are_the_shared_ones():

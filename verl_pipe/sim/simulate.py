@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from verl_pipe.frontier import FCFSPolicy, FrontierPolicy, Request
+from verl_pipe.frontier import AdaptiveWindow, FCFSPolicy, FrontierPolicy, Request, resolve_window
 from verl_pipe.sim.engine import EngineParams, Replica, Seq
 from verl_pipe.sim.trainer import MODES, TrainerParams, schedule
 from verl_pipe.workload import Workload
@@ -41,10 +41,19 @@ def request_id(req: Request) -> str:
 
 
 def simulate_rollout(workload: Workload, engine: EngineParams, policy, num_replicas: int,
-                     trainable: list[bool] | None = None) -> RolloutResult:
-    """Run the rollout of one step to its end; ``policy`` is an FCFSPolicy/FrontierPolicy over the replicas."""
+                     trainable: list[bool] | None = None, client_s_per_request: float = 0.0) -> RolloutResult:
+    """Run the rollout of one step to its end; ``policy`` is an FCFSPolicy/FrontierPolicy over the replicas.
+
+    ``client_s_per_request``: the driver's own time per request (submitting it, taking its response), on one
+    thread, as the real driver is one asyncio loop (verl_pipe/rollout/stream.py): it wakes up, takes every response
+    finished by then, one after the other, then submits what the policy admits, one after the other, and sleeps
+    until the next response. Requests reach their replica when submitted; responses that finish while the driver
+    is busy wait for its next cycle. 0 (the default): an instantaneous driver."""
     if engine.step_time(1, 0) <= 0:
         raise ValueError("engine step time must be positive")
+    if client_s_per_request < 0:
+        raise ValueError(f"client_s_per_request must be >= 0, got {client_s_per_request}")
+    c = float(client_s_per_request)
     trainable = trainable or [True] * workload.num_groups
     reps = [Replica(r, engine) for r in range(num_replicas)]
     version = [0] * num_replicas
@@ -56,6 +65,8 @@ def simulate_rollout(workload: Workload, engine: EngineParams, policy, num_repli
     done_t: dict[int, float] = {}
     log: list[tuple[str, dict]] = []
     order = itertools.count()
+    ready: list[tuple[Seq, int]] = []  # generated, not yet taken by the (busy) driver
+    driver_busy = False
 
     def push(t, phase, kind, payload):
         heapq.heappush(heap, (t, phase, next(tie), kind, payload))
@@ -74,20 +85,64 @@ def simulate_rollout(workload: Workload, engine: EngineParams, policy, num_repli
                 version[r] += 1
                 push(end, _EVENT, "seg_end", (r, version[r]))
 
-    def admit(t: float) -> None:
+    def admit(t: float) -> float:
+        """Submits what the policy admits, from t on; returns when the driver is done submitting."""
         touched = set()
         for adm in policy.admit():
             req, r = adm.request, adm.replica
             g, i = req.group, req.index
+            t += c
             s = Seq(len(seqs), g, i, workload.lengths[g][i], workload.prompt_len, adm.priority, t, next(order))
             seqs[req] = (s, r)
             log.append(("request_submitted", dict(request_id=request_id(req), group=g, replica=r, t=t)))
+            if c:
+                push(t, _EVENT, "arrive", (s, r))
+                continue
             reps[r].submit(s)
             touched.add(r)
         for r in sorted(touched):
             wake(r, t)
+        return t
 
-    admit(0.0)
+    def abort(qs: Seq, qr: int, t: float) -> None:
+        reps[qr].abort(qs)
+        wake(qr, t)
+
+    def respond(s: Seq, r: int, t: float) -> None:
+        """The driver takes a generated response: the policy's callbacks, the group's completion, the aborts."""
+        req = Request(s.group, s.index)
+        log.append(("response_done", dict(request_id=request_id(req), group=s.group, num_tokens=s.length, t=t)))
+        policy.on_response_done(req, r)
+        left_in_group[s.group] -= 1
+        if left_in_group[s.group] == 0:
+            done_t[s.group] = t
+            policy.on_group_done(s.group, trainable[s.group])
+            log.append(("group_done", dict(group=s.group, trainable=trainable[s.group], t=t)))
+            if policy.batch_full:
+                for q in policy.to_abort():
+                    qs, qr = seqs[q]
+                    log.append(("request_aborted", dict(request_id=request_id(q), group=q.group, t=t)))
+                    if c:
+                        push(t, _EVENT, "abort", (qs, qr))
+                    else:
+                        abort(qs, qr, t)
+
+    def driver_cycle(t: float) -> None:
+        """One wake-up of a driver with a cost: every response ready now, then the admissions; its next
+        wake-up is when that work is done (it then sleeps if nothing finished meanwhile)."""
+        nonlocal ready, driver_busy
+        batch, ready = ready, []
+        for s, r in batch:
+            if not s.aborted:  # a leftover aborted after it finished, before the driver took it
+                t += c
+                respond(s, r, t)
+        driver_busy = True
+        push(admit(t), _EVENT, "driver", None)
+
+    if c:
+        driver_cycle(0.0)
+    else:
+        admit(0.0)
     while heap:
         t, _, _, kind, payload = heapq.heappop(heap)
         if kind == "plan":
@@ -98,27 +153,35 @@ def simulate_rollout(workload: Workload, engine: EngineParams, policy, num_repli
                     version[payload] += 1
                     push(end, _EVENT, "seg_end", (payload, version[payload]))
             continue
+        if kind == "arrive":  # a request the driver submitted reaches its replica
+            s, r = payload
+            reps[r].submit(s)
+            wake(r, t)
+            continue
+        if kind == "abort":
+            abort(*payload, t)
+            continue
+        if kind == "driver":
+            if ready:
+                driver_cycle(t)
+            else:
+                driver_busy = False
+            continue
         r, v = payload
         if v != version[r]:
             continue  # superseded by an interrupt
         for s in reps[r].finish_segment():
             if s.aborted:
                 continue
-            req = Request(s.group, s.index)
-            log.append(("response_done", dict(request_id=request_id(req), group=s.group, num_tokens=s.length, t=t)))
-            policy.on_response_done(req, r)
-            left_in_group[s.group] -= 1
-            if left_in_group[s.group] == 0:
-                done_t[s.group] = t
-                policy.on_group_done(s.group, trainable[s.group])
-                log.append(("group_done", dict(group=s.group, trainable=trainable[s.group], t=t)))
-                if policy.batch_full:
-                    for q in policy.to_abort():
-                        qs, qr = seqs[q]
-                        reps[qr].abort(qs)
-                        log.append(("request_aborted", dict(request_id=request_id(q), group=q.group, t=t)))
-                        wake(qr, t)
-        admit(t)
+            if c:
+                ready.append((s, r))
+            else:
+                respond(s, r, t)
+        if c:
+            if ready and not driver_busy:
+                driver_cycle(t)
+        else:
+            admit(t)
         if r not in plan_pending:
             plan_pending.add(r)
             push(t, _PLAN, "plan", r)
@@ -135,8 +198,9 @@ def simulate_rollout(workload: Workload, engine: EngineParams, policy, num_repli
     return RolloutResult(log, completions, rollout_end, stats)
 
 
-def make_policy(kind: str, workload: Workload, num_replicas: int, groups_per_unit: int, window: int | None,
-                target_groups: int | None = None, order: str = "group_major", frontier: dict | None = None):
+def make_policy(kind: str, workload: Workload, num_replicas: int, groups_per_unit: int,
+                window: int | AdaptiveWindow | None, target_groups: int | None = None, order: str = "group_major",
+                frontier: dict | None = None):
     """``kind``: "fcfs" (stock dispatch in ``order``) or "fgd" (FrontierPolicy with ``frontier`` kwargs)."""
     args = (workload.num_groups, workload.n, groups_per_unit, target_groups or workload.num_groups,
             list(range(num_replicas)), window)
@@ -148,16 +212,21 @@ def make_policy(kind: str, workload: Workload, num_replicas: int, groups_per_uni
 
 
 def rollout_for_mode(mode: str, workload: Workload, engine: EngineParams, num_replicas: int, groups_per_unit: int,
-                     window: int | None, order: str = "group_major", frontier: dict | None = None,
-                     target_groups: int | None = None, trainable: list[bool] | None = None) -> RolloutResult:
+                     window: int | str | AdaptiveWindow | None, order: str = "group_major",
+                     frontier: dict | None = None, target_groups: int | None = None,
+                     trainable: list[bool] | None = None, client_s_per_request: float = 0.0) -> RolloutResult:
     """FGD modes use the FrontierPolicy and vLLM's priority scheduling (its priorities are group ranks);
-    every other mode uses the stock FCFS dispatch with the engine as configured (verl default: fcfs)."""
+    every other mode uses the stock FCFS dispatch with the engine as configured (verl default: fcfs).
+    A window given as ``rolloutpipe.fgd.window`` spells it ("adaptive", "auto") is resolved as the trainer
+    resolves it (``frontier.resolve_window``), against the engine's ``max_num_seqs``."""
     fgd = mode == "cgp_fgd"
+    if isinstance(window, str):
+        window = resolve_window(window, groups_per_unit, workload.n, engine.max_num_seqs)
     policy = make_policy("fgd" if fgd else "fcfs", workload, num_replicas, groups_per_unit, window,
                          target_groups, order, frontier)
     if fgd:
         engine = engine.with_(scheduling_policy="priority")
-    return simulate_rollout(workload, engine, policy, num_replicas, trainable)
+    return simulate_rollout(workload, engine, policy, num_replicas, trainable, client_s_per_request)
 
 
 def timeline_for(rollout: RolloutResult, workload: Workload, trainer: TrainerParams, mode: str,
@@ -181,10 +250,12 @@ def simulate_step(workload: Workload, engine_params: EngineParams, trainer_param
                   num_replicas: int, window: int | None = None, frontier: dict | None = None, seed: int = 0,
                   *, groups_per_unit: int = 32, order: str = "group_major", granularity: str = "minibatch",
                   weight_sync_s: float = 0.5, target_groups: int | None = None,
-                  trainable_prob: float = 1.0) -> StepTimeline:
+                  trainable_prob: float = 1.0, client_s_per_request: float = 0.0) -> StepTimeline:
     """One step in ``mode`` (sync, cgp, cgp_group, cgp_fgd, verl_separate_async) -> its StepTimeline.
 
-    ``window``: per-replica client admission window (None: submit everything at once). ``frontier``:
+    ``window``: per-replica client admission window (None: submit everything at once; for cgp_fgd also
+    "adaptive" / "auto" as ``rolloutpipe.fgd.window`` spells them). ``client_s_per_request``: the driver's
+    serial time per request (``simulate_rollout``). ``frontier``:
     FrontierPolicy kwargs for cgp_fgd; ``granularity`` ("minibatch" | "group") is its trainer granularity.
     ``seed`` draws which groups are trainable when ``trainable_prob`` < 1 (DAPO-style filtering).
     """
@@ -194,5 +265,5 @@ def simulate_step(workload: Workload, engine_params: EngineParams, trainer_param
     if target_groups is None and trainable_prob >= 1.0:
         target_groups = workload.num_groups
     rollout = rollout_for_mode(mode, workload, engine_params, num_replicas, groups_per_unit, window, order,
-                               frontier, target_groups or workload.num_groups, trainable)
+                               frontier, target_groups or workload.num_groups, trainable, client_s_per_request)
     return timeline_for(rollout, workload, trainer_params, mode, groups_per_unit, weight_sync_s, granularity)
