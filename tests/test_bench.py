@@ -352,6 +352,22 @@ def test_simulator_is_calibrated_per_model_size():
     assert {r["model_size"] for r in sv["rows"]} == {"bench", "tiny"}
 
 
+def test_adaptive_fgd_window_is_recorded_by_name_and_simulated_as_the_trainer_resolves_it():
+    from verl_pipe.frontier import AdaptiveWindow
+
+    assert bench.window_label(AdaptiveWindow(capacity=8, floor=4)) == "adaptive"
+    assert bench.window_label(16) == 16
+    shape = StepShape(**dict(SHAPE.__dict__, fgd_window="adaptive"))
+    json.dumps(shape.__dict__)  # the results JSON keeps the shapes
+    step = simulated_steps(("sync",))[0]
+    adaptive = simulate_like(step, "cgp_fgd", "minibatch", TRUE_ENGINE, TRUE_TRAINER, shape)
+    # the adaptive window never holds a request back from the engine's 8 slots: as fast as everything at once
+    everything = simulate_like(dict(step, fgd_window=10**6), "cgp_fgd", "minibatch", TRUE_ENGINE, TRUE_TRAINER, shape)
+    assert adaptive["rollout_end_s"] == pytest.approx(everything["rollout_end_s"], rel=0.02)
+    one_group = simulate_like(dict(step, fgd_window=4), "cgp_fgd", "minibatch", TRUE_ENGINE, TRUE_TRAINER, shape)
+    assert one_group["rollout_end_s"] > 1.05 * adaptive["rollout_end_s"]
+
+
 def test_fit_with_a_copying_theta_k_swap():
     """A store that copies (pinned): each later unit's swap costs save + 2 restores, 3 x the snapshot span."""
     true = TRUE_TRAINER.with_(swap_save_s=0.02, swap_restore_s=0.02, swap_cycle_s=None)

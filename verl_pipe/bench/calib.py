@@ -341,10 +341,10 @@ class StepShape:
     kv_capacity_tokens: int
     num_replicas: int = 1
     # The rollout's admission, as the trainer configures it: the stock dispatch of sync/cgp/cgp_group
-    # (order, per-replica window) and FGD's window (None: max_num_seqs).
+    # (order, per-replica window) and FGD's window (None: max_num_seqs; "adaptive": frontier.AdaptiveWindow).
     baseline_order: str = "group_major"
     baseline_window: int | None = None
-    fgd_window: int | None = None
+    fgd_window: int | str | None = None
 
 
 def base_engine(shape: StepShape) -> EngineParams:

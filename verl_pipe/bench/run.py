@@ -28,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from verl_pipe.frontier import AdaptiveWindow, resolve_window
 from verl_pipe.bench.report import BASE, MODES, PEERS, check_schema, format_setting, format_sim_validation, \
     format_sweep, setting_entry
 
@@ -87,6 +88,12 @@ def workload_for(spec: dict, num_groups: int, n: int, seed: int):
     from verl_pipe.workload import from_spec
 
     return from_spec(dict(spec), num_groups, n, prompt_len=0, seed=seed)
+
+
+def window_label(resolved) -> int | str:
+    """FGD's window as the results record it: its size, or "adaptive" (it grows during a step; the simulator
+    resolves the name against the engine it simulates, ``sim.simulate.rollout_for_mode``)."""
+    return "adaptive" if isinstance(resolved, AdaptiveWindow) else resolved
 
 
 def env_info() -> dict:
@@ -247,10 +254,9 @@ class BenchRunner:
         kv_tokens = self._kv_capacity_tokens(session)
         replicas = int(roll.nnodes) * int(roll.n_gpus_per_node) // int(roll.tensor_model_parallel_size)
         trainer = session.trainer
-        from verl_pipe.frontier import resolve_window
-
-        fgd_window = resolve_window(c.rolloutpipe.fgd.get("window"), int(c.actor_rollout_ref.actor.ppo_mini_batch_size),
-                                    n, int(roll.max_num_seqs))
+        fgd_window = window_label(resolve_window(c.rolloutpipe.fgd.get("window"),
+                                                 int(c.actor_rollout_ref.actor.ppo_mini_batch_size), n,
+                                                 int(roll.max_num_seqs)))
         return StepShape(n=n, groups_per_unit=int(c.actor_rollout_ref.actor.ppo_mini_batch_size), micro_rows=micro,
                          max_num_seqs=int(roll.max_num_seqs), max_num_batched_tokens=int(roll.max_num_batched_tokens),
                          kv_capacity_tokens=kv_tokens, num_replicas=max(1, replicas),
@@ -277,15 +283,13 @@ class BenchRunner:
 
     def _step(self, session, mode: str, wl, granularity: str = "minibatch", fgd_window=None) -> dict:
         """One step in ``mode``; ``fgd_window``: FGD's admission window for it (None: the stack's config)."""
-        from verl_pipe.frontier import resolve_window
-
         t = time.perf_counter()
         window = fgd_window or session.config.rolloutpipe.fgd.get("window")  # the trainer's run-time knob
         rec = session.step(**mode_kwargs(mode, granularity), sampling_overrides=self._overrides_fn(wl),
                            fgd_window=window)
         tr = session.trainer
-        resolved = resolve_window(window, tr.groups_per_unit, tr.n,
-                                  int(session.config.actor_rollout_ref.rollout.max_num_seqs))
+        resolved = window_label(resolve_window(window, tr.groups_per_unit, tr.n,
+                                               int(session.config.actor_rollout_ref.rollout.max_num_seqs)))
         wall = time.perf_counter() - t
         tl = session.trainer.timelines[-1]
         m = dict(rec["timeline"])
