@@ -380,8 +380,9 @@ def calibrate(steps: list[dict], shape: StepShape) -> Calibration:
 
 
 def simulate_like(step: dict, mode: str, granularity: str, engine: EngineParams, trainer: TrainerParams,
-                  shape: StepShape) -> dict:
-    """Simulated metrics of one measured step's workload in ``mode`` (any simulator mode)."""
+                  shape: StepShape, client_s_per_request: float = 0.0) -> dict:
+    """Simulated metrics of one measured step's workload in ``mode`` (any simulator mode); ``client_s_per_request``:
+    a driver that costs that much per request (``sim.simulate.simulate_rollout``; 0: instantaneous)."""
     from verl_pipe.sim.simulate import simulate_step
 
     lengths = step["lengths"]
@@ -391,7 +392,7 @@ def simulate_like(step: dict, mode: str, granularity: str, engine: EngineParams,
     window = fgd_window if mode == "cgp_fgd" else shape.baseline_window
     tl = simulate_step(wl, engine, trainer, mode, shape.num_replicas, window=window,
                        groups_per_unit=shape.groups_per_unit, order=shape.baseline_order, granularity=granularity,
-                       weight_sync_s=float(step.get("weight_sync_s", 0.0)))
+                       weight_sync_s=float(step.get("weight_sync_s", 0.0)), client_s_per_request=client_s_per_request)
     return tl.metrics()
 
 

@@ -183,6 +183,9 @@ def format_setting(s: dict) -> str:
             lines.append(f"  {m:<10} " + ", ".join(
                 f"{k} {_fmt(ph.get('during_rollout'), '.3f')} / {_fmt(ph.get('after_rollout'), '.3f')}"
                 for k, ph in sorted(kinds.items())))
+    preempted = {m: e["vllm_preemptions"] for m, e in s["modes"].items() if "vllm_preemptions" in e}
+    if preempted:  # the bench config turned vLLM's stats on (bench/preemptions.py)
+        lines.append("vLLM preemptions per step (mean): " + ", ".join(f"{m} {v:.1f}" for m, v in preempted.items()))
     vs_peer = {m: e["reduction_vs_verl_separate_async_pct"] for m, e in s["modes"].items()
                if "reduction_vs_verl_separate_async_pct" in e}
     if vs_peer:

@@ -155,6 +155,7 @@ class BenchRunner:
         self.skipped: dict[str, str] = {}  # mode -> reason, for the whole session
         self.granularity: dict[str, str] = {}  # setting -> cgp_fgd granularity
         self.shapes: dict = {}  # model size -> calib.StepShape
+        self.skipped_reads: dict[str, str] = {}  # figure -> why it could not be read (once per run)
         self.startup_s = 0.0
 
     def dump(self) -> dict:
@@ -283,6 +284,7 @@ class BenchRunner:
 
     def _step(self, session, mode: str, wl, granularity: str = "minibatch", fgd_window=None) -> dict:
         """One step in ``mode``; ``fgd_window``: FGD's admission window for it (None: the stack's config)."""
+        preempted_before = self._preemptions(session)  # outside the timed step
         t = time.perf_counter()
         window = fgd_window or session.config.rolloutpipe.fgd.get("window")  # the trainer's run-time knob
         rec = session.step(**mode_kwargs(mode, granularity), sampling_overrides=self._overrides_fn(wl),
@@ -294,9 +296,28 @@ class BenchRunner:
         tl = session.trainer.timelines[-1]
         m = dict(rec["timeline"])
         m["wall_s"] = wall
+        from verl_pipe.bench.preemptions import step_delta
+
+        preempted = step_delta(preempted_before, self._preemptions(session))
+        if preempted is not None:  # vLLM counts them only with actor_rollout_ref.rollout.disable_log_stats=false
+            m["vllm_preemptions"] = preempted
         return {"metrics": m, "timeline": tl.to_dict(), "fgd_window": resolved,
                 "prompt_len": float(rec["metrics"].get("prompt_length/mean", 0.0)),
                 "trained_groups": len(rec.get("trained_groups", []))}
+
+    def _preemptions(self, session) -> float | None:
+        """vLLM's preemptions so far over the replicas (verl_pipe/bench/preemptions.py); None when not counted."""
+        from verl_pipe.bench.preemptions import replica_preemptions
+
+        if session.config.actor_rollout_ref.rollout.get("disable_log_stats", True):
+            return None  # vLLM counts nothing then: no calls into the servers
+        try:
+            return replica_preemptions(list(session.trainer.llm_server_manager.server_handles))
+        except Exception as e:  # a figure the bench adds, never a reason to lose the run
+            if "preemptions" not in self.skipped_reads:
+                self.skipped_reads["preemptions"] = f"{type(e).__name__}: {e}"
+                self.log(f"[bench] vLLM preemption counts not read: {e}")
+            return None
 
     def _warmup(self, session, setting: dict) -> None:
         c = session.config

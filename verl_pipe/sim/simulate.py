@@ -111,8 +111,9 @@ def simulate_rollout(workload: Workload, engine: EngineParams, policy, num_repli
     def respond(s: Seq, r: int, t: float) -> None:
         """The driver takes a generated response: the policy's callbacks, the group's completion, the aborts."""
         req = Request(s.group, s.index)
+        if not policy.on_response_done(req, r):
+            return  # aborted earlier in the same driver cycle (the batch filled): the driver drops it
         log.append(("response_done", dict(request_id=request_id(req), group=s.group, num_tokens=s.length, t=t)))
-        policy.on_response_done(req, r)
         left_in_group[s.group] -= 1
         if left_in_group[s.group] == 0:
             done_t[s.group] = t
