@@ -156,12 +156,14 @@ class BenchRunner:
         self.granularity: dict[str, str] = {}  # setting -> cgp_fgd granularity
         self.shapes: dict = {}  # model size -> calib.StepShape
         self.skipped_reads: dict[str, str] = {}  # figure -> why it could not be read (once per run)
+        self.cpu_samples: list[dict] = []  # /proc samples of this process's tree while our stacks ran (cpu_sampler)
         self.startup_s = 0.0
 
     def dump(self) -> dict:
         """Everything the analysis needs, to rebuild the results later (``--reanalyze``)."""
         return {"shapes": {k: v.__dict__ for k, v in self.shapes.items()}, "skipped": self.skipped,
-                "granularity": self.granularity, "startup_s": self.startup_s, "steps": self.steps}
+                "granularity": self.granularity, "startup_s": self.startup_s, "steps": self.steps,
+                "cpu_samples": self.cpu_samples}
 
     def load(self, path: str | Path) -> None:
         from verl_pipe.bench.calib import StepShape
@@ -170,6 +172,7 @@ class BenchRunner:
             d = json.load(f)
         self.shapes = {k: StepShape(**v) for k, v in d["shapes"].items()}
         self.skipped, self.granularity, self.steps = d["skipped"], d["granularity"], d["steps"]
+        self.cpu_samples = d.get("cpu_samples", [])
 
     def overrides(self, stack: str) -> list[str]:
         return stack_overrides(self.cfg, stack)
@@ -234,12 +237,18 @@ class BenchRunner:
         session = PipeSession(compose(self.overrides(size) + [f"trainer.default_local_dir={ckpt}"]))
         self.startup_s += time.perf_counter() - t0
         self.log(f"[bench] model size {size}: stack up in {time.perf_counter() - t0:.1f}s")
+        from verl_pipe.bench.cpu_sampler import SamplerProcess
+
+        # where the cores go while the steps run: its own process, so sampling takes no GIL from this driver
+        sampler = SamplerProcess(os.getpid(), Path(ckpt) / "cpu_samples.jsonl")
+        sampler.start()
         try:
             self.shapes[size] = self._shape(session)
             self._warmup(session, settings[0])
             for s in settings:
                 self._run_setting(session, s, size)
         finally:
+            self.cpu_samples += sampler.stop()
             session.close()
             shutil.rmtree(ckpt, ignore_errors=True)
 
@@ -285,6 +294,7 @@ class BenchRunner:
     def _step(self, session, mode: str, wl, granularity: str = "minibatch", fgd_window=None) -> dict:
         """One step in ``mode``; ``fgd_window``: FGD's admission window for it (None: the stack's config)."""
         preempted_before = self._preemptions(session)  # outside the timed step
+        wall_start = time.time()  # epoch seconds, the clock of the /proc samples
         t = time.perf_counter()
         window = fgd_window or session.config.rolloutpipe.fgd.get("window")  # the trainer's run-time knob
         rec = session.step(**mode_kwargs(mode, granularity), sampling_overrides=self._overrides_fn(wl),
@@ -303,7 +313,7 @@ class BenchRunner:
             m["vllm_preemptions"] = preempted
         return {"metrics": m, "timeline": tl.to_dict(), "fgd_window": resolved,
                 "prompt_len": float(rec["metrics"].get("prompt_length/mean", 0.0)),
-                "trained_groups": len(rec.get("trained_groups", []))}
+                "trained_groups": len(rec.get("trained_groups", [])), "wall_window": [wall_start, wall_start + wall]}
 
     def _preemptions(self, session) -> float | None:
         """vLLM's preemptions so far over the replicas (verl_pipe/bench/preemptions.py); None when not counted."""
@@ -383,11 +393,12 @@ class BenchRunner:
 
 def build_result(cfg: dict, settings: list[dict], steps: list[dict], skipped_modes: dict[str, str],
                  granularity: dict[str, str], shapes: dict, env: dict, peer_reason: str | None,
-                 tr_sim_points: list[float] | None = None) -> dict:
+                 tr_sim_points: list[float] | None = None, cpu_samples: list[dict] | None = None) -> dict:
     """The benchmark JSON from the measured steps (pure, apart from running the simulator).
 
     ``shapes``: model size -> StepShape; the simulator is calibrated per model size (each size has its own
-    engine and trainer costs).
+    engine and trainer costs). ``cpu_samples``: the /proc samples taken while the steps ran (cpu_sampler): each of
+    our modes gets the cores per process kind while trainer and engine were both busy, per setting and overall.
     """
     result_settings = []
     for s in settings:
@@ -411,6 +422,8 @@ def build_result(cfg: dict, settings: list[dict], steps: list[dict], skipped_mod
                               prompt_len_mean=sum(st["prompt_len"] for st in mine) / len(mine))
         _peer_extras(entry, mine)
         _trainer_cost_split(entry, mine, shapes)
+        if cpu_samples:
+            _cpu_overlap(entry, mine, cpu_samples)
         if "cgp_fgd" in entry["modes"] and "skipped" not in entry["modes"]["cgp_fgd"]:
             entry["modes"]["cgp_fgd"]["granularity"] = granularity.get(name, "minibatch")
         if "cgp_group" in entry["modes"] and "skipped" not in entry["modes"]["cgp_group"]:
@@ -422,7 +435,16 @@ def build_result(cfg: dict, settings: list[dict], steps: list[dict], skipped_mod
     sv, fits = validate_per_size(steps, shapes)
     sim = simulated_section(settings, steps, granularity, shapes, fits, tr_sim_points) if fits else {}
     targets = paper_targets({"settings": result_settings})
+    cpu = {}
+    if cpu_samples:
+        from verl_pipe.bench.cpu_sampler import overlap_cores
+
+        for mode in MODES:
+            windows = [st["wall_window"] for st in steps if st["mode"] == mode and st.get("wall_window")]
+            if windows:
+                cpu[mode] = overlap_cores(cpu_samples, windows)
     return {"settings": result_settings, "sim_validation": sv, "sim": sim, "env": env, "targets": targets,
+            "cpu_overlap": cpu,
             "config": {"overrides": cfg.get("overrides", []), "modes": cfg.get("modes", list(MODES)),
                        "warmup_steps": cfg.get("warmup_steps", 1), "interleaved": True,
                        "shapes": {k: v.__dict__ for k, v in shapes.items()}}}
@@ -447,6 +469,18 @@ def _peer_extras(entry: dict, steps: list[dict]) -> None:
             if mode != SEPARATE_ASYNC and "rollout_to_train_end_s" in e:
                 e["reduction_vs_verl_separate_async_pct"] = 100.0 * (
                     1.0 - e["rollout_to_train_end_s"] / ref["rollout_to_train_end_s"])
+
+
+def _cpu_overlap(entry: dict, steps: list[dict], samples: list[dict]) -> None:
+    """Each of our modes' cores per process kind while trainer and vLLM engine were both busy, in this setting's
+    steps (bench/cpu_sampler.py): what the run's own orchestration takes from them on this host."""
+    from verl_pipe.bench.cpu_sampler import overlap_cores
+
+    for mode in MODES:
+        e = entry["modes"].get(mode)
+        windows = [st["wall_window"] for st in steps if st["mode"] == mode and st.get("wall_window")]
+        if e is not None and "skipped" not in e and windows:
+            e["cpu_cores_during_overlap"] = overlap_cores(samples, windows)
 
 
 def _trainer_cost_split(entry: dict, steps: list[dict], shapes: dict) -> None:
@@ -659,7 +693,7 @@ def main(argv=None) -> int:
         with open(steps_path, "w") as f:
             json.dump(runner.dump(), f, default=_json_default)
     result = build_result(cfg, settings, runner.steps, runner.skipped, runner.granularity, runner.shapes,
-                          env_info(), peer_reason, cfg.get("sim_tr_sweep"))
+                          env_info(), peer_reason, cfg.get("sim_tr_sweep"), runner.cpu_samples)
     for s in result["settings"]:
         print(format_setting(s), end="\n\n")
     sweep = format_sweep(result)
@@ -670,6 +704,11 @@ def main(argv=None) -> int:
         from verl_pipe.bench.report import format_targets
 
         print(format_targets(result["targets"]), end="\n\n")
+    from verl_pipe.bench.cpu_sampler import format_overlap
+
+    cpu_txt = format_overlap(result.get("cpu_overlap") or {})
+    if cpu_txt:
+        print(cpu_txt, end="\n\n")
     sim_txt = format_sim_section(result["sim"])
     if sim_txt:
         print(sim_txt, end="\n\n")
