@@ -2,7 +2,8 @@
 
 verl's ``AgentLoopManager.generate_sequences`` returns only when the whole batch is
 done. Pipelining needs every response the moment it finishes, so this module
-drives verl's own ``AgentLoopWorker`` per request instead: the same agent loop,
+drives verl's own ``AgentLoopWorker`` per request instead (``agent_worker.PipeAgentLoopWorker``: the same, its
+per-request agent-loop object built without Hydra's overhead): the same agent loop,
 tokenization, padding and streamed reward (``RewardLoopWorker``) as verl's path,
 but each request is admitted by an admission policy (``verl_pipe.frontier``) and
 handed back as soon as it is done. When all n responses of a group are in, the
@@ -25,10 +26,11 @@ from typing import Any, Callable
 import numpy as np
 
 from verl import DataProto
-from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
 from verl_pipe.frontier import AdmissionPolicy, Request
+from verl_pipe.rollout.agent_worker import PipeAgentLoopWorker
 from verl_pipe.rollout.client import CURRENT_ADMISSION, AdmissionRoutedClient
+from verl_pipe.rollout.completions import Completions
 from verl_pipe.rollout.replicas import ReplicaLostError, is_replica_death  # noqa: F401 (re-exported)
 from verl_pipe.timeline import StepTimeline
 
@@ -79,7 +81,7 @@ class StreamingRollout:
         self.supervisor = supervisor  # ReplicaSupervisor (restarts or retires dead replicas), or None
         self._tasks: dict = {}  # the running step's request tasks
         self.client = AdmissionRoutedClient(config, load_balancer_handle=load_balancer_handle, servers=servers)
-        self.worker = AgentLoopWorker(config, self.client, None, reward_loop_worker_handles)
+        self.worker = PipeAgentLoopWorker(config, self.client, None, reward_loop_worker_handles)
         rollout_cfg = config.actor_rollout_ref.rollout
         self.sampling_params = dict(
             temperature=rollout_cfg.temperature,
@@ -150,6 +152,7 @@ class StreamingRollout:
         tasks: dict[asyncio.Task, tuple[Any, int]] = {}
         self._tasks = tasks  # for the clean-up of a failed step
         restarting: dict[asyncio.Task, tuple[int, float]] = {}  # restart task -> (replica, when death noticed)
+        completions = Completions()  # every task above and in `restarting` is added here when created
         attempts: dict[Request, int] = {}
         outputs: dict[int, dict[int, Any]] = {}
 
@@ -160,7 +163,7 @@ class StreamingRollout:
             for adm in policy.admit():
                 n_try = attempts.get(adm.request, 0)
                 timeline.request_submitted(rid(adm.request), adm.request.group, replica=adm.replica)
-                task = asyncio.create_task(self._one(req, adm, n_try))
+                task = completions.add(asyncio.create_task(self._one(req, adm, n_try)))
                 tasks[task] = (adm, n_try)
 
         def cancel(pred) -> None:
@@ -172,7 +175,7 @@ class StreamingRollout:
 
         admit()
         while (tasks or restarting) and not policy.all_done:
-            done, _ = await asyncio.wait([*tasks, *restarting], return_when=asyncio.FIRST_COMPLETED)
+            done = await completions.wait()
             for task in done:
                 if task in restarting:
                     self._replica_back(task, restarting.pop(task), policy, result)
@@ -186,7 +189,10 @@ class StreamingRollout:
                 except Exception as e:
                     if is_replica_death(e):
                         if adm.replica in policy.replicas:  # the first of its requests to notice
-                            restarting.update(await self._replica_died(req, adm.replica, e, policy, result))
+                            restart = await self._replica_died(req, adm.replica, e, policy, result)
+                            for t in restart:
+                                completions.add(t)
+                            restarting.update(restart)
                             cancel(lambda a, dead=adm.replica: a.replica == dead)
                         continue  # not the request's fault: no retry is used up
                     # A failed or timed-out request: retry, then give up on it (fail the step or drop its group).
