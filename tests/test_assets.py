@@ -11,11 +11,11 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from verl_pipe.assets import ASSET_VERSION, ensure_assets
-from verl_pipe.assets.math_data import DATA_SOURCE, build_dataset
+from verl_pipe.assets.math_data import DATA_SOURCE, INSTRUCTION, SLOPPY, build_dataset, worked_answer
 from verl_pipe.assets.model import MODEL_SIZES, build_config
 from verl_pipe.assets.reward import compute_score
 
-MESSAGES = [{"role": "user", "content": "What is 37 + 48 modulo 10? Put the final answer after 'Answer:'"}]
+MESSAGES = [{"role": "user", "content": "What is (3 + 8) * 4 modulo 10? Put the final answer after 'Answer:'"}]
 
 
 @pytest.fixture(scope="module")
@@ -119,24 +119,70 @@ def test_dataset_format(assets):
             assert [m["role"] for m in row.prompt] == ["user"] and "Answer:" in row.prompt[0]["content"]
             assert row.reward_model["style"] == "rule"
             truth = row.reward_model["ground_truth"]
-            assert isinstance(truth, str) and len(truth) == 1 and truth.isdigit()
+            assert isinstance(truth, str) and truth.isdigit() and 0 <= int(truth) <= 81
             info = row.extra_info
             assert info["split"] == split and info["index"] == i and info["question"] in row.prompt[0]["content"]
             # The worked solution must agree with the label and score 1 under the reward.
             assert compute_score(row.data_source, info["answer"], truth) == 1.0
     train, val = pd.read_parquet(assets.train_file), pd.read_parquet(assets.val_file)
-    assert (len(train), len(val)) == (1024, 64)
+    sft = pd.read_parquet(assets.sft_file)
+    assert (len(train), len(val), len(sft)) == (1024, 128, 512)
     train_q = set(train.extra_info.map(lambda x: x["question"]))
-    assert not train_q & set(val.extra_info.map(lambda x: x["question"]))
-    # Several answers occur often enough that a random guess is right ~10% of the time.
+    val_q = set(val.extra_info.map(lambda x: x["question"]))
+    sft_q = {m[0]["content"].removesuffix(f" {INSTRUCTION}") for m in sft.messages}
+    # Three disjoint sets of questions: validation measures the skill on questions no phase trained on.
+    assert not train_q & val_q and not sft_q & (train_q | val_q)
+    # Answers are spread over many values (0..81): a guess is rarely right, so the reward measures the skill.
     counts = train.reward_model.map(lambda r: r["ground_truth"]).value_counts(normalize=True)
-    assert len(counts) == 10 and counts.max() < 0.25
+    assert len(counts) >= 30 and counts.max() < 0.25
+
+
+def _evaluate(question: str) -> tuple[int, int, int]:
+    """(a op1 b, the answer, the sloppy teacher's answer) of "What is (a op1 b) % 10 op2 c?"."""
+    a, op1, b, _, _, op2, c = question.removeprefix("What is ").rstrip("?").replace("(", "").replace(")", "").split()
+    first = int(a) + int(b) if op1 == "+" else int(a) * int(b)
+    apply = (lambda x: x + int(c)) if op2 == "+" else (lambda x: x * int(c))
+    return first, apply(first % 10), apply(first)
+
+
+def test_sft_data_is_verls_multiturn_format_from_a_sloppy_teacher(assets):
+    sft = pd.read_parquet(assets.sft_file)
+    assert list(sft.columns) == ["messages"]
+    right = sloppy = 0
+    for messages in sft.messages:
+        user, assistant = messages
+        assert (user["role"], assistant["role"]) == ("user", "assistant")
+        first, ans, sloppy_ans = _evaluate(user["content"].removesuffix(f" {INSTRUCTION}"))
+        if first < 10:  # the modulo changes nothing: both teachers agree
+            assert compute_score(DATA_SOURCE, assistant["content"], str(ans)) == 1.0
+            continue
+        if assistant["content"].endswith(f"Answer: {ans}"):
+            right += 1
+        else:  # the teacher forgot the modulo step: a wrong answer the verifier rejects
+            assert assistant["content"].endswith(f"Answer: {sloppy_ans}") and sloppy_ans != ans
+            sloppy += 1
+    assert sloppy / (right + sloppy) == pytest.approx(SLOPPY, abs=0.08)
+
+
+def test_val_and_train_solutions_are_right(assets):
+    for path in (assets.train_file, assets.val_file):
+        for row in pd.read_parquet(path).itertuples():
+            assert _evaluate(row.extra_info["question"])[1] == int(row.reward_model["ground_truth"])
+
+
+def test_sloppy_share_is_checked(tmp_path):
+    with pytest.raises(ValueError, match="sloppy"):
+        build_dataset(tmp_path, n_train=4, n_val=2, n_sft=2, sloppy=1.5)
+
+
+def test_worked_answer_ends_with_the_marker_the_reward_reads():
+    assert compute_score(DATA_SOURCE, worked_answer("1 + 2 = 3. 3 * 3 = 9.", 9), "9") == 1.0
 
 
 def test_dataset_is_deterministic_for_a_seed(tmp_path):
-    a = build_dataset(tmp_path / "a", n_train=32, n_val=8, seed=3)
-    b = build_dataset(tmp_path / "b", n_train=32, n_val=8, seed=3)
-    c = build_dataset(tmp_path / "c", n_train=32, n_val=8, seed=4)
+    a = build_dataset(tmp_path / "a", n_train=32, n_val=8, n_sft=8, seed=3)
+    b = build_dataset(tmp_path / "b", n_train=32, n_val=8, n_sft=8, seed=3)
+    c = build_dataset(tmp_path / "c", n_train=32, n_val=8, n_sft=8, seed=4)
     assert [_digest(p) for p in a] == [_digest(p) for p in b]
     assert _digest(a[0]) != _digest(c[0])
 
@@ -191,7 +237,7 @@ def test_ensure_assets_is_idempotent(assets, capsys):
     assert again == assets
     assert {p: p.stat().st_mtime_ns for p in files} == before
     assert "building" not in capsys.readouterr().out
-    for p in (assets.train_file, assets.val_file, assets.model_dir / "model.safetensors"):
+    for p in (assets.train_file, assets.val_file, assets.sft_file, assets.model_dir / "model.safetensors"):
         assert p.is_file()
     assert not list(root.parent.glob(".*building*"))
 

@@ -94,6 +94,8 @@ def test_prompt_length_is_verls_rule(assets, tokenizer):
     <= max_prompt_length; the boundary is the same here."""
     _, rows = read_records(str(assets.train_file))
     rows = rows[:64]
+    for i, r in enumerate(rows):  # the task's prompts all have one length: vary it around the limit
+        r["prompt"] = [{**r["prompt"][0], "content": r["prompt"][0]["content"] + " please" * (i % 4)}]
     lens = [len(tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True,
                                               return_dict=False)) for r in rows]
     limit = sorted(set(lens))[-2]  # some prompts exactly at the limit, some one token or more over

@@ -108,3 +108,16 @@ def test_replica_deaths_found_outside_the_requests_count_with_the_rollouts():
     assert m["rolloutpipe/replica_recovery_s"] == 40.0 and m["rolloutpipe/replica_recovery_s/health"] == 40.0
     assert m["rolloutpipe/replica_deaths_found/weight_sync"] == 1
     assert "rolloutpipe/replica_recovery_s" not in rollout_metrics({}, StepResult(), 8, Health())
+
+
+def test_learning_line_reports_val_core_before_and_after():
+    from verl_pipe.step_record import learning_line, val_core
+
+    before = {"val-core/src/acc/mean@1": 0.25, "val-aux/src/reward/mean@1": 0.25, "timing_s/x": 1.0}
+    after = {"val-core/src/acc/mean@1": 0.5}
+    assert val_core(before) == {"src/acc/mean@1": 0.25}
+    line = learning_line(before, after, 40)
+    assert "src/acc/mean@1: 0.250 before training -> 0.500 after 40 steps" in line
+    assert "val-aux" not in line
+    assert "not measured before training" in learning_line(None, after, 3).replace(": not measured before", " not measured before")
+    assert "no validation ran" in learning_line({}, None, 3)

@@ -132,8 +132,9 @@ def _check_model_size(value, key: str, config: DictConfig) -> None:
 CPU_LIST = Rule("a Linux CPU list such as '0', '0-3' or '0,2'", _is_cpu_list)
 SYSTEM_CORES = Rule("'rollout', 'all' or a Linux CPU list such as '0'", lambda v: v in ("rollout", "all")
                     or _is_cpu_list(v))
-FGD_WINDOW = Rule("null (max_num_seqs), 'auto' (two training units' requests) or an integer >= 1",
-                  lambda v: v is None or v == "auto" or (_is_int(v) and v >= 1))
+FGD_WINDOW = Rule("null (max_num_seqs), 'auto' (two training units' requests) or an integer >= 1, or 'adaptive' "
+                  "(the default: max_num_seqs plus a refill margin, docs/fgd.md)",
+                  lambda v: v is None or v in ("auto", "adaptive") or (_is_int(v) and v >= 1))
 FRONTIER_GROUPS = Rule("'auto' or an integer >= 1", lambda v: v == "auto" or (_is_int(v) and v >= 1))
 DISPATCH_ORDER = Rule("null, group_major or interleave:<k> with k >= 1",
                       lambda v: v is None or v == "group_major"
@@ -196,6 +197,11 @@ ROLLOUTPIPE: dict[str, Any] = {
         "enable": BOOLEAN,
         "size": _check_model_size,
         "cache_dir": PATH_OR_NULL,
+        "warm_start": {
+            "steps": integer(0),
+            "lr": Rule("a number > 0", lambda v: _is_number(v) and v > 0),
+            "batch_size": integer(1),
+        },
     },
     "trace_dir": PATH_OR_NULL,
     "cgp": {"granularity": choice(*GRANULARITIES), "coalesce_log_probs": BOOLEAN},

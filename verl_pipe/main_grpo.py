@@ -32,7 +32,7 @@ def prepare_config(config: DictConfig) -> DictConfig:
 
             cache = Path(rp.tiny_assets.cache_dir).expanduser() if rp.tiny_assets.cache_dir else None
             assets = ensure_assets(cache, size=rp.tiny_assets.size)
-            config.actor_rollout_ref.model.path = config.actor_rollout_ref.model.path or str(assets.model_dir)
+            config.actor_rollout_ref.model.path = config.actor_rollout_ref.model.path or str(_tiny_model(assets, rp))
             config.data.train_files = config.data.train_files or str(assets.train_file)
             config.data.val_files = config.data.val_files or str(assets.val_file)
             if not config.reward.custom_reward_function.path:
@@ -52,6 +52,17 @@ def prepare_config(config: DictConfig) -> DictConfig:
 
     clean_datasets(config)
     return config
+
+
+def _tiny_model(assets, rp) -> Path:
+    """The tiny default's model: the random-init base, or its SFT warm-start (rolloutpipe.tiny_assets.warm_start)."""
+    ws = rp.tiny_assets.warm_start
+    if int(ws.steps) == 0:
+        return assets.model_dir
+    from verl_pipe.assets import ensure_warm_start
+    from verl_pipe.assets.warm_start import WarmStart
+
+    return ensure_warm_start(assets, WarmStart(steps=int(ws.steps), lr=float(ws.lr), batch_size=int(ws.batch_size)))
 
 
 def select_platform(config: DictConfig) -> dict:
@@ -217,6 +228,9 @@ def main(config: DictConfig) -> None:
         print("[verl_pipe] stopped; the latest completed checkpoint (if any) is in "
               f"{config.trainer.default_local_dir}; resume with trainer.resume_mode=auto", flush=True)
         raise SystemExit(128 + signum) from None
+    from verl_pipe.step_record import learning_line
+
+    print(learning_line(summary.get("val_before"), summary.get("val_after"), summary.get("steps", 0)))
     print(f"[verl_pipe] done: {summary.get('steps', 0)} steps in {time.perf_counter() - t0:.1f}s "
           f"(start-up {summary.get('startup_s', float('nan')):.1f}s)")
 

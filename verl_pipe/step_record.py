@@ -86,3 +86,23 @@ def record_step(trainer, outcome, timeline: StepTimeline, rollout_result, data_i
     if trace_dir:
         write_trace(trace_dir, timeline, trainer.last_step_record, trainer.metrics)
     print(summary_line(trainer.global_steps, trainer.mode, trainer.metrics, tm), flush=True)
+
+
+def val_core(metrics: dict | None) -> dict[str, float]:
+    """verl's headline validation metrics (``val-core/<data source>/<metric>``) of a validation's metrics."""
+    return {k.removeprefix("val-core/"): float(v) for k, v in (metrics or {}).items() if k.startswith("val-core/")}
+
+
+def learning_line(before: dict | None, after: dict | None, steps: int) -> str:
+    """The run's learning in one line: each val-core metric before training and after its last step."""
+    b, a = val_core(before), val_core(after)
+    names = sorted(set(b) | set(a))
+    if not names:
+        return "[verl_pipe] no validation ran (trainer.val_before_train, trainer.test_freq)"
+    parts = []
+    for name in names:
+        before_s = f"{b[name]:.3f}" if name in b else "not measured"
+        after_s = f"{a[name]:.3f}" if name in a else "not measured"
+        parts.append(f"{name}: {before_s} before training -> {after_s} after {steps} steps")
+    return "[verl_pipe] validation " + "; ".join(parts)
+

@@ -18,6 +18,8 @@ class PipeTaskRunner:
         print(f"[verl_pipe] workers ready in {startup_s:.1f}s", flush=True)
         trainer.fit()
         return {"steps": trainer.steps_run, "startup_s": startup_s,
+                "val_before": dict(getattr(trainer, "initial_val_metrics", None) or {}),
+                "val_after": dict(getattr(trainer, "last_val_metrics", None) or {}),
                 "timelines": [t.to_dict() for t in trainer.timelines]}  # the last ones (trainer.KEEP_TIMELINES)
 
 

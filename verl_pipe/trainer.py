@@ -173,8 +173,9 @@ class RolloutPipeTrainer(OneStepOffRayTrainer):
         self._load_checkpoint()
         self._data_state = self.train_dataloader.state_dict()  # before the next step draws its batch
         self.checkpoint_manager.update_weights(self.global_steps)
+        self.initial_val_metrics = {}  # the validation before training, for the run's summary
         if self.config.trainer.get("val_before_train", True):
-            val_metrics = self._validate()
+            val_metrics = self.initial_val_metrics = self._validate()
             self.logger.log(data=val_metrics, step=self.global_steps)
         self.progress_bar = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training")
         self.global_steps += 1

@@ -14,6 +14,11 @@ PARTIAL_CREDIT_REWARD = ["reward.custom_reward_function.path=pkg://verl_pipe.rec
 
 E2E_OVERRIDES = [
     "trainer.total_training_steps=1000",  # steps are driven one by one
+    # The pipeline's mechanics on the random-init base model (fast, and these tests were sized on it); the
+    # warm-started learning default has its own module (test_learning.py).
+    "rolloutpipe.tiny_assets.warm_start.steps=0",
+    "trainer.val_before_train=false",
+    "trainer.test_freq=-1",
     "data.train_batch_size=8",
     "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # 2 units per step
     "actor_rollout_ref.rollout.n=4",
@@ -227,3 +232,19 @@ class KillAtFirstUnit:
         current = self.trainer._current
         self.pushes.append(current is not None and current.stepped)
         return type(self.trainer)._push_weights(self.trainer, replica, version)
+
+
+@pytest.fixture(scope="module")
+def learn_pipe(tmp_path_factory):
+    """A live stack of the tiny default as `make demo` runs it (its SFT warm-start, its learning settings) with the
+    steering reward (verl_pipe/assets/target_reward.py), driven step by step."""
+    from verl_pipe.session import PipeSession, compose
+
+    ckpt = tmp_path_factory.mktemp("ckpt")
+    cfg = compose(["trainer.total_training_steps=1000", "trainer.test_freq=-1", "trainer.val_before_train=false",
+                   f"trainer.default_local_dir={ckpt}",
+                   "reward.custom_reward_function.path=pkg://verl_pipe.assets.target_reward",
+                   "reward.custom_reward_function.name=compute_score"])
+    session = PipeSession(cfg)
+    yield session
+    session.close()

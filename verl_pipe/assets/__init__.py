@@ -1,4 +1,4 @@
-"""Tiny embedded assets (tokenizer, Qwen3 model, digit-math data), built locally once and cached.
+"""Tiny embedded assets (tokenizer, Qwen3 model, digit-math data, the SFT warm-start), built locally once and cached.
 
 There is no model or dataset hub on our machines, so everything a run needs is generated here.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Bump when anything a build produces changes, so stale caches are never reused.
-ASSET_VERSION = 2
+ASSET_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,7 @@ class AssetPaths:
     train_file: Path
     val_file: Path
     tokenizer_dir: Path
+    sft_file: Path  # worked solutions of other questions, for the warm-start (verl's multi-turn SFT format)
 
 
 def default_cache_dir() -> Path:
@@ -34,6 +35,7 @@ def _paths(root: Path) -> AssetPaths:
         train_file=root / "data" / "train.parquet",
         val_file=root / "data" / "val.parquet",
         tokenizer_dir=root / "tokenizer",
+        sft_file=root / "data" / "sft.parquet",
     )
 
 
@@ -49,33 +51,54 @@ def _build(root: Path, size: str) -> None:
     build_dataset(paths.train_file.parent)
 
 
-def ensure_assets(cache_dir: Path | None = None, size: str = "tiny") -> AssetPaths:
-    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    name = f"{size}-v{ASSET_VERSION}"
+def _cached(cache_dir: Path, name: str, build) -> Path:
+    """``cache_dir/name``, built by ``build(tmp_dir)`` once. The final dir only ever appears by atomic rename of a
+    finished build, so its existence means complete; concurrent callers wait on a lock and reuse it."""
     root = cache_dir / name
-    # The final dir only ever appears by atomic rename of a finished build, so its existence means complete.
     if root.is_dir():
-        return _paths(root)
-
-    from verl_pipe.assets.model import MODEL_SIZES
-
-    if size not in MODEL_SIZES:
-        raise ValueError(f"unknown model size {size!r}; choose from {sorted(MODEL_SIZES)}")
+        return root
     cache_dir.mkdir(parents=True, exist_ok=True)
     with open(cache_dir / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if root.is_dir():  # another process built it while we waited
-            return _paths(root)
+            return root
         # Only the lock holder builds, so any leftover temp dir is from a crashed build.
         for stale in cache_dir.glob(f".{name}.building-*"):
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.building-", dir=cache_dir))
-        print(f"building {size} assets in {root}", flush=True)
         try:
-            _build(tmp, size)
+            build(tmp)
             tmp.chmod(0o755)
             os.rename(tmp, root)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-    return _paths(root)
+    return root
+
+
+def ensure_assets(cache_dir: Path | None = None, size: str = "tiny") -> AssetPaths:
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    name = f"{size}-v{ASSET_VERSION}"
+    if not (cache_dir / name).is_dir():
+        from verl_pipe.assets.model import MODEL_SIZES
+
+        if size not in MODEL_SIZES:
+            raise ValueError(f"unknown model size {size!r}; choose from {sorted(MODEL_SIZES)}")
+
+    def build(tmp: Path) -> None:
+        print(f"building {size} assets in {cache_dir / name}", flush=True)
+        _build(tmp, size)
+
+    return _paths(_cached(cache_dir, name, build))
+
+
+def ensure_warm_start(assets: AssetPaths, spec) -> Path:
+    """The model directory of ``assets``' base model after the warm-start ``spec`` (verl_pipe.assets.warm_start),
+    trained once and cached beside the assets it came from."""
+    from verl_pipe.assets import warm_start
+
+    root = assets.model_dir.parent
+    def build(tmp: Path) -> None:
+        warm_start.run(spec, assets.model_dir, assets.sft_file, tmp / "model")
+
+    return _cached(root, spec.key(), build) / "model"

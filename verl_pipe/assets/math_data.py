@@ -1,7 +1,13 @@
-"""Synthetic arithmetic whose answer is one digit, in verl's RL parquet format (as gsm8k.py writes it).
+"""Synthetic digit arithmetic with one-digit answers, in verl's RL parquet format (as gsm8k.py writes it), plus the
+worked solutions a supervised warm-start trains on (verl's multi-turn SFT format: a ``messages`` column).
 
-One-digit answers make a random-init model that emits digits right about 10% of the time, so GRPO groups
-have reward variance — a learning signal — from step one.
+The task is chosen so that the tiny 2-layer model can learn it, and so that it is a real skill rather than an answer
+prior: "What is 4728 + 95 modulo 10?" asks for the last digit of a sum or product of two numbers of one to four
+digits. The answer depends only on the operands' last digits, and the worked solution says so in three steps
+("The last digits are 8 and 5. 8 + 5 = 13. Answer: 3"): find the last digit of each operand (attention to the token
+before " +" / " modulo"), look up a one-digit sum or product (a 10 × 10 table per operation), take its last digit.
+Train, SFT and validation questions are disjoint, so validation accuracy measures the skill on unseen questions; a
+model that only learned the format answers right ~10% of the time (docs/learning.md).
 """
 
 from __future__ import annotations
@@ -14,52 +20,41 @@ import pyarrow.parquet as pq
 
 DATA_SOURCE = "verl_pipe/digit_math"
 INSTRUCTION = "Put the final answer after 'Answer:'"
+OPERATIONS = {"+": lambda a, b: a + b, "*": lambda a, b: a * b}
+# The share of the SFT teacher's worked solutions that forget the modulo step (docs/learning.md).
+SLOPPY = 0.8
 
 
-def _add_mod(rng: random.Random) -> tuple[str, str, int]:
-    a, b = rng.randint(0, 99), rng.randint(0, 99)
-    ans = (a + b) % 10
-    return f"What is {a} + {b} modulo 10?", f"{a} + {b} = {a + b}, and {a + b} modulo 10 is {ans}.", ans
+def _problem(rng: random.Random) -> tuple[str, str, int, str, int]:
+    """(question, worked solution, answer, the sloppy teacher's solution, its answer)."""
+    a, b, c = rng.randint(0, 9), rng.randint(0, 9), rng.randint(0, 9)
+    op1, op2 = rng.choice(sorted(OPERATIONS)), rng.choice(sorted(OPERATIONS))
+    first = OPERATIONS[op1](a, b)
+    ans = OPERATIONS[op2](first % 10, c)
+    question = f"What is ({a} {op1} {b}) % 10 {op2} {c}?"
+    solution = f"{a} {op1} {b} = {first}. {first % 10} {op2} {c} = {ans}."
+    sloppy = OPERATIONS[op2](first, c)  # the "% 10" forgotten
+    return question, solution, ans, f"{a} {op1} {b} = {first}. {first} {op2} {c} = {sloppy}.", sloppy
 
 
-def _mul_mod(rng: random.Random) -> tuple[str, str, int]:
-    a, b = rng.randint(0, 20), rng.randint(0, 20)
-    ans = (a * b) % 10
-    return f"What is {a} * {b} modulo 10?", f"{a} * {b} = {a * b}, and {a * b} modulo 10 is {ans}.", ans
-
-
-def _sub(rng: random.Random) -> tuple[str, str, int]:
-    a = rng.randint(0, 99)
-    b = rng.randint(max(0, a - 9), a)
-    return f"What is {a} - {b}?", f"{a} - {b} = {a - b}.", a - b
-
-
-def _remainder(rng: random.Random) -> tuple[str, str, int]:
-    a, d = rng.randint(10, 99), rng.randint(2, 9)
-    ans = a % d
-    return (
-        f"What is the remainder when {a} is divided by {d}?",
-        f"{a} = {d} * {a // d} + {ans}, so the remainder is {ans}.",
-        ans,
-    )
-
-
-_KINDS = (_add_mod, _mul_mod, _sub, _remainder)
-
-
-def _problems(n: int, seed: int) -> list[tuple[str, str, int]]:
-    """n distinct problems; distinct so that train and val never share a question."""
+def _problems(n: int, seed: int) -> list[tuple]:
+    """n distinct problems (``_problem``'s tuples); distinct so that the splits never share a question."""
     rng = random.Random(seed)
     seen: set[str] = set()
     out = []
     for _ in range(50 * n + 1000):
         if len(out) == n:
             return out
-        question, solution, ans = rng.choice(_KINDS)(rng)
-        if question not in seen:
-            seen.add(question)
-            out.append((question, solution, ans))
+        problem = _problem(rng)
+        if problem[0] not in seen:
+            seen.add(problem[0])
+            out.append(problem)
     raise ValueError(f"cannot draw {n} distinct problems")
+
+
+def worked_answer(solution: str, ans: int) -> str:
+    """The assistant's turn in the SFT data: the worked solution, then the answer the reward checks."""
+    return f"{solution}\nAnswer: {ans}"
 
 
 def _record(split: str, index: int, question: str, solution: str, ans: int) -> dict:
@@ -68,24 +63,43 @@ def _record(split: str, index: int, question: str, solution: str, ans: int) -> d
         "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": str(ans)},
-        "extra_info": {"split": split, "index": index, "question": question, "answer": f"{solution}\nAnswer: {ans}"},
+        "extra_info": {"split": split, "index": index, "question": question, "answer": worked_answer(solution, ans)},
     }
+
+
+def _sft_record(question: str, solution: str, ans: int) -> dict:
+    return {"messages": [{"role": "user", "content": f"{question} {INSTRUCTION}"},
+                         {"role": "assistant", "content": worked_answer(solution, ans)}]}
 
 
 def sample_corpus(n: int, seed: int = 0) -> list[str]:
     """Prompt and solution text for tokenizer training."""
-    return [f"{q} {INSTRUCTION}\n{s}\nAnswer: {a}" for q, s, a in _problems(n, seed + 1)]
+    return [f"{p[0]} {INSTRUCTION}\n{worked_answer(p[1], p[2])}" for p in _problems(n, seed + 1)]
 
 
-def build_dataset(out_dir: Path, n_train: int = 1024, n_val: int = 64, seed: int = 0) -> tuple[Path, Path]:
+def build_dataset(out_dir: Path, n_train: int = 1024, n_val: int = 128, n_sft: int = 512, sloppy: float = SLOPPY,
+                  seed: int = 0) -> tuple[Path, Path, Path]:
+    """train.parquet (RL prompts), val.parquet (held-out prompts) and sft.parquet (the teacher's worked solutions of
+    other questions, a ``sloppy`` share of them without the modulo step); returns their paths in that order."""
+    if not 0.0 <= sloppy <= 1.0:
+        raise ValueError(f"sloppy: the share of SFT solutions without the modulo step must be in [0, 1], got {sloppy}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    problems = _problems(n_train + n_val, seed)
+    problems = _problems(n_train + n_val + n_sft, seed)
+    train, val, sft = problems[:n_train], problems[n_train:n_train + n_val], problems[n_train + n_val:]
     paths = []
-    for split, chunk in (("train", problems[:n_train]), ("test", problems[n_train:])):
-        records = [_record(split, i, *p) for i, p in enumerate(chunk)]
-        path = out_dir / ("train.parquet" if split == "train" else "val.parquet")
-        # pyarrow, not pandas: pandas 3 would store large_string, unlike verl's own (datasets-written) files.
-        pq.write_table(pa.Table.from_pylist(records), path)
+    # pyarrow, not pandas: pandas 3 would store large_string, unlike verl's own (datasets-written) files.
+    for name, split, chunk in (("train", "train", train), ("val", "test", val)):
+        path = out_dir / f"{name}.parquet"
+        pq.write_table(pa.Table.from_pylist([_record(split, i, *p[:3]) for i, p in enumerate(chunk)]), path)
         paths.append(path)
-    return paths[0], paths[1]
+    teacher = random.Random(seed + 2)
+    rows = []
+    for question, solution, ans, sloppy_solution, sloppy_ans in sft:
+        if teacher.random() < sloppy:
+            solution, ans = sloppy_solution, sloppy_ans
+        rows.append(_sft_record(question, solution, ans))
+    path = out_dir / "sft.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    paths.append(path)
+    return tuple(paths)

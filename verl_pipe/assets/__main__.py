@@ -1,0 +1,19 @@
+"""``python -m verl_pipe.assets [hydra overrides]``: build and cache the tiny default's assets (tokenizer, model,
+digit-math data) and its SFT warm-start, as ``python -m verl_pipe.main_grpo`` would before it trains; prints where.
+``make setup`` runs it, so the first demo and the first test do not pay the build."""
+
+import sys
+
+
+def main(argv: list[str]) -> int:
+    from verl_pipe.main_grpo import prepare_config
+    from verl_pipe.session import compose
+
+    config = prepare_config(compose(argv))
+    print(f"model: {config.actor_rollout_ref.model.path}\ntrain: {config.data.train_files}\n"
+          f"val: {config.data.val_files}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

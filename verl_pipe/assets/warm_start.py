@@ -1,0 +1,141 @@
+"""Supervised warm-start of the tiny model with verl's own SFT trainer, before GRPO.
+
+The pipeline users run on real models: a short SFT on worked solutions (here ``sft.parquet`` of the digit-math set,
+questions disjoint from the RL prompts and the validation set), then RL. verl seam: ``verl.trainer.sft_trainer``'s
+``SFTTrainer`` with its ``sft_trainer_engine`` config (the FSDP2 engine, ``MultiTurnSFTDataset`` over a ``messages``
+column), saving the result as a Hugging Face checkpoint (``checkpoint.save_contents=[hf_model]``) that verl's actor
+and vLLM load like any model directory. It runs in a subprocess: one torch.distributed process (gloo) on the CPU
+platform, so the launcher's own process never initializes a process group.
+
+The SFT is deliberately short: it teaches the answer format and starts the skill, and leaves GRPO the rest to learn.
+docs/learning.md has the accuracy after each number of SFT steps and why the default stops where it does.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """What the SFT does; its fields name the cache entry, so a change rebuilds instead of reusing."""
+
+    steps: int
+    lr: float
+    batch_size: int = 32
+    seed: int = 0
+
+    def key(self) -> str:
+        return f"sft-s{self.steps}-lr{self.lr:g}-b{self.batch_size}-seed{self.seed}"
+
+
+def sft_overrides(spec: WarmStart, model_dir: Path, sft_file: Path, out_dir: Path) -> list[str]:
+    """verl's sft_trainer_engine overrides of a warm-start: fp32 on CPU like the RL default, sdpa attention (no
+    flash-attn on CPU), padded micro-batches of the whole batch, the final step saved as a Hugging Face checkpoint."""
+    return [
+        f"model.path={model_dir}",
+        "model.use_remove_padding=false",
+        "+model.override_config.attn_implementation=sdpa",
+        f"data.train_files={sft_file}",
+        "data.val_files=null",
+        f"data.train_batch_size={spec.batch_size}",
+        f"data.micro_batch_size_per_gpu={spec.batch_size}",
+        "data.use_dynamic_bsz=false",
+        "data.max_length=128",
+        "data.num_workers=0",
+        "engine.strategy=fsdp2",
+        "engine.model_dtype=fp32",
+        "+engine.mixed_precision={param_dtype: fp32, reduce_dtype: fp32, buffer_dtype: fp32}",
+        f"optim.lr={spec.lr}",
+        f"trainer.total_training_steps={spec.steps}",
+        "trainer.total_epochs=1000",  # the step count ends the run; epochs only bound it
+        f"trainer.seed={spec.seed}",
+        "trainer.logger=[console]",
+        "trainer.device=cpu",
+        f"trainer.default_local_dir={out_dir}",
+        "trainer.resume_mode=disable",
+        "trainer.save_freq=-1",
+        "trainer.test_freq=-1",
+        "checkpoint.save_contents=[hf_model]",
+        "trainer.project_name=verl_pipe",
+        "trainer.experiment_name=warm_start",
+    ]
+
+
+def hf_checkpoint(run_dir: Path, steps: int) -> Path:
+    """Where verl's SFT trainer left the final Hugging Face checkpoint."""
+    path = Path(run_dir) / f"global_step_{steps}" / "huggingface"
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"verl's SFT trainer left no Hugging Face checkpoint at {path}")
+    return path
+
+
+def run(spec: WarmStart, model_dir: Path, sft_file: Path, out_dir: Path, log=print) -> Path:
+    """Trains ``model_dir`` on ``sft_file`` in a subprocess and writes the result to ``out_dir`` (a model directory
+    with its tokenizer and generation config, like ``model_dir``)."""
+    out_dir = Path(out_dir)
+    work = out_dir.parent / f".{out_dir.name}.run"
+    shutil.rmtree(work, ignore_errors=True)
+    cmd = [sys.executable, "-m", "verl_pipe.assets.warm_start", str(work), *sft_overrides(spec, model_dir, sft_file,
+                                                                                           work)]
+    log(f"warm-start: {spec.steps} SFT steps with verl's SFT trainer (batch {spec.batch_size}, lr {spec.lr:g})")
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", LOCAL_RANK="0",
+               WORLD_SIZE="1")
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stdout.splitlines()[-30:])
+        raise RuntimeError(f"the warm-start SFT failed (exit {proc.returncode}); its last lines:\n{tail}")
+    ckpt = hf_checkpoint(work, spec.steps)
+    shutil.copytree(ckpt, out_dir)
+    # verl saves the model, its config and the tokenizer; the generation config (EOS, pad) comes from the base.
+    for name in ("generation_config.json",):
+        if (Path(model_dir) / name).is_file():
+            shutil.copy(Path(model_dir) / name, out_dir / name)
+    shutil.rmtree(work, ignore_errors=True)
+    return out_dir
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _main(run_dir: str, overrides: list[str]) -> None:
+    """The subprocess: the CPU platform, one gloo process, verl's SFTTrainer."""
+    from verl_pipe.platform.env import cpu_env
+
+    os.environ.update(cpu_env("0", "0"))
+    # No Ray here: verl's Worker reads its device from Ray's runtime context when this is set (as it is in a CPU
+    # run's environment, which this process inherits).
+    os.environ.pop("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", None)
+    from verl_pipe.platform.plugin import activate_cpu
+
+    activate_cpu()
+    import torch
+    import torch.distributed as dist
+    from hydra import compose, initialize_config_module
+
+    torch.set_num_threads(1)
+    # verl's initialize_global_process_group asks for "cpu:gloo,cpu:gloo" on CPU, which torch rejects; the
+    # trainer only needs the default group to exist.
+    dist.init_process_group("gloo")
+    with initialize_config_module("verl.trainer.config", version_base=None):
+        config = compose("sft_trainer_engine", overrides=overrides)
+    from verl.trainer.sft_trainer import SFTTrainer
+
+    try:
+        SFTTrainer(config=config).fit()
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1], sys.argv[2:])
