@@ -182,7 +182,7 @@ GOOD = [
     [CGP, "rolloutpipe.fgd.enable=true", "rolloutpipe.fgd.window=32", "rolloutpipe.fgd.frontier_groups=6"],
     [CGP, "rolloutpipe.fgd.enable=true", "rolloutpipe.fgd.window=auto"],
     [CGP, "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"],  # not part of the θ_k snapshot
-    [CGP, "actor_rollout_ref.actor.fsdp_config.param_offload=true", "actor_rollout_ref.actor.ppo_mini_batch_size=8"],
+    [CGP, "actor_rollout_ref.actor.fsdp_config.param_offload=true", "actor_rollout_ref.actor.ppo_mini_batch_size=16"],
     ["actor_rollout_ref.actor.fsdp_config.param_offload=true"],  # sync mode takes no snapshot
     ["algorithm.adv_estimator=reinforce_plus_plus_baseline", "algorithm.adv_estimator=gpg"],
     [CGP, RPPB, "rolloutpipe.cgp.granularity=group", "rolloutpipe.fgd.enable=true",

@@ -138,23 +138,23 @@ def _step_batch(keys):
 def test_make_policy_keeps_the_configured_policy_and_adds_deferral(cfg):
     from verl_pipe.recipes.extension_example.trainer import DeferringFrontierPolicy
 
-    keys = [100 + g for g in range(12)]
+    keys = [100 + g for g in range(24)]  # train_batch_size 16 + 8 oversampled
     t = _policy_trainer(cfg, history={101: False, 104: False, 105: True})
-    p = t._make_policy(12, _step_batch(keys))
+    p = t._make_policy(24, _step_batch(keys))
     assert isinstance(p, DeferringFrontierPolicy) and t.last_policy is p
     assert p.deferred == {1, 4}
     # what RolloutPipeTrainer builds from the same config
     t.fgd_policy_cls, t.admission_kwargs = FrontierPolicy, lambda batch: {}
-    base = t._make_policy(12, _step_batch(keys))
+    base = t._make_policy(24, _step_batch(keys))
     assert type(base) is FrontierPolicy and issubclass(DeferringFrontierPolicy, FrontierPolicy)
     for attr in ("num_groups", "n", "groups_per_unit", "target_groups", "replicas", "window",
                  "frontier_groups", "affinity"):
         assert getattr(p, attr) == getattr(base, attr), attr
     del t.fgd_policy_cls, t.admission_kwargs
     # no batch (or no prompt keys): nothing deferred
-    assert t._make_policy(8).deferred == frozenset()
+    assert t._make_policy(16).deferred == frozenset()
     # without FGD the example leaves the baseline alone
-    fcfs = _policy_trainer(cfg, fgd=False, history={101: False})._make_policy(12, _step_batch(keys))
+    fcfs = _policy_trainer(cfg, fgd=False, history={101: False})._make_policy(24, _step_batch(keys))
     assert type(fcfs) is FCFSPolicy
 
 

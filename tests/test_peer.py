@@ -53,7 +53,7 @@ def test_bench_spec_takes_the_bench_sizing_and_the_longtail_workload():
     spec = bench_spec("default", 3, cfg)
     assert spec["setting"] == "longtail-x" and spec["workload"]["kind"] == "lognormal"
     assert spec["steps"] == 4 and spec["warmup_steps"] == 1  # the warm-up step comes on top
-    assert spec["overrides"][-1] == "rolloutpipe.tiny_assets.size=bench"
+    assert spec["overrides"][-2:] == ["rolloutpipe.tiny_assets.size=bench", "rolloutpipe.tiny_assets.warm_start.steps=0"]
     assert bench_spec("onpolicy", 2, cfg, "notail-equal-L32", warmup_steps=0)["steps"] == 2
     with pytest.raises(ValueError, match="--setting 'nope'"):
         bench_spec("onpolicy", 2, cfg, "nope")

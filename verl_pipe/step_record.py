@@ -106,3 +106,15 @@ def learning_line(before: dict | None, after: dict | None, steps: int) -> str:
         parts.append(f"{name}: {before_s} before training -> {after_s} after {steps} steps")
     return "[verl_pipe] validation " + "; ".join(parts)
 
+
+# What a long run keeps of each step's learning (bench, soak, learning curves): a regression in learning shows up in
+# their JSON like a regression in speed.
+LEARNING_KEYS = ("critic/score/mean", "response_length/mean", "actor/entropy", "actor/pg_loss", "actor/grad_norm")
+
+
+def learning_metrics(metrics: dict) -> dict[str, float]:
+    """The step's reward, length, entropy, loss and gradient norm, and its validation metrics when it validated."""
+    out = {k: float(metrics[k]) for k in LEARNING_KEYS if isinstance(metrics.get(k), (int, float))}
+    out.update({f"val-core/{k}": v for k, v in val_core(metrics).items()})
+    return out
+

@@ -138,7 +138,9 @@ def stack_overrides(cfg: dict, stack: str) -> list[str]:
     spec = (cfg.get("stacks") or {}).get(stack)
     size = spec.get("model_size", cfg.get("model_size", "bench")) if spec else stack
     extra = list(spec.get("overrides", [])) if spec else []
-    return list(cfg.get("overrides", [])) + extra + [f"rolloutpipe.tiny_assets.size={size}"]
+    # Lengths are forced per request (rolloutpipe.workload): the speed comparison needs no warm-start of the model.
+    return list(cfg.get("overrides", [])) + extra + [f"rolloutpipe.tiny_assets.size={size}",
+                                                      "rolloutpipe.tiny_assets.warm_start.steps=0"]
 
 
 # ---------------------------------------------------------------------------------------------- runs
@@ -311,7 +313,9 @@ class BenchRunner:
         preempted = step_delta(preempted_before, self._preemptions(session))
         if preempted is not None:  # vLLM counts them only with actor_rollout_ref.rollout.disable_log_stats=false
             m["vllm_preemptions"] = preempted
-        return {"metrics": m, "timeline": tl.to_dict(), "fgd_window": resolved,
+        from verl_pipe.step_record import learning_metrics
+
+        return {"metrics": m, "timeline": tl.to_dict(), "fgd_window": resolved, "learning": learning_metrics(rec["metrics"]),
                 "prompt_len": float(rec["metrics"].get("prompt_length/mean", 0.0)),
                 "trained_groups": len(rec.get("trained_groups", [])), "wall_window": [wall_start, wall_start + wall]}
 
@@ -650,6 +654,10 @@ def main(argv=None) -> int:
         from verl_pipe.bench.soak import cli
 
         return cli(argv)
+    if "--learn" in argv:  # the learning curves (verl_pipe/bench/learn.py)
+        from verl_pipe.bench.learn import cli as learn_cli
+
+        return learn_cli(argv)
     ap = argparse.ArgumentParser(prog="python -m verl_pipe.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="the short run (verl_pipe/conf/bench/quick.yaml)")
     ap.add_argument("--config", help="a bench YAML (default verl_pipe/conf/bench/default.yaml, or quick.yaml with --quick)")
@@ -657,6 +665,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, help="rounds of the interleaved modes per setting")
     ap.add_argument("--out", required=True, help="write the results JSON here")
     ap.add_argument("--charts", help="write PNG charts into this folder")
+    ap.add_argument("--learn", action="store_true", help="the learning curves instead (verl_pipe/bench/learn.py: "
+                    "sync, cgp and cgp_fgd trained from the warm-start, validation accuracy per step and per second)")
     ap.add_argument("--soak", metavar="STEPS", help="the soak benchmark instead (verl_pipe/bench/soak.py: memory and "
                     "step time per step over a long CGP+FGD run)")
     ap.add_argument("--reanalyze", metavar="STEPS_JSON",

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 SOAK_OVERRIDES = [
+    "rolloutpipe.tiny_assets.warm_start.steps=0",  # lengths are forced (workload): the base model does
     "rolloutpipe.mode=cgp",
     "rolloutpipe.fgd.enable=true",
     "rolloutpipe.workload={kind: lognormal, median: 12, sigma: 0.8, rho: 0.7, cap: 32, seed: 0}",
@@ -125,6 +126,7 @@ def sample_rss() -> dict[str, float]:
 
 def run_soak(steps: int, save_freq: int, overrides: list[str], log=print) -> list[dict]:
     from verl_pipe.session import PipeSession, compose
+    from verl_pipe.step_record import learning_metrics
 
     work = Path(tempfile.mkdtemp(prefix="verl_pipe_soak_"))
     cfg = compose(SOAK_OVERRIDES + [f"trainer.save_freq={save_freq}", f"trainer.default_local_dir={work / 'ckpt'}",
@@ -136,7 +138,8 @@ def run_soak(steps: int, save_freq: int, overrides: list[str], log=print) -> lis
         for _ in range(steps):
             t0 = time.perf_counter()
             rec = session.step()
-            samples.append({"step": rec["step"], "step_time_s": time.perf_counter() - t0, "rss_mib": sample_rss()})
+            samples.append({"step": rec["step"], "step_time_s": time.perf_counter() - t0, "rss_mib": sample_rss(),
+                            "learning": learning_metrics(rec["metrics"])})
             s = samples[-1]
             log(f"[soak] step {s['step']}: {s['step_time_s']:.2f}s, RSS total {sum(s['rss_mib'].values()):.0f} MiB")
     finally:
