@@ -121,3 +121,6 @@ def test_learning_line_reports_val_core_before_and_after():
     assert "val-aux" not in line
     assert "not measured before training" in learning_line(None, after, 3).replace(": not measured before", " not measured before")
     assert "no validation ran" in learning_line({}, None, 3)
+    rewards = [0.1] * 10 + [0.3] * 10
+    assert "training reward: 0.100 over the first 2 step(s) -> 0.300 over the last 2" in learning_line(
+        before, after, 20, rewards)

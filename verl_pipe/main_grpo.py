@@ -230,7 +230,8 @@ def main(config: DictConfig) -> None:
         raise SystemExit(128 + signum) from None
     from verl_pipe.step_record import learning_line
 
-    print(learning_line(summary.get("val_before"), summary.get("val_after"), summary.get("steps", 0)))
+    print(learning_line(summary.get("val_before"), summary.get("val_after"), summary.get("steps", 0),
+                        summary.get("rewards")))
     print(f"[verl_pipe] done: {summary.get('steps', 0)} steps in {time.perf_counter() - t0:.1f}s "
           f"(start-up {summary.get('startup_s', float('nan')):.1f}s)")
 

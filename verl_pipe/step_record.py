@@ -81,6 +81,7 @@ def record_step(trainer, outcome, timeline: StepTimeline, rollout_result, data_i
         # verl's own step metrics (data, timing_s/*, throughput, variance proxy) on the trained groups.
         trainer._fit_collect_metrics(trainer._with_token_counts(outcome.batch))
     trainer.metrics["timing_s/step"] = trainer.timing_raw["step"]
+    trainer.rewards = getattr(trainer, "rewards", []) + [float(trainer.metrics.get("critic/score/mean", float("nan")))]
     trainer.last_step_record = step_record(trainer.global_steps, data_index, [g.index for g in outcome.trained], tm)
     trace_dir = trainer.config.rolloutpipe.trace_dir
     if trace_dir:
@@ -93,18 +94,24 @@ def val_core(metrics: dict | None) -> dict[str, float]:
     return {k.removeprefix("val-core/"): float(v) for k, v in (metrics or {}).items() if k.startswith("val-core/")}
 
 
-def learning_line(before: dict | None, after: dict | None, steps: int) -> str:
-    """The run's learning in one line: each val-core metric before training and after its last step."""
+def learning_line(before: dict | None, after: dict | None, steps: int, rewards: list[float] | None = None) -> str:
+    """The run's learning: each val-core metric before training and after its last step, and the training reward
+    (mean over the step's responses) of the first and last tenth of the steps."""
     b, a = val_core(before), val_core(after)
     names = sorted(set(b) | set(a))
+    lines = []
+    if rewards and len(rewards) >= 2:
+        k = max(1, len(rewards) // 10)
+        lines.append(f"[verl_pipe] training reward: {sum(rewards[:k]) / k:.3f} over the first {k} step(s) -> "
+                     f"{sum(rewards[-k:]) / k:.3f} over the last {k}")
     if not names:
-        return "[verl_pipe] no validation ran (trainer.val_before_train, trainer.test_freq)"
+        return "\n".join(lines + ["[verl_pipe] no validation ran (trainer.val_before_train, trainer.test_freq)"])
     parts = []
     for name in names:
         before_s = f"{b[name]:.3f}" if name in b else "not measured"
         after_s = f"{a[name]:.3f}" if name in a else "not measured"
         parts.append(f"{name}: {before_s} before training -> {after_s} after {steps} steps")
-    return "[verl_pipe] validation " + "; ".join(parts)
+    return "\n".join(lines + ["[verl_pipe] validation " + "; ".join(parts)])
 
 
 # What a long run keeps of each step's learning (bench, soak, learning curves): a regression in learning shows up in

@@ -20,6 +20,7 @@ class PipeTaskRunner:
         return {"steps": trainer.steps_run, "startup_s": startup_s,
                 "val_before": dict(getattr(trainer, "initial_val_metrics", None) or {}),
                 "val_after": dict(getattr(trainer, "last_val_metrics", None) or {}),
+                "rewards": list(getattr(trainer, "rewards", [])),
                 "timelines": [t.to_dict() for t in trainer.timelines]}  # the last ones (trainer.KEEP_TIMELINES)
 
 
