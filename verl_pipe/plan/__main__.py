@@ -1,0 +1,143 @@
+"""python -m verl_pipe.plan: what pipelining will save on your cluster, before you buy the GPU hours.
+
+    python -m verl_pipe.plan --config-name qwen3_1p7b_gsm8k_4x4 [overrides...] \\
+        --lengths lognormal:median=700,sigma=0.8,rho=0.7 --hardware h200 [--out plan.json] [--chart plan.png]
+    python -m verl_pipe.plan --config-name ... --lengths RUN_DIR --calibrate RUN_DIR
+    python -m verl_pipe.plan --validate [--update-doc docs/plan.md]   # predictions vs every bench JSON
+
+The config is composed as ``python -m verl_pipe.main_grpo --config-name NAME overrides...`` composes it. Lengths:
+a spec, verl's rollout dump, our steps.jsonl / Chrome traces, or ``FILE.parquet:COLUMN`` (verl_pipe/plan/lengths.py).
+Costs: a hardware profile (h200 measured, h100/a100 from public figures) or ``--calibrate RUN_DIR`` (a short real
+run's rolloutpipe.trace_dir). docs/plan.md explains the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+VALIDATION = Path(__file__).resolve().parent / "validation.json"  # written by --validate
+
+
+def expected_errors() -> dict:
+    """Per mode, the largest relative error of the planner's rollout→train end against measured runs."""
+    if not VALIDATION.is_file():
+        return {}
+    return json.loads(VALIDATION.read_text()).get("expected_error", {})
+
+
+def build(args) -> tuple:
+    from verl_pipe.plan import lengths as L
+    from verl_pipe.plan.hardware import model_shape, profile
+    from verl_pipe.plan.predict import CalibratedCosts, PlanInputs, ProfileCosts
+    from verl_pipe.plan.runconfig import CannotModel, compose_run, shape_of
+
+    cfg = compose_run(args.config_name, args.overrides)
+    shape = shape_of(cfg)
+    notes = []
+    if args.rollout_gpus or args.train_gpus:
+        shape = shape.with_split(args.rollout_gpus or shape.rollout_gpus, args.train_gpus or shape.train_gpus)
+    lengths = L.load(args.lengths, n=shape.n, tokenizer=args.tokenizer, chars_per_token=args.chars_per_token,
+                     group_column=args.group_column)
+    if lengths.spec is not None and lengths.spec.get("kind") == "lognormal" and "rho" not in args.lengths:
+        notes.append("rho (within-group correlation of log-lengths) not given: 0.7 assumed (sim_sources.md §1b)")
+    if args.prompt_len:
+        prompt_len, src = args.prompt_len, "--prompt-len"
+    elif lengths.prompt_len:
+        prompt_len, src = int(round(lengths.prompt_len)), "the lengths source"
+    else:
+        prompt_len, src = min(300, shape.max_prompt_length), "assumed; set --prompt-len"
+    errors = expected_errors()
+    if args.calibrate:
+        from verl_pipe.plan.calibrate import calibrate_run
+
+        rc = calibrate_run(args.calibrate, micro_rows=shape.micro_rows, max_num_seqs=shape.max_num_seqs,
+                           max_num_batched_tokens=shape.max_num_batched_tokens,
+                           train_gpus=args.calibrated_train_gpus or shape.train_gpus,
+                           prompt_len=args.prompt_len)
+        costs = CalibratedCosts(rc)
+        hw_info = {"calibrated_from": str(args.calibrate), **rc.summary()}
+        own = rc.self_check["per_mode"]
+        for mode, e in own.items():  # the run's own fit error, where it measured the mode
+            errors[mode] = {"max_rel_error": max(e["max_rel_error"], errors.get(mode, {}).get(
+                    "max_rel_error", 0.0)), "basis": "bench validation and this run's own fit"}
+        notes.append("verl's modes are costed with this run's trainer fit (verl's own trainer measured ~10% faster "
+                     "per update on CPU, docs/peer.md)")
+        label = f"calibrated on {args.calibrate}"
+    else:
+        if shape.cpu:
+            raise CannotModel("rolloutpipe.platform=cpu / trainer.device=cpu: the hardware profiles are GPUs; plan "
+                              "a GPU config (e.g. --config-name qwen3_1p7b_gsm8k_4x4), or fit this CPU run's costs "
+                              "with --calibrate RUN_DIR")
+        hw = profile(args.hardware)
+        model = model_shape(shape.model_path)
+        costs = ProfileCosts(hw, model)
+        hw_info = {"profile": hw.name, "figures": hw.figures(), "notes": list(hw.notes), "model": asdict(model)}
+        notes += list(hw.notes)
+        label = f"{hw.name} profile, {model.name}"
+    seeds = tuple(range(args.seeds))
+    inp = PlanInputs(shape, costs, lengths, int(prompt_len), seeds=seeds, sweep_seeds=seeds[:2],
+                     sweep_splits=not args.no_sweep, expected_error=errors)
+    cap = shape.max_response_length
+    inputs = {"config": " ".join([args.config_name or "rolloutpipe_trainer"] + args.overrides),
+              "shape": asdict(shape), "costs": label, "hardware": hw_info,
+              "lengths": {"source": lengths.source, "spec": lengths.spec, "stats": lengths.stats(cap, shape.n)},
+              "prompt_len": int(prompt_len), "prompt_len_src": src, "notes": notes}
+    return inp, inputs
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m verl_pipe.plan", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, as main_grpo takes them")
+    ap.add_argument("--config-name", help="a recipe or config name (as main_grpo's --config-name)")
+    ap.add_argument("--lengths", help="a length spec, a verl rollout dump, steps.jsonl / run dir, a Chrome trace, "
+                                      "or FILE.parquet:COLUMN")
+    ap.add_argument("--hardware", default="h200", help="h200 (measured), h100, a100 (public figures)")
+    ap.add_argument("--calibrate", metavar="RUN_DIR", help="fit the costs on a real run's steps.jsonl + traces")
+    ap.add_argument("--calibrated-train-gpus", type=int, help="trainer GPUs of the calibration run (default: config's)")
+    ap.add_argument("--prompt-len", type=int, help="mean prompt tokens (default: from the lengths source, else 300)")
+    ap.add_argument("--tokenizer", help="tokenizer to count tokens of a verl rollout dump's text")
+    ap.add_argument("--chars-per-token", type=float, help="estimate a verl dump's tokens as characters / this")
+    ap.add_argument("--group-column", help="parquet: the column that names a response's prompt")
+    ap.add_argument("--rollout-gpus", type=int, help="plan this many rollout GPUs instead of the config's")
+    ap.add_argument("--train-gpus", type=int, help="plan this many trainer GPUs instead of the config's")
+    ap.add_argument("--seeds", type=int, default=3, help="length draws per figure (default 3)")
+    ap.add_argument("--no-sweep", action="store_true", help="skip the rollout/trainer split sweep")
+    ap.add_argument("--out", help="write the plan as JSON here")
+    ap.add_argument("--chart", help="write a chart (PNG) here")
+    ap.add_argument("--validate", action="store_true", help="predict every bench JSON in docs/bench and compare")
+    ap.add_argument("--bench-dir", default="docs/bench", help="--validate: where the bench JSONs are")
+    ap.add_argument("--update-doc", help="--validate: rewrite the validation table in this markdown file")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    try:
+        if args.validate:
+            from verl_pipe.plan.validate import main_validate
+
+            return main_validate(args.bench_dir, args.update_doc, VALIDATION, args.out)
+        if not args.lengths:
+            ap.error("--lengths is required (a spec like lognormal:median=700,sigma=0.8,rho=0.7, or a file)")
+        from verl_pipe.plan.predict import plan
+        from verl_pipe.plan.report import format_plan, write_chart, write_json
+
+        inp, inputs = build(args)
+        result = {"inputs": inputs, "plan": plan(inp)}
+    except ValueError as e:  # CannotModel and bad input: one clear line, no traceback
+        print(f"python -m verl_pipe.plan: {e}", file=sys.stderr)
+        return 2
+    result["elapsed_s"] = time.perf_counter() - t0
+    print(format_plan(result))
+    if args.out:
+        write_json(result, args.out)
+    if args.chart:
+        write_chart(result, args.chart)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,238 @@
+"""Hardware profiles and model shapes: what one GPU and one model cost, with where each figure comes from.
+
+Every figure carries a tag, as docs/sim_sources.md does: ``measured`` (on the hardware named, §8: the H200),
+``published`` (a vendor or public figure, cited there), ``derived`` (arithmetic on the others) or ``assumed``.
+The planner prints the tags next to its prediction, so a user sees which part of it rests on a measurement.
+A profile builds the simulator's own parameter classes (``EngineParams``, ``TrainerParams``); nothing here
+simulates.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from verl_pipe.sim.engine import EngineParams
+from verl_pipe.sim.trainer import TrainerParams, placement_costs
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Fig:
+    v: float
+    tag: str  # measured | published | derived | assumed
+    src: str = ""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    params: float  # all parameters (embeddings included): the bytes the rollout reads per decode step
+    non_embedding_params: float  # N in the FLOP model
+    layers: int
+    hidden: int
+    kv_heads: int
+    head_dim: int
+    src: str = ""
+
+    @property
+    def kv_bytes_per_token(self) -> float:  # K and V, bf16
+        return 2 * self.layers * self.kv_heads * self.head_dim * 2
+
+
+# Public configs (HF model cards / config.json); sim_sources.md §3 derives the KV bytes of both.
+MODELS = {
+    "qwen3-1.7b": ModelShape("Qwen3-1.7B", 2.03e9, 1.72e9, 28, 2048, 8, 128,
+                             "docs/sim_sources.md §3: 2.03B params, 28 layers, 8 KV heads, head_dim 128"),
+    "qwen3-4b": ModelShape("Qwen3-4B", 4.02e9, 3.6e9, 36, 2560, 8, 128,
+                           "docs/sim_sources.md §3: KV 147,456 B/token = 36 layers x 8 KV heads x 128"),
+}
+
+
+def model_shape(path: str) -> ModelShape:
+    """The model's shape from its local config.json when the path exists, else by name from ``MODELS``."""
+    cfg = Path(str(path)).expanduser() / "config.json"
+    if cfg.is_file():
+        c = json.loads(cfg.read_text())
+        try:
+            layers, hidden = int(c["num_hidden_layers"]), int(c["hidden_size"])
+            heads = int(c["num_attention_heads"])
+            kv = int(c.get("num_key_value_heads", heads))
+            head_dim = int(c.get("head_dim") or hidden // heads)
+            inter, vocab = int(c["intermediate_size"]), int(c["vocab_size"])
+        except KeyError as e:
+            raise ValueError(f"{cfg}: no {e.args[0]!r}; the planner models decoder-only transformers "
+                             "(Qwen/Llama-style config.json)") from None
+        attn = hidden * head_dim * (heads + 2 * kv) + heads * head_dim * hidden
+        non_emb = layers * (attn + 3 * hidden * inter)
+        emb = vocab * hidden * (1 if c.get("tie_word_embeddings") else 2)
+        return ModelShape(Path(str(path)).name, non_emb + emb, non_emb, layers, hidden, kv, head_dim, str(cfg))
+    key = Path(str(path).rstrip("/")).name.lower()
+    if key in MODELS:
+        return MODELS[key]
+    raise ValueError(f"actor_rollout_ref.model.path={path}: no config.json there and not a model the planner "
+                     f"knows by name ({', '.join(m.name for m in MODELS.values())}); point the path at a local "
+                     "copy of the model (only its config.json is read)")
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    mem_bytes: Fig
+    hbm_Bps: Fig
+    bf16_flops: Fig  # dense
+    decode_t0_s: Fig  # fixed cost of one decode step
+    bw_eff: Fig  # share of the HBM bandwidth a decode step reaches
+    prefill_mfu: Fig
+    train_mfu: Fig  # forward + backward with recompute
+    logprob_ratio: Fig  # old-log-prob forward / training, per token
+    optimizer_step_s_per_bparam: Fig  # AdamW step per 1e9 fp32 params, one GPU (sharded: an upper bound)
+    microbatch_overhead_s: Fig
+    pinned_Bps: Fig
+    pageable_save_Bps: Fig
+    pageable_restore_Bps: Fig
+    pageable_opt_save_Bps: Fig
+    device_copy_s_per_GB: Fig
+    device_swap_s_per_GB: Fig
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def figures(self) -> dict[str, dict]:
+        return {k: {"value": v.v, "tag": v.tag, "source": v.src} for k, v in vars(self).items() if isinstance(v, Fig)}
+
+    # ---- the simulator's parameters ------------------------------------------------------------------------
+    def engine(self, m: ModelShape, *, max_num_seqs: int, max_num_batched_tokens: int,
+               gpu_memory_utilization: float, activations_bytes: float = 2 * GB) -> EngineParams:
+        weights = 2 * m.params  # bf16
+        pool = self.mem_bytes.v * gpu_memory_utilization - weights - activations_bytes  # sim_sources.md §3 [A]
+        if pool <= 0:
+            raise ValueError(f"actor_rollout_ref.rollout.gpu_memory_utilization={gpu_memory_utilization}: "
+                             f"{m.name}'s bf16 weights ({weights / GB:.1f} GB) leave no KV cache on a "
+                             f"{self.mem_bytes.v / GB:.0f} GB {self.name}")
+        return EngineParams(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                            kv_capacity_tokens=int(pool / m.kv_bytes_per_token), kv_bytes_per_token=m.kv_bytes_per_token,
+                            weight_bytes=weights, t0_s=self.decode_t0_s.v, bw_eff_Bps=self.bw_eff.v * self.hbm_Bps.v,
+                            prefill_flops_per_token=2 * m.non_embedding_params,
+                            prefill_flops_per_s=self.prefill_mfu.v * self.bf16_flops.v)
+
+    def theta_k_figures(self, m: ModelShape, checkpoint_on_failure: bool = True) -> dict:
+        """``sim.trainer.placement_costs``' input for this model: fp32 master weights and Adam's m and v."""
+        return {"param_bytes": 4 * m.params, "opt_bytes": 8 * m.params, "checkpoint_on_failure": checkpoint_on_failure,
+                "pageable_save_Bps": self.pageable_save_Bps.v, "pageable_restore_Bps": self.pageable_restore_Bps.v,
+                "pageable_opt_save_Bps": self.pageable_opt_save_Bps.v, "pinned_Bps": self.pinned_Bps.v,
+                "measured_param_bytes": GB, "device_snapshot_s": self.device_copy_s_per_GB.v,
+                "device_swap_s": self.device_swap_s_per_GB.v}
+
+    def trainer(self, m: ModelShape, *, gpus: int, recompute: bool, max_tokens_per_microbatch: int, use_ref: bool,
+                placement: str) -> TrainerParams:
+        f = self.theta_k_figures(m)
+        verl = placement_costs("pageable", gpus, f)  # verl's separate_async keeps pi_old with save_model_to_cpu
+        return TrainerParams(
+            num_gpus=gpus, flops_per_s_per_gpu=self.train_mfu.v * self.bf16_flops.v, efficiency=1.0,
+            linear_flops_per_token=(8 if recompute else 6) * m.non_embedding_params,
+            attn_flops_coef=8 * m.layers * m.hidden, microbatch_overhead_s=self.microbatch_overhead_s.v,
+            max_tokens_per_microbatch=max_tokens_per_microbatch, call_overhead_s=0.0,
+            logprob_ratio=self.logprob_ratio.v, use_ref=use_ref,
+            optimizer_step_s=self.optimizer_step_s_per_bparam.v * m.params / 1e9,
+            **placement_costs(placement, gpus, f),
+            verl_swap_save_s=verl["swap_save_s"], verl_swap_restore_s=verl["swap_restore_s"])
+
+    def trainer_mem_fits_device_store(self, m: ModelShape, gpus: int) -> bool:
+        """Whether θ_k and the optimizer's rollback copy fit on the trainer GPUs beside the model's own states
+        (fp32 weights, gradients, Adam: 16 B/param, sharded), leaving theta_store's 25% margin for activations."""
+        need = (16 + 12) * m.params / gpus
+        return need <= 0.75 * self.mem_bytes.v
+
+
+def _h200() -> Hardware:
+    s8 = "docs/sim_sources.md §8 (one H200, Qwen3-1.7B shape)"
+    return Hardware(
+        name="h200",
+        mem_bytes=Fig(141 * GB, "published", "NVIDIA H200 SXM: 141 GB HBM3e"),
+        hbm_Bps=Fig(4.8e12, "published", "NVIDIA H200 SXM: 4.8 TB/s"),
+        bf16_flops=Fig(989e12, "published", "dense bf16, the H100's (sim_sources.md §8)"),
+        decode_t0_s=Fig(3.0e-3, "derived", "sim_sources.md §3: midpoint of 2.5-3.4 ms (H100, H20 anchors)"),
+        bw_eff=Fig(0.8, "assumed", "sim_sources.md §3"),
+        prefill_mfu=Fig(0.4, "assumed", "sim_sources.md §7"),
+        train_mfu=Fig(0.33, "measured", s8 + ": train fwd+bwd with recompute 19-22k tok/s"),
+        logprob_ratio=Fig(0.26, "measured", s8 + ": old-log-prob 75-85k tok/s vs 19-22k"),
+        optimizer_step_s_per_bparam=Fig(0.015 / 1.72, "measured", s8 + ": AdamW over 1.72B fp32 params 15 ms"),
+        microbatch_overhead_s=Fig(0.1, "published", "sim_sources.md §4: ThunderSyncRL ~0.09-0.16 s per micro-batch"),
+        pinned_Bps=Fig(55e9, "measured", s8 + ": 6.9 GB in 0.125 s"),
+        pageable_save_Bps=Fig(1.23e9, "measured", s8 + ": 6.9 GB in 5.61 s"),
+        pageable_restore_Bps=Fig(6.70e9, "measured", s8 + ": 6.9 GB in 1.03 s"),
+        pageable_opt_save_Bps=Fig(1.27e9, "measured", s8 + ": 13.8 GB in 10.90 s"),
+        device_copy_s_per_GB=Fig(0.004 / 6.9, "measured", s8 + ": 6.9 GB device snapshot 4 ms"),
+        device_swap_s_per_GB=Fig(0.012 / 6.9, "measured", s8 + ": swap live <-> frozen 12 ms (upper bound)"),
+        notes=("trainer and copy costs measured on one H200; the decode model's constants are public-figure "
+               "derivations (sim_sources.md §3), not measured on an H200",),
+    )
+
+
+def _h100() -> Hardware:
+    h = _h200()
+    a = "assumed: the H200's measured figure (same compute die, PCIe Gen5 host link)"
+    return Hardware(
+        name="h100",
+        mem_bytes=Fig(80 * GB, "published", "NVIDIA H100 SXM: 80 GB"),
+        hbm_Bps=Fig(3.35e12, "published", "sim_sources.md §3: H100 SXM 3.35 TB/s"),
+        bf16_flops=Fig(989e12, "published", "sim_sources.md §3: 989 TF bf16 dense"),
+        decode_t0_s=h.decode_t0_s, bw_eff=h.bw_eff, prefill_mfu=h.prefill_mfu,
+        train_mfu=Fig(0.33, "assumed", a), logprob_ratio=Fig(0.26, "assumed", a),
+        optimizer_step_s_per_bparam=Fig(h.optimizer_step_s_per_bparam.v, "assumed", a),
+        microbatch_overhead_s=h.microbatch_overhead_s,
+        pinned_Bps=Fig(55e9, "assumed", a), pageable_save_Bps=Fig(1.23e9, "assumed", a),
+        pageable_restore_Bps=Fig(6.70e9, "assumed", a), pageable_opt_save_Bps=Fig(1.27e9, "assumed", a),
+        device_copy_s_per_GB=Fig(h.device_copy_s_per_GB.v * 4.8 / 3.35, "derived", "H200's, scaled by HBM bandwidth"),
+        device_swap_s_per_GB=Fig(h.device_swap_s_per_GB.v * 4.8 / 3.35, "derived", "H200's, scaled by HBM bandwidth"),
+        notes=("no figure measured on an H100: public bandwidth and FLOP rate, the H200's measured efficiencies",),
+    )
+
+
+def _a100() -> Hardware:
+    h = _h200()
+    gen4 = "assumed: half the H200's measured pinned rate (PCIe Gen4 vs Gen5)"
+    return Hardware(
+        name="a100",
+        mem_bytes=Fig(80 * GB, "published", "NVIDIA A100 SXM 80 GB"),
+        hbm_Bps=Fig(2.039e12, "published", "NVIDIA A100 SXM 80 GB: 2,039 GB/s"),
+        bf16_flops=Fig(312e12, "published", "NVIDIA A100: 312 TF bf16 dense"),
+        decode_t0_s=Fig(3.0e-3, "assumed", "the H100/H20 figure (sim_sources.md §3)"), bw_eff=h.bw_eff,
+        prefill_mfu=h.prefill_mfu,
+        train_mfu=Fig(0.33, "assumed", "the H200's measured MFU"),
+        logprob_ratio=Fig(0.26, "assumed", "the H200's measured ratio"),
+        optimizer_step_s_per_bparam=Fig(h.optimizer_step_s_per_bparam.v * 4.8 / 2.039, "derived",
+                                        "H200's, scaled by HBM bandwidth (AdamW is memory-bound)"),
+        microbatch_overhead_s=h.microbatch_overhead_s,
+        pinned_Bps=Fig(27.5e9, "assumed", gen4),
+        pageable_save_Bps=Fig(1.23e9, "assumed", "the H200's (host-bound)"),
+        pageable_restore_Bps=Fig(6.70e9 / 2, "assumed", gen4),
+        pageable_opt_save_Bps=Fig(1.27e9, "assumed", "the H200's (host-bound)"),
+        device_copy_s_per_GB=Fig(h.device_copy_s_per_GB.v * 4.8 / 2.039, "derived", "H200's, scaled by HBM bandwidth"),
+        device_swap_s_per_GB=Fig(h.device_swap_s_per_GB.v * 4.8 / 2.039, "derived", "H200's, scaled by HBM bandwidth"),
+        notes=("no figure measured on an A100: public bandwidth and FLOP rate, the H200's measured efficiencies",),
+    )
+
+
+PROFILES = {"h200": _h200, "h100": _h100, "a100": _a100}
+
+
+def profile(name: str) -> Hardware:
+    try:
+        return PROFILES[name.lower()]()
+    except KeyError:
+        raise ValueError(f"--hardware {name}: no such profile; choose {', '.join(PROFILES)}, or fit one from a "
+                         "real run with --calibrate RUN_DIR") from None
+
+
+def weight_sync_s(m: ModelShape, one_node: bool) -> tuple[float, str]:
+    """bf16 weights over NCCL: NVLink within a node (100 GB/s [A]), 8.25 GB/s across nodes (sim_sources.md §6)."""
+    bw = 100e9 if one_node else 8.25e9
+    return 2 * m.params / bw, (f"derived: {2 * m.params / GB:.2f} GB bf16 at {bw / GB:g} GB/s "
+                               f"({'NVLink in one node [assumed]' if one_node else 'across nodes, sim_sources.md §6'})")
+
+
+def ceil_div(a: int, b: int) -> int:
+    return int(math.ceil(a / b))

@@ -1,0 +1,368 @@
+"""The planner's core: one run config, its lengths and its costs -> predicted figures per mode and what to run.
+
+Pure (no Hydra, no files): everything is simulated by ``verl_pipe.sim`` — the real admission policies
+(``frontier.py``) on the engine model and the real trainer's schedule (``schedule.py``) on the cost model. The only
+mode modelled here rather than there is verl's one-step-off (one batch ahead, staleness 1), which needs no
+schedule of its own: in steady state its trainer trains the previous batch (verl's separate_async trainer on a
+batch that is all there at the start) while the rollout generates the next, so a step lasts the longer of the
+two plus the weight sync.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from verl_pipe.bench.calib import PaddedWorkload
+from verl_pipe.frontier import AdaptiveWindow, resolve_window
+from verl_pipe.plan.calibrate import KV_UNBOUNDED, RunCalibration
+from verl_pipe.plan.hardware import Hardware, ModelShape, weight_sync_s
+from verl_pipe.plan.lengths import Lengths
+from verl_pipe.plan.runconfig import Shape
+from verl_pipe.sim.engine import EngineParams
+from verl_pipe.sim.simulate import RolloutResult, rollout_for_mode, timeline_for
+from verl_pipe.sim.trainer import PLACEMENTS, TrainerParams, schedule
+from verl_pipe.workload import Workload
+
+ROWS = ("sync", "cgp", "cgp_group", "cgp_fgd", "verl_separate_async", "verl_one_step_off")
+LABELS = {"sync": "sync (separate pools)", "cgp": "cgp (mini-batch)", "cgp_group": "cgp (group)",
+          "cgp_fgd": "cgp + fgd", "verl_separate_async": "verl separate_async on-policy",
+          "verl_one_step_off": "verl one-step-off (stale 1)"}
+FIGURES = ("step_time_s", "rollout_to_train_end_s", "trainer_wait_ratio", "rollout_end_s", "trainer_busy_s",
+           "first_unit_ready_s", "weight_sync_s")
+WINDOWS = ("adaptive", None, "auto")  # rolloutpipe.fgd.window: None = max_num_seqs
+NO_HELP_PCT = 5.0  # a predicted saving below this is within the planner's own error: say it will not help
+
+
+# ------------------------------------------------------------------------------------------------ costs
+
+class ProfileCosts:
+    """Costs from a hardware profile and the model's shape (FLOP and bandwidth models, sim_sources.md)."""
+
+    def __init__(self, hw: Hardware, model: ModelShape):
+        self.hw, self.model, self.label = hw, model, f"profile {hw.name}"
+        self.placements = PLACEMENTS
+
+    def engine(self, shape: Shape, mode: str) -> EngineParams:
+        return self.hw.engine(self.model, max_num_seqs=shape.max_num_seqs,
+                              max_num_batched_tokens=shape.max_num_batched_tokens,
+                              gpu_memory_utilization=shape.gpu_memory_utilization)
+
+    def trainer(self, shape: Shape, placement: str) -> TrainerParams:
+        return self.hw.trainer(self.model, gpus=shape.train_gpus, recompute=shape.recompute,
+                               max_tokens_per_microbatch=shape.max_tokens_per_microbatch, use_ref=shape.use_ref,
+                               placement=placement)
+
+    def weight_sync_s(self, shape: Shape) -> float:
+        return weight_sync_s(self.model, shape.one_node)[0]
+
+    def padded(self, shape: Shape) -> bool:
+        return shape.padded
+
+    def default_placement(self, shape: Shape) -> str:
+        """What ``rolloutpipe.theta_k.store=auto`` would pick on these GPUs (device when it fits, else pinned)."""
+        if shape.theta_k_store in ("device", "pinned"):
+            return shape.theta_k_store
+        return "device" if self.hw.trainer_mem_fits_device_store(self.model, shape.train_gpus) else "pinned"
+
+
+class CalibratedCosts:
+    """Costs fitted on a real run (``--calibrate``): its engine per replica (alone for sync, beside a busy trainer
+    for the pipelined modes) and its trainer per padded token, scaled to another trainer pool size by the GPU
+    count [assumed: data parallelism scales linearly]."""
+
+    def __init__(self, rc: RunCalibration):
+        self.rc, self.label = rc, "calibrated"
+        self.placements = ("run's store",)
+
+    def engine(self, shape: Shape, mode: str) -> EngineParams:
+        e = self.rc.cal.engine_for("sync" if mode == "sync" else "cgp")
+        return e.with_(max_num_seqs=shape.max_num_seqs, max_num_batched_tokens=shape.max_num_batched_tokens,
+                       kv_capacity_tokens=KV_UNBOUNDED)
+
+    def trainer(self, shape: Shape, placement: str) -> TrainerParams:
+        t = self.rc.cal.trainer.params
+        return t.with_(flops_per_s_per_gpu=t.flops_per_s_per_gpu * shape.train_gpus / self.rc.train_gpus)
+
+    def weight_sync_s(self, shape: Shape) -> float:
+        return self.rc.weight_sync_s
+
+    def padded(self, shape: Shape) -> bool:
+        return True  # the fit is per padded token
+
+    def default_placement(self, shape: Shape) -> str:
+        return self.placements[0]
+
+
+# ------------------------------------------------------------------------------------------- simulation
+
+def one_step_off(rollout: RolloutResult, wl: Workload, trainer: TrainerParams, groups_per_unit: int,
+                 sync_s: float) -> dict:
+    """verl's default separate_async (one batch ahead) in steady state: the trainer trains a batch that is all
+    there at the step's start (verl's own trainer model, ``sim.trainer`` ``verl_separate_async``) while the
+    rollout generates the next one; a step is the longer of the two, then the weight sync."""
+    ready = [(0.0, g) for _, g in rollout.completions]
+    plan = schedule("verl_separate_async", ready, wl.seq_lens, trainer, groups_per_unit, 0.0)
+    busy = sum(e - s for _, s, e, *_ in plan.spans)
+    cycle = max(rollout.rollout_end, plan.end)
+    return {"step_time_s": cycle + sync_s, "rollout_to_train_end_s": cycle, "trainer_wait_ratio": 1 - busy / cycle,
+            "rollout_end_s": rollout.rollout_end, "trainer_busy_s": busy, "first_unit_ready_s": 0.0,
+            "weight_sync_s": sync_s}
+
+
+def _pick(m: dict) -> dict:
+    return {k: float(m[k]) for k in FIGURES}
+
+
+def _window_key(w) -> str:
+    return "max_num_seqs" if w is None else str(w)
+
+
+class Rollouts:
+    """Rollouts are the costly part and do not depend on the trainer: each (split, seed, dispatch) runs once and
+    every trainer mode, θ_k placement and sweep point is scheduled on it."""
+
+    def __init__(self, costs, lengths: Lengths, prompt_len: int):
+        self.costs, self.lengths, self.prompt_len = costs, lengths, prompt_len
+        self._wl: dict = {}
+        self._ro: dict = {}
+
+    def workload(self, shape: Shape, seed: int) -> Workload:
+        key = (shape.num_groups, shape.n, seed)
+        if key not in self._wl:
+            wl = self.lengths.workload(shape.num_groups, shape.n, shape.max_response_length, self.prompt_len, seed)
+            if self.costs.padded(shape):
+                wl = PaddedWorkload(wl.num_groups, wl.n, wl.lengths, wl.prompt_len, wl.name)
+            self._wl[key] = wl
+        return self._wl[key]
+
+    def get(self, shape: Shape, seed: int, kind: str, window=None) -> RolloutResult:
+        """``kind``: "alone" (stock dispatch, the engine running alone: sync), "stock" (beside a busy trainer),
+        "fgd" (with ``window``)."""
+        engine = self.costs.engine(shape, "sync" if kind == "alone" else "cgp")
+        if kind == "stock" and engine == self.costs.engine(shape, "sync"):
+            kind = "alone"
+        key = (shape.rollout_gpus, seed, kind, window)
+        if key not in self._ro:
+            wl, R, gpu = self.workload(shape, seed), shape.rollout_gpus, shape.groups_per_unit
+            if kind == "fgd":
+                self._ro[key] = rollout_for_mode("cgp_fgd", wl, engine, R, gpu, window)
+            else:
+                self._ro[key] = rollout_for_mode("sync", wl, engine, R, gpu, shape.dispatch_window,
+                                                 shape.dispatch_order)
+        return self._ro[key]
+
+
+def _window_of(label: str):
+    """A window label back to the rolloutpipe.fgd.window value."""
+    return None if label == "max_num_seqs" else int(label) if label.isdigit() else label
+
+
+def _label_for(shape: Shape, window, windows) -> str:
+    """The label under which ``resolved_windows`` simulated ``window`` (another label of the same size)."""
+    def size(w):
+        r = resolve_window(shape.max_num_seqs if w is None else w, shape.groups_per_unit, shape.n, shape.max_num_seqs)
+        return "adaptive" if isinstance(r, AdaptiveWindow) else r
+
+    labels = resolved_windows(shape, windows)
+    return next(k for k, w in labels.items() if size(w) == size(window))
+
+
+def resolved_windows(shape: Shape, windows=WINDOWS) -> dict[str, object]:
+    """{label: window as the simulator takes it}; windows that resolve to the same size are simulated once.
+    null is max_num_seqs, as the trainer resolves it (the simulator's None would be "no window")."""
+    out: dict[str, object] = {}
+    sizes = set()
+    for w in windows:
+        sim_w = shape.max_num_seqs if w is None else w
+        size = resolve_window(sim_w, shape.groups_per_unit, shape.n, shape.max_num_seqs)
+        size = "adaptive" if isinstance(size, AdaptiveWindow) else size
+        if size not in sizes:
+            sizes.add(size)
+            out[_window_key(w)] = sim_w
+    return out
+
+
+def simulate_shape(shape: Shape, ro: Rollouts, seeds, *, windows=WINDOWS, placement: str | None = None,
+                   rows=ROWS) -> dict[str, list[dict]]:
+    """Per mode key, the figures of each seed: ``sync``, ``cgp``, ``cgp_group``, ``cgp_fgd[<window>][<gran>]``,
+    ``verl_separate_async``, ``verl_one_step_off``."""
+    out: dict[str, list[dict]] = {}
+    gpu, costs = shape.groups_per_unit, ro.costs
+    trainer = costs.trainer(shape, placement or costs.default_placement(shape))
+    ws = costs.weight_sync_s(shape)
+    wins = resolved_windows(shape, windows)
+    for seed in seeds:
+        wl = ro.workload(shape, seed)
+
+        def add(key: str, m: dict) -> None:
+            out.setdefault(key, []).append(_pick(m))
+
+        if "sync" in rows:
+            add("sync", timeline_for(ro.get(shape, seed, "alone"), wl, trainer, "sync", gpu, ws).metrics())
+        fc = ro.get(shape, seed, "stock") if set(rows) - {"sync", "cgp_fgd"} else None
+        if "cgp" in rows and "minibatch" in shape.granularities:
+            add("cgp", timeline_for(fc, wl, trainer, "cgp", gpu, ws).metrics())
+        if "cgp_group" in rows and "group" in shape.granularities:
+            add("cgp_group", timeline_for(fc, wl, trainer, "cgp_group", gpu, ws, "group").metrics())
+        if "cgp_fgd" in rows:
+            for label, w in wins.items():
+                fg = ro.get(shape, seed, "fgd", w)
+                for gran in shape.granularities:
+                    add(f"cgp_fgd[{label}][{gran}]", timeline_for(fg, wl, trainer, "cgp_fgd", gpu, ws, gran).metrics())
+        if "verl_separate_async" in rows:
+            add("verl_separate_async", timeline_for(fc, wl, trainer, "verl_separate_async", gpu, ws).metrics())
+        if "verl_one_step_off" in rows:
+            add("verl_one_step_off", one_step_off(fc, wl, trainer, gpu, ws))
+    return out
+
+
+def _mean(ms: list[dict]) -> dict:
+    return {k: sum(m[k] for m in ms) / len(ms) for k in ms[0]}
+
+
+# -------------------------------------------------------------------------------------------- the plan
+
+@dataclass(frozen=True)
+class PlanInputs:
+    shape: Shape
+    costs: object  # ProfileCosts | CalibratedCosts
+    lengths: Lengths
+    prompt_len: int
+    seeds: tuple[int, ...] = (0, 1, 2)
+    sweep_seeds: tuple[int, ...] = (0,)  # the split sweep's other splits: one draw each (time budget)
+    sweep_splits: bool = True
+    expected_error: dict | None = None  # validation per mode (plan/validation.json), or None
+
+
+def _fgd_label(key: str) -> tuple[str, str]:
+    w, gran = key[len("cgp_fgd["):-1].split("][")
+    return w, gran
+
+
+def plan(inp: PlanInputs) -> dict:
+    t_start = time.perf_counter()
+    shape, costs = inp.shape, inp.costs
+    ro = Rollouts(costs, inp.lengths, inp.prompt_len)
+    windows = WINDOWS + ((shape.fgd_window,) if shape.fgd_window not in WINDOWS else ())
+    runs = simulate_shape(shape, ro, inp.seeds, windows=windows)
+    means = {k: _mean(v) for k, v in runs.items()}
+    sync = means["sync"]
+    fgd_keys = [k for k in means if k.startswith("cgp_fgd[")]
+    pipelined = [k for k in ("cgp", "cgp_group") if k in means] + fgd_keys
+    best = min(pipelined, key=lambda k: means[k]["rollout_to_train_end_s"])
+    # the cgp + fgd row: the configured window (rolloutpipe.fgd.window) at its better granularity
+    cw = _label_for(shape, shape.fgd_window, windows)
+    fgd_row = min((k for k in fgd_keys if k.startswith(f"cgp_fgd[{cw}]")),
+                  key=lambda k: means[k]["rollout_to_train_end_s"])
+    err = inp.expected_error or {}
+    modes = {}
+    for row in ROWS:
+        key = fgd_row if row == "cgp_fgd" else row
+        if key not in means:
+            modes[row] = {"skipped": f"algorithm.adv_estimator={shape.estimator} trains only at "
+                                     f"{', '.join(shape.granularities)} granularity"}
+            continue
+        m = dict(means[key])
+        m["reduction_vs_sync_pct"] = 100 * (1 - m["rollout_to_train_end_s"] / sync["rollout_to_train_end_s"])
+        m["step_reduction_vs_sync_pct"] = 100 * (1 - m["step_time_s"] / sync["step_time_s"])
+        if row == "cgp_fgd":
+            m["fgd_window"], m["granularity"] = _fgd_label(key)
+        m["expected_error"] = err.get(row, {"note": "not validated"})
+        modes[row] = m
+
+    windows = [{"window": _fgd_label(k)[0], "granularity": _fgd_label(k)[1],
+                **{f: means[k][f] for f in ("rollout_to_train_end_s", "step_time_s", "first_unit_ready_s",
+                                            "rollout_end_s")}} for k in fgd_keys]
+    rec = {"mode": "cgp" if best in ("cgp", "cgp_group") or best.startswith("cgp_fgd") else best}
+    if best.startswith("cgp_fgd"):
+        rec["fgd"], (rec["fgd_window"], rec["granularity"]) = True, _fgd_label(best)
+    else:
+        rec["fgd"], rec["fgd_window"], rec["granularity"] = False, None, "group" if best == "cgp_group" else "minibatch"
+    rec["rollout_to_train_end_s"] = means[best]["rollout_to_train_end_s"]
+    rec["saving_vs_sync_pct"] = 100 * (1 - means[best]["rollout_to_train_end_s"] / sync["rollout_to_train_end_s"])
+    best_window = _window_of(rec["fgd_window"]) if rec["fgd"] else None
+
+    # θ_k placement: the recommended mode with each store (a profile models all three; a calibration its own)
+    placements = {}
+    if len(costs.placements) > 1 and shape.units > 1:
+        for pl in costs.placements:
+            r = simulate_shape(shape, ro, inp.seeds, windows=(best_window,) if rec["fgd"] else (), placement=pl,
+                               rows=("cgp_fgd",) if rec["fgd"] else ("cgp", "cgp_group"))
+            k = best if best in r else next(iter(r))
+            placements[pl] = _mean(r[k])["rollout_to_train_end_s"]
+    default_pl = costs.default_placement(shape)
+    rec["theta_k_store"] = default_pl if default_pl in costs.placements else costs.placements[0]
+
+    splits = []
+    total = shape.rollout_gpus + shape.train_gpus
+    if inp.sweep_splits and total > 2:
+        for r_gpus in range(1, total):
+            s = shape.with_split(r_gpus, total - r_gpus)
+            r = simulate_shape(s, ro, inp.seeds if r_gpus == shape.rollout_gpus else inp.sweep_seeds,
+                               windows=(best_window,) if rec["fgd"] else (),
+                               rows=("sync", "cgp_fgd") if rec["fgd"] else ("sync", "cgp", "cgp_group"))
+            k = best if best in r else next(k for k in r if k != "sync")
+            sm, pm = _mean(r["sync"]), _mean(r[k])
+            splits.append({"rollout_gpus": r_gpus, "train_gpus": total - r_gpus,
+                           "sync_step_s": sm["step_time_s"], "recommended_step_s": pm["step_time_s"],
+                           "recommended_r2t_end_s": pm["rollout_to_train_end_s"],
+                           "sync_r2t_end_s": sm["rollout_to_train_end_s"]})
+        top = min(splits, key=lambda x: x["recommended_step_s"])
+        rec["split"] = {"rollout_gpus": top["rollout_gpus"], "train_gpus": top["train_gpus"],
+                        "step_time_s": top["recommended_step_s"],
+                        "vs_configured_pct": 100 * (top["recommended_step_s"] / next(
+                            x["recommended_step_s"] for x in splits if x["rollout_gpus"] == shape.rollout_gpus) - 1)}
+        best_sync = min(splits, key=lambda x: x["sync_step_s"])
+        rec["best_sync_split"] = {"rollout_gpus": best_sync["rollout_gpus"], "train_gpus": best_sync["train_gpus"],
+                                  "step_time_s": best_sync["sync_step_s"]}
+    rec["overrides"] = overrides_for(rec, shape)
+    verdict = verdict_for(sync, rec["saving_vs_sync_pct"], inp.lengths, shape)
+    return {"modes": modes, "labels": LABELS, "recommendation": rec, "fgd_windows": windows,
+            "theta_k_placements": placements, "splits": splits, "verdict": verdict,
+            "sync_train_to_rollout_ratio": sync["trainer_busy_s"] / sync["rollout_end_s"],
+            "seeds": list(inp.seeds), "elapsed_s": time.perf_counter() - t_start}
+
+
+def overrides_for(rec: dict, shape: Shape) -> list[str]:
+    """The command-line overrides that launch the recommendation (beside the user's own)."""
+    out = [f"rolloutpipe.mode={rec['mode']}"]
+    if rec["mode"] == "cgp":
+        out.append(f"rolloutpipe.cgp.granularity={rec['granularity']}")
+        out.append(f"rolloutpipe.fgd.enable={str(rec['fgd']).lower()}")
+        if rec["fgd"]:
+            w = rec["fgd_window"]
+            out.append(f"rolloutpipe.fgd.window={'null' if w == 'max_num_seqs' else w}")
+        if rec.get("theta_k_store") in ("device", "pinned"):
+            out.append(f"rolloutpipe.theta_k.store={rec['theta_k_store']}")
+    sp = rec.get("split")
+    if sp and sp["rollout_gpus"] != shape.rollout_gpus:
+        out += [f"actor_rollout_ref.rollout.n_gpus_per_node={sp['rollout_gpus']}",
+                f"trainer.n_gpus_per_node={sp['train_gpus']}"]
+    return out
+
+
+def verdict_for(sync: dict, saving_pct: float, lengths: Lengths, shape: Shape) -> dict:
+    """Whether pipelining helps, and when it does not, why, in words a user can act on."""
+    tr = sync["trainer_busy_s"] / sync["rollout_end_s"]
+    st = lengths.stats(shape.max_response_length, shape.n)
+    no_tail = st["cv"] < 0.1
+    reasons = []
+    if tr < 0.25:
+        reasons.append(f"generation-dominated: the trainer works {tr:.2f}x the rollout's time, so overlapping it "
+                       f"can hide at most {100 * tr / (1 + tr):.0f}% of a synchronous step")
+    if tr > 4:
+        reasons.append(f"trainer-bound: the trainer works {tr:.1f}x the rollout's time; no schedule is shorter than "
+                       "the trainer's own work (move GPUs to the trainer)")
+    if no_tail:
+        reasons.append(f"no tail: response lengths vary little (CV {st['cv']:.2f}), so groups finish together and "
+                       "little training can start before the rollout ends")
+    helps = saving_pct >= NO_HELP_PCT
+    if helps:
+        msg = (f"Pipelining helps: {saving_pct:.1f}% shorter rollout→train end than sync"
+               + (f" (but: {'; '.join(reasons)})" if reasons else ""))
+    else:
+        msg = (f"Pipelining will NOT help here: predicted saving {saving_pct:.1f}% (< {NO_HELP_PCT:g}%, within the "
+               f"planner's error). " + ("; ".join(reasons) if reasons else "the trainer's work hides little of the "
+                                         "rollout on this split") + ". Run sync, or change the split.")
+    return {"helps": helps, "message": msg, "train_to_rollout": tr, "length_cv": st["cv"], "reasons": reasons}
