@@ -194,7 +194,13 @@ def trainer_span_samples(step: dict, micro_rows: int) -> dict[str, list[tuple[fl
 
 
 def _trainer_spans(step: dict, micro_rows: int) -> list[tuple[str, float, float, float]]:
-    """(cost kind, padded tokens, seconds, start) of each trainer span of one step, in start order.
+    """(cost kind, padded tokens, seconds, start) of each trainer span of one step, in start order."""
+    return [(r["key"], r["tokens"], r["seconds"], r["start"]) for r in trainer_span_records(step, micro_rows)]
+
+
+def trainer_span_records(step: dict, micro_rows: int) -> list[dict]:
+    """Each trainer span of one step, in start order: {"key": cost kind, "tokens": padded tokens, "seconds",
+    "start", "unit", "group"} (unit and group as the span was tagged, so a caller can pick a unit's work).
 
     ``step``: {"timeline": tl_dict, "lengths": [[...]], "prompt_len": P}. A span's groups: those the trainer
     recorded as ready for its unit; with group granularity a span names the last group of the burst it
@@ -204,7 +210,12 @@ def _trainer_spans(step: dict, micro_rows: int) -> list[tuple[str, float, float,
     tl, lengths, P = step["timeline"], step["lengths"], step["prompt_len"]
     unit_groups = {u["unit"]: list(u["groups"]) for u in tl["units_ready"]}
     all_groups = [g for u in sorted(unit_groups) for g in unit_groups[u]]
-    out: list[tuple[str, float, float, float]] = []
+    out: list[dict] = []
+
+    def record(key, tokens, dur, span):
+        out.append({"key": key, "tokens": tokens, "seconds": dur, "start": span["start"], "unit": span["unit"],
+                    "group": span.get("group")})
+
     # A unit with its own optimizer_step span (group granularity, or the simulator's timelines) has update
     # spans without the optimizer step: they cost like forward_backward.
     own_opt = {s["unit"] for s in tl["train_spans"] if s["kind"] == "optimizer_step"}
@@ -212,7 +223,7 @@ def _trainer_spans(step: dict, micro_rows: int) -> list[tuple[str, float, float,
     for s in sorted(tl["train_spans"], key=lambda s: s["start"]):
         kind, dur, unit = s["kind"], s["end"] - s["start"], s["unit"]
         if kind in ("snapshot_theta_k", "optimizer_step"):
-            out.append(("swap" if kind == "snapshot_theta_k" else kind, 0.0, dur, s["start"]))
+            record("swap" if kind == "snapshot_theta_k" else kind, 0.0, dur, s)
             continue
         if kind not in ("update", "old_log_prob", "forward_backward"):
             continue
@@ -232,7 +243,7 @@ def _trainer_spans(step: dict, micro_rows: int) -> list[tuple[str, float, float,
             key = "forward_backward" if kind == "update" and unit in own_opt else kind
             if kind == "old_log_prob" and unit is not None and unit > 0:
                 key = "old_log_prob_swapped"  # _old_log_prob_at_theta_k: the span includes the theta_k swap
-            out.append((key, padded_tokens(groups, lengths, P, micro_rows), dur, s["start"]))
+            record(key, padded_tokens(groups, lengths, P, micro_rows), dur, s)
     return out
 
 

@@ -151,7 +151,8 @@ def _fmt(x, spec: str) -> str:
 def format_setting(s: dict) -> str:
     """One plain-text table: a row per mode, means with (spread) where it matters."""
     cols = [("mode", 20), ("r2t_end s", 14), ("vs sync", 8), ("wait", 12), ("wait vs", 8), ("1st ready", 9),
-            ("1st start", 9), ("rollout", 8), ("ideal", 8), ("eff", 6), ("step s", 8), ("runs", 4)]
+            ("1st start", 9), ("rollout", 8), ("ideal", 8), ("eff", 6), ("unc eff", 7), ("step s", 8),
+            ("runs", 4)]
     head = " ".join(f"{c:>{w}}" if i else f"{c:<{w}}" for i, (c, w) in enumerate(cols))
     size = f", model {s['model_size']}" if s.get("model_size") else ""
     lines = [f"== {s['name']}  (sync T/R = {_fmt(s.get('sync_train_to_rollout_ratio'), '.2f')}{size})",
@@ -168,7 +169,8 @@ def format_setting(s: dict) -> str:
         wred = _fmt(e.get("wait_reduction_vs_sync_pct"), "+.1f") + ("%" if "wait_reduction_vs_sync_pct" in e else "")
         vals = [label, r2t, red, wait, wred, _fmt(e["first_unit_ready_s"], ".2f"), _fmt(e["first_unit_start_s"], ".2f"),
                 _fmt(e["rollout_end_s"], ".2f"), _fmt(e["ideal_lower_bound_s"], ".2f"),
-                _fmt(e["pipeline_efficiency"], ".3f"), _fmt(e["step_time_s"], ".2f"), str(e["runs"])]
+                _fmt(e["pipeline_efficiency"], ".3f"), _fmt(e.get("uncontended_efficiency"), ".3f"),
+                _fmt(e["step_time_s"], ".2f"), str(e["runs"])]
         lines.append(" ".join(f"{v:>{w}}" if i else f"{v:<{w}}" for i, (v, (_, w)) in enumerate(zip(vals, cols))))
     for mode, e in s["modes"].items():
         if mode in PEERS and "skipped" not in e:
@@ -190,7 +192,8 @@ def format_setting(s: dict) -> str:
                if "reduction_vs_verl_separate_async_pct" in e}
     if vs_peer:
         lines.append("vs verl_separate_async (on-policy): " + ", ".join(f"{m} {v:+.1f}%" for m, v in vs_peer.items()))
-    lines.append("(± = half the max-min spread over runs; vs sync = reduction of the mean, positive is better)")
+    lines.append("(± = half the max-min spread over runs; vs sync = reduction of the mean, positive is better; "
+                 "unc eff = against the bound with sync's per-token trainer costs after the rollout)")
     return "\n".join(lines)
 
 

@@ -426,6 +426,7 @@ def build_result(cfg: dict, settings: list[dict], steps: list[dict], skipped_mod
                               prompt_len_mean=sum(st["prompt_len"] for st in mine) / len(mine))
         _peer_extras(entry, mine)
         _trainer_cost_split(entry, mine, shapes)
+        _uncontended(entry, mine, shapes)
         if cpu_samples:
             _cpu_overlap(entry, mine, cpu_samples)
         if "cgp_fgd" in entry["modes"] and "skipped" not in entry["modes"]["cgp_fgd"]:
@@ -498,6 +499,22 @@ def _trainer_cost_split(entry: dict, steps: list[dict], shapes: dict) -> None:
         shape = shapes.get(_size(mine[0])) if mine else None
         if e is not None and "skipped" not in e and shape is not None:
             e["trainer_s_per_1k_padded_tokens"] = trainer_cost_split(mine, shape.micro_rows)
+
+
+def _uncontended(entry: dict, steps: list[dict], shapes: dict) -> None:
+    """Each of our modes' uncontended bound and efficiency (bench/uncontended.py): its trainer work charged at this
+    setting's sync rates after the rollout, beside ``pipeline_efficiency``, which charges the mode's own."""
+    from verl_pipe.bench.uncontended import mode_uncontended
+
+    sync = [st for st in steps if st["mode"] == BASE and st.get("timeline") and st.get("lengths")]
+    shape = shapes.get(_size(sync[0])) if sync else None
+    if shape is None:
+        return
+    for mode in MODES:
+        e = entry["modes"].get(mode)
+        mine = [st for st in steps if st["mode"] == mode and st.get("timeline") and st.get("lengths")]
+        if e is not None and "skipped" not in e and mine:
+            e.update(mode_uncontended(mine, sync, shape.micro_rows))
 
 
 def _size(st: dict) -> str:
