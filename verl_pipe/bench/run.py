@@ -111,8 +111,10 @@ def env_info() -> dict:
             except md.PackageNotFoundError:
                 continue
         versions.setdefault(key, "not installed")
+    from verl_pipe.bench.provenance import machine
+
     return {"cpu": cpu["model"], "cpu_info": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-            "versions": versions}
+            "versions": versions, "machine": machine()}
 
 
 # ---------------------------------------------------------------------------------------------- peer
@@ -159,13 +161,14 @@ class BenchRunner:
         self.shapes: dict = {}  # model size -> calib.StepShape
         self.skipped_reads: dict[str, str] = {}  # figure -> why it could not be read (once per run)
         self.cpu_samples: list[dict] = []  # /proc samples of this process's tree while our stacks ran (cpu_sampler)
+        self.stacks: dict[str, dict] = {}  # stack -> its composed config (provenance.stack_record)
         self.startup_s = 0.0
 
     def dump(self) -> dict:
         """Everything the analysis needs, to rebuild the results later (``--reanalyze``)."""
         return {"shapes": {k: v.__dict__ for k, v in self.shapes.items()}, "skipped": self.skipped,
                 "granularity": self.granularity, "startup_s": self.startup_s, "steps": self.steps,
-                "cpu_samples": self.cpu_samples}
+                "cpu_samples": self.cpu_samples, "stacks": self.stacks}
 
     def load(self, path: str | Path) -> None:
         from verl_pipe.bench.calib import StepShape
@@ -175,6 +178,7 @@ class BenchRunner:
         self.shapes = {k: StepShape(**v) for k, v in d["shapes"].items()}
         self.skipped, self.granularity, self.steps = d["skipped"], d["granularity"], d["steps"]
         self.cpu_samples = d.get("cpu_samples", [])
+        self.stacks = d.get("stacks", {})  # absent in steps files written before it was recorded
 
     def overrides(self, stack: str) -> list[str]:
         return stack_overrides(self.cfg, stack)
@@ -236,7 +240,14 @@ class BenchRunner:
 
         ckpt = tempfile.mkdtemp(prefix="verl_pipe_bench_ckpt_")
         t0 = time.perf_counter()
-        session = PipeSession(compose(self.overrides(size) + [f"trainer.default_local_dir={ckpt}"]))
+        overrides = self.overrides(size) + [f"trainer.default_local_dir={ckpt}"]
+        session = PipeSession(compose(overrides))
+        from verl_pipe.bench.provenance import stack_record
+
+        try:
+            self.stacks[size] = stack_record(session.config, overrides)
+        except Exception as e:  # the record must not cost the run (and leak a live stack); say what is missing
+            self.stacks[size] = {"overrides": overrides, "error": f"{type(e).__name__}: {e}"}
         self.startup_s += time.perf_counter() - t0
         self.log(f"[bench] model size {size}: stack up in {time.perf_counter() - t0:.1f}s")
         from verl_pipe.bench.cpu_sampler import SamplerProcess
@@ -397,12 +408,15 @@ class BenchRunner:
 
 def build_result(cfg: dict, settings: list[dict], steps: list[dict], skipped_modes: dict[str, str],
                  granularity: dict[str, str], shapes: dict, env: dict, peer_reason: str | None,
-                 tr_sim_points: list[float] | None = None, cpu_samples: list[dict] | None = None) -> dict:
+                 tr_sim_points: list[float] | None = None, cpu_samples: list[dict] | None = None,
+                 stacks: dict[str, dict] | None = None) -> dict:
     """The benchmark JSON from the measured steps (pure, apart from running the simulator).
 
     ``shapes``: model size -> StepShape; the simulator is calibrated per model size (each size has its own
     engine and trainer costs). ``cpu_samples``: the /proc samples taken while the steps ran (cpu_sampler): each of
     our modes gets the cores per process kind while trainer and engine were both busy, per setting and overall.
+    ``stacks``: stack -> its composed config (provenance.stack_record), kept in ``config.stacks`` with the bench
+    YAML itself and each mode's step arguments, so the JSON says how every figure in it was made.
     """
     result_settings = []
     for s in settings:
@@ -452,7 +466,12 @@ def build_result(cfg: dict, settings: list[dict], steps: list[dict], skipped_mod
             "cpu_overlap": cpu,
             "config": {"overrides": cfg.get("overrides", []), "modes": cfg.get("modes", list(MODES)),
                        "warmup_steps": cfg.get("warmup_steps", 1), "interleaved": True,
-                       "shapes": {k: v.__dict__ for k, v in shapes.items()}}}
+                       "shapes": {k: v.__dict__ for k, v in shapes.items()},
+                       "stacks": stacks or {},
+                       "coalesce_log_probs": {k: v.get("coalesce_log_probs") for k, v in (stacks or {}).items()},
+                       # session.step's arguments per mode (cgp_fgd's granularity: its entry's, per setting)
+                       "mode_args": {m: mode_kwargs(m) for m in MODES},
+                       "bench_config": cfg}}
 
 
 def _peer_extras(entry: dict, steps: list[dict]) -> None:
@@ -720,7 +739,7 @@ def main(argv=None) -> int:
         with open(steps_path, "w") as f:
             json.dump(runner.dump(), f, default=_json_default)
     result = build_result(cfg, settings, runner.steps, runner.skipped, runner.granularity, runner.shapes,
-                          env_info(), peer_reason, cfg.get("sim_tr_sweep"), runner.cpu_samples)
+                          env_info(), peer_reason, cfg.get("sim_tr_sweep"), runner.cpu_samples, runner.stacks)
     for s in result["settings"]:
         print(format_setting(s), end="\n\n")
     sweep = format_sweep(result)

@@ -1,0 +1,54 @@
+"""What a bench result records about how it was made: each live stack's composed config and the machine.
+
+A figure quoted from a results JSON must be reproducible from the JSON alone, so the JSON keeps every
+``rolloutpipe.*`` value as the stack composed it (defaults included, not only what the bench YAML overrode), the
+overrides that composed it, and the host it ran on. Pure: it reads a composed config and the local host, no Ray.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+
+
+def _container(node) -> dict:
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.to_container(node, resolve=True)
+    except Exception:  # an interpolation that only resolves inside a worker: keep it as written, not nothing
+        return OmegaConf.to_container(node, resolve=False)
+
+
+def stack_record(config, overrides: list[str]) -> dict:
+    """One live stack: the Hydra overrides it was composed from, its whole ``rolloutpipe`` node, the shape keys
+    of verl's config the bench's figures depend on, and whether old log-probs were coalesced (CGP's mini-batch units
+    take every queued group into one θ_k call; the README's paper_tiny figures differ by it)."""
+    rp = _container(config.rolloutpipe)
+    actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
+    verl = {"data.train_batch_size": config.data.train_batch_size,
+            "data.max_response_length": config.data.get("max_response_length"),
+            "actor_rollout_ref.rollout.n": rollout.n,
+            "actor_rollout_ref.rollout.max_num_seqs": rollout.get("max_num_seqs"),
+            "actor_rollout_ref.actor.ppo_mini_batch_size": actor.ppo_mini_batch_size,
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": actor.get("ppo_micro_batch_size_per_gpu"),
+            "actor_rollout_ref.actor.ppo_epochs": actor.get("ppo_epochs"),
+            "algorithm.adv_estimator": config.algorithm.get("adv_estimator")}
+    coalesce = ((rp.get("cgp") or {}).get("coalesce_log_probs")) if isinstance(rp, dict) else None
+    return {"overrides": list(overrides), "rolloutpipe": rp, "verl": verl,
+            "coalesce_log_probs": None if coalesce is None else bool(coalesce)}
+
+
+def machine() -> dict:
+    """The host beyond env_info's CPU model and versions: architecture, OS, kernel, memory."""
+    out = {"arch": platform.machine(), "os": platform.platform(), "kernel": platform.release(),
+           "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    out["mem_total_gib"] = round(int(line.split()[1]) / (1 << 20), 2)
+                    break
+    except OSError:
+        pass
+    return out
