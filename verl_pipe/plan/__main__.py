@@ -43,7 +43,7 @@ def build(args) -> tuple:
         shape = shape.with_split(args.rollout_gpus or shape.rollout_gpus, args.train_gpus or shape.train_gpus)
     lengths = L.load(args.lengths, n=shape.n, tokenizer=args.tokenizer, chars_per_token=args.chars_per_token,
                      group_column=args.group_column)
-    if lengths.spec is not None and lengths.spec.get("kind") == "lognormal" and "rho" not in args.lengths:
+    if (lengths.spec or {}).get("rho_assumed"):
         notes.append("rho (within-group correlation of log-lengths) not given: 0.7 assumed (sim_sources.md §1b)")
     if args.prompt_len:
         prompt_len, src = args.prompt_len, "--prompt-len"

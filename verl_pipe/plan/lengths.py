@@ -104,7 +104,8 @@ def parse_spec(text: str) -> dict:
                                                              else ["exactly one of mean, median"])
         if missing:
             raise ValueError(f"--lengths {text}: lognormal needs {', '.join(missing)}")
-        spec.setdefault("rho", 0.7)  # docs/sim_sources.md §1b: arrival ICC 0.54-0.72; say so in the output
+        if "rho" not in spec:  # docs/sim_sources.md §1b: arrival ICC 0.54-0.72; the output says it was assumed
+            spec["rho"], spec["rho_assumed"] = 0.7, True
         spec.setdefault("cap", 1 << 30)
         if not 0 <= float(spec["rho"]) <= 1 or float(spec["sigma"]) < 0:
             raise ValueError(f"--lengths {text}: rho must be in [0, 1] and sigma >= 0")
