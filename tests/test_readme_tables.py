@@ -1,0 +1,56 @@
+"""The README's and docs' marked benchmark tables match the JSONs in docs/bench they quote
+(verl_pipe/bench/readme_tables.py); a table that drifts from its JSON fails here."""
+
+import pytest
+
+from verl_pipe.bench import readme_tables as rt
+
+README = rt.ROOT / "README.md"
+
+
+def test_every_marked_table_matches_its_json():
+    files = rt.markdown_files()
+    assert README in files
+    problems = [p for f in files for p in rt.check_text(f.read_text(), str(f.relative_to(rt.ROOT)))]
+    assert problems == [], "\n" + "\n".join(problems) + "\n(python -m verl_pipe.bench.readme_tables --write)"
+
+
+def test_the_readme_benchmark_tables_are_marked():
+    # a marker dropped from the README would leave its table unchecked
+    marked = {(b["path"], b["kind"]) for b in rt.blocks(README.read_text())}
+    assert marked >= {("docs/bench/bench_2026-11-30.json", "balanced"), ("docs/bench/bench_2026-11-30.json", "paper"),
+                      ("docs/bench/bench_paper_tiny_coalesced_2026-12-01.json", "paper_vs_peer"),
+                      ("docs/bench/bench_paper_tiny_coalesced_2026-12-01.json", "trainer_costs")}
+
+
+def test_a_drifted_figure_is_reported_and_write_restores_it():
+    text = README.read_text()
+    assert text.count("| sync | 47.78 s |") == 1
+    drifted = text.replace("| sync | 47.78 s |", "| sync | 47.79 s |")
+    problems = rt.check_text(drifted, "README.md")
+    assert len(problems) == 1 and "bench_2026-11-30.json:balanced" in problems[0] and "47.79" in problems[0]
+    assert rt.rewrite_text(drifted) == text
+    # a row lost from a table is a difference too
+    assert rt.check_text(text.replace("| cgp, group granularity | 34.48 s", "| x", 1), "README.md")
+
+
+def test_cells_and_markers():
+    assert rt.change(26.4) == "\u221226.4%" and rt.change(-10.1) == "+10.1%"
+    assert rt.seconds(48.53, 1) == "48.5 s"
+    head = "<!-- table: docs/bench/bench_2026-11-30.json:balanced -->"
+    with pytest.raises(ValueError, match="without"):
+        rt.blocks(f"{head}\n| a |\n")
+    bad = rt.check_text("<!-- table: docs/bench/bench_2026-11-30.json:nosuchkind -->\n| a |\n<!-- /table -->", "x.md")
+    assert len(bad) == 1 and "unknown table kind" in bad[0]
+    missing = rt.check_text("<!-- table: docs/bench/nope.json:paper -->\n<!-- /table -->", "x.md")
+    assert "cannot render" in missing[0]
+
+
+def test_cli_check_exits_1_on_a_mismatch(tmp_path, capsys):
+    md = tmp_path / "t.md"
+    md.write_text("<!-- table: docs/bench/bench_2026-11-30.json:paper -->\n| stale |\n<!-- /table -->\n")
+    assert rt.main(["--check", str(md)]) == 1
+    assert "differs from its JSON" in capsys.readouterr().err
+    assert rt.main(["--write", str(md)]) == 0
+    assert rt.main(["--check", str(md)]) == 0
+    assert "| sync | 64.25 s |" in md.read_text()

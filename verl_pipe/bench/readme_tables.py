@@ -1,0 +1,226 @@
+"""The README's and docs' benchmark tables, rendered from the results JSONs they quote.
+
+``python -m verl_pipe.bench.readme_tables --check`` exits 1 and lists every marked table that differs from what its
+JSON renders; ``--write`` rewrites the marked tables in place. A table is marked in the markdown by
+
+    <!-- table: docs/bench/NAME.json:KIND -->
+    | ... the table ... |
+    <!-- /table -->
+
+(the path relative to the repository root, KIND one of ``KINDS``). Only tables whose every figure is in a JSON are
+marked; figures measured by hand without a kept artifact are listed in docs/metrics.md ("Figures that cannot be
+regenerated"). Pure: it reads JSON and markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from verl_pipe.bench.report import MODES
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_FILES = ("README.md", "docs/*.md")
+MARKER = re.compile(r"^<!-- table: (?P<path>\S+?\.json):(?P<kind>[a-z_]+) -->\s*$")
+END = "<!-- /table -->"
+
+MINUS = "\u2212"  # the README writes negative figures with a minus sign, not a hyphen
+BASELINE = "\u2013"  # en dash: the row a reduction is measured against
+
+
+# ------------------------------------------------------------------------------------------------- cells
+
+
+def seconds(x: float, digits: int = 2) -> str:
+    return f"{x:.{digits}f} s"
+
+
+def change(reduction_pct: float) -> str:
+    """A reduction (positive = shorter) as the change the tables print: −26.4% is 26.4% shorter."""
+    return f"{-reduction_pct:+.1f}%".replace("-", MINUS)
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return [_row(head), "|" + "---|" * len(head)] + [_row(r) for r in rows]
+
+
+def setting_with_role(result: dict, role: str) -> dict:
+    found = [s for s in result["settings"] if s.get("role") == role]
+    if len(found) != 1:
+        raise ValueError(f"expected one setting with role {role!r}, found {[s['name'] for s in found]}")
+    return found[0]
+
+
+def _ran(setting: dict, modes) -> list[tuple[str, dict]]:
+    return [(m, setting["modes"][m]) for m in modes if m in setting["modes"] and "skipped" not in setting["modes"][m]]
+
+
+PEER_LABELS = {"verl_separate_async": "verl separate_async, on-policy",
+               "verl_separate_async_1off": "verl separate_async, 1 batch ahead"}
+
+
+def _labels(fgd: str, cgp: str = "cgp") -> dict[str, str]:
+    return {"sync": "sync", "cgp": cgp, "cgp_group": "cgp, group granularity", "cgp_fgd": fgd, **PEER_LABELS}
+
+
+def _fgd_window(result: dict, setting: dict):
+    shape = (result.get("config") or {}).get("shapes", {}).get(setting.get("model_size"), {})
+    return shape.get("fgd_window")
+
+
+# ------------------------------------------------------------------------------------------------- kinds
+
+
+def balanced(result: dict) -> list[str]:
+    """The balanced setting: our modes with rollout→train end, trainer wait and both reductions vs sync."""
+    s = setting_with_role(result, "balanced")
+    fgd = s["modes"].get("cgp_fgd", {})
+    labels = _labels(f"cgp + fgd ({fgd.get('granularity', 'minibatch')})", cgp="cgp (mini-batch units)")
+    rows = []
+    for m, e in _ran(s, MODES):
+        base = m == "sync"
+        rows.append([labels[m], seconds(e["rollout_to_train_end_s"]),
+                     BASELINE if base else change(e["reduction_vs_sync_pct"]), f"{e['trainer_wait_ratio']:.3f}",
+                     BASELINE if base else change(e["wait_reduction_vs_sync_pct"]), f"{e['pipeline_efficiency']:.2f}"])
+    return _table(["mode", "rollout→train end", "vs sync", "trainer wait", "wait vs sync", "efficiency"], rows)
+
+
+def paper(result: dict) -> list[str]:
+    """The paper regime: our modes and verl's peers with trainer busy time."""
+    s = setting_with_role(result, "paper")
+    labels = _labels(f"cgp + fgd (window auto = {_fgd_window(result, s)})")
+    rows = []
+    for m, e in _ran(s, MODES + tuple(PEER_LABELS)):
+        rows.append([labels[m], seconds(e["rollout_to_train_end_s"]),
+                     BASELINE if m == "sync" else change(e["reduction_vs_sync_pct"]), f"{e['trainer_wait_ratio']:.3f}",
+                     f"{e['pipeline_efficiency']:.2f}", seconds(e["trainer_busy_s"], 1)])
+    return _table(["mode", "rollout→train end", "vs sync", "trainer wait", "efficiency", "trainer busy"], rows)
+
+
+def paper_vs_peer(result: dict) -> list[str]:
+    """The paper regime against sync and against verl's on-policy peer."""
+    s = setting_with_role(result, "paper")
+    labels = _labels("cgp + fgd (window auto)")
+    rows = []
+    for m, e in _ran(s, MODES + ("verl_separate_async",)):
+        rows.append([labels[m], seconds(e["rollout_to_train_end_s"]),
+                     BASELINE if m == "sync" else change(e["reduction_vs_sync_pct"]),
+                     BASELINE if m == "verl_separate_async" else change(e["reduction_vs_verl_separate_async_pct"]),
+                     f"{e['trainer_wait_ratio']:.3f}", f"{e['pipeline_efficiency']:.2f}"])
+    return _table(["mode", "rollout→train end", "vs sync", "vs verl on-policy", "trainer wait", "efficiency"], rows)
+
+
+def trainer_costs(result: dict) -> list[str]:
+    """The paper regime's trainer seconds per 1k padded tokens: sync after the rollout, cgp and cgp+fgd during /
+    after it (``trainer_s_per_1k_padded_tokens``)."""
+    s = setting_with_role(result, "paper")
+    cost = {m: s["modes"][m]["trainer_s_per_1k_padded_tokens"] for m in ("sync", "cgp", "cgp_fgd")}
+    rows = []
+    for kind, label in (("update", "update"), ("old_log_prob", "old log-prob")):
+        pair = [f"{cost[m][kind]['during_rollout']:.3f} / {cost[m][kind]['after_rollout']:.3f} s"
+                for m in ("cgp", "cgp_fgd")]
+        rows.append([label, f"{cost['sync'][kind]['after_rollout']:.3f} s"] + pair)
+    return _table(["trainer call", "sync (after)", "cgp during / after", "cgp+fgd during / after"], rows)
+
+
+KINDS = {"balanced": balanced, "paper": paper, "paper_vs_peer": paper_vs_peer, "trainer_costs": trainer_costs}
+
+
+# ------------------------------------------------------------------------------------------------- markdown
+
+
+def blocks(text: str) -> list[dict]:
+    """Each marked table: {"line": 1-based line of the marker, "path", "kind", "start", "end" (0-based indices of
+    the table's first line and of the end marker), "lines"}."""
+    lines = text.split("\n")
+    out = []
+    i = 0
+    while i < len(lines):
+        m = MARKER.match(lines[i])
+        if m:
+            end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == END), None)
+            if end is None:
+                raise ValueError(f"line {i + 1}: table marker without {END}")
+            out.append({"line": i + 1, "path": m["path"], "kind": m["kind"], "start": i + 1, "end": end,
+                        "lines": lines[i + 1:end]})
+            i = end
+        i += 1
+    return out
+
+
+def render(path: str, kind: str, root: Path = ROOT) -> list[str]:
+    if kind not in KINDS:
+        raise ValueError(f"unknown table kind {kind!r} (known: {sorted(KINDS)})")
+    with open(root / path) as f:
+        return KINDS[kind](json.load(f))
+
+
+def check_text(text: str, name: str, root: Path = ROOT) -> list[str]:
+    """Every way the marked tables of one markdown text differ from their JSONs, one message per problem."""
+    problems = []
+    try:
+        found = blocks(text)
+    except ValueError as e:
+        return [f"{name}: {e}"]
+    for b in found:
+        where = f"{name}:{b['line']} ({b['path']}:{b['kind']})"
+        try:
+            want = render(b["path"], b["kind"], root)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            problems.append(f"{where}: cannot render: {type(e).__name__}: {e}")
+            continue
+        have = [ln.rstrip() for ln in b["lines"]]
+        if have != want:
+            diff = [f"    have: {h}\n    want: {w}" for h, w in zip(have, want) if h != w]
+            if len(have) != len(want):
+                diff.append(f"    {len(have)} lines in the markdown, {len(want)} rendered")
+            problems.append(f"{where}: differs from its JSON\n" + "\n".join(diff))
+    return problems
+
+
+def rewrite_text(text: str, root: Path = ROOT) -> str:
+    lines = text.split("\n")
+    for b in reversed(blocks(text)):  # from the bottom, so earlier indices stay valid
+        lines[b["start"]:b["end"]] = render(b["path"], b["kind"], root)
+    return "\n".join(lines)
+
+
+def markdown_files(root: Path = ROOT, patterns=DEFAULT_FILES) -> list[Path]:
+    return sorted({p for pat in patterns for p in root.glob(pat)})
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m verl_pipe.bench.readme_tables", description=__doc__.split("\n\n")[0])
+    what = ap.add_mutually_exclusive_group(required=True)
+    what.add_argument("--check", action="store_true", help="list marked tables that differ from their JSON; exit 1 if any")
+    what.add_argument("--write", action="store_true", help="rewrite the marked tables from their JSONs")
+    ap.add_argument("files", nargs="*", help=f"markdown files (default: {' '.join(DEFAULT_FILES)} under the repo)")
+    args = ap.parse_args(argv)
+    files = [Path(f) for f in args.files] or markdown_files()
+    problems, tables = [], 0
+    for f in files:
+        text = f.read_text()
+        tables += len(blocks(text))
+        if args.write:
+            new = rewrite_text(text)
+            if new != text:
+                f.write_text(new)
+                print(f"rewrote {f}")
+        else:
+            problems += check_text(text, str(f))
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        return 1
+    print(f"{tables} marked tables in {len(files)} files" + (" match their JSONs" if args.check else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
