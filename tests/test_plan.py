@@ -68,6 +68,7 @@ def test_plan_says_when_pipelining_will_not_help():
     v = p["verdict"]
     assert not v["helps"]
     assert "will NOT help" in v["message"] and "no tail" in v["message"]
+    assert p["recommendation"]["mode"] == "sync" and p["recommendation"]["overrides"][0] == "rolloutpipe.mode=sync"
     p = _plan(shape, "lognormal:median=1500,sigma=1.0,rho=0.7,cap=4096", sweep_splits=False)
     assert p["verdict"]["helps"]
 

@@ -316,8 +316,12 @@ def plan(inp: PlanInputs) -> dict:
         best_sync = min(splits, key=lambda x: x["sync_step_s"])
         rec["best_sync_split"] = {"rollout_gpus": best_sync["rollout_gpus"], "train_gpus": best_sync["train_gpus"],
                                   "step_time_s": best_sync["sync_step_s"]}
-    rec["overrides"] = overrides_for(rec, shape)
     verdict = verdict_for(sync, rec["saving_vs_sync_pct"], inp.lengths, shape)
+    if not verdict["helps"]:  # a saving inside the error is no reason to run the more complex schedule
+        rec["best_pipelined"] = {k: rec[k] for k in ("granularity", "fgd", "fgd_window", "saving_vs_sync_pct")}
+        rec.update(mode="sync", fgd=False, fgd_window=None, rollout_to_train_end_s=sync["rollout_to_train_end_s"],
+                   saving_vs_sync_pct=0.0)
+    rec["overrides"] = overrides_for(rec, shape)
     return {"modes": modes, "labels": LABELS, "recommendation": rec, "fgd_windows": windows,
             "theta_k_placements": placements, "splits": splits, "verdict": verdict,
             "sync_train_to_rollout_ratio": sync["trainer_busy_s"] / sync["rollout_end_s"],
@@ -335,7 +339,7 @@ def overrides_for(rec: dict, shape: Shape) -> list[str]:
             out.append(f"rolloutpipe.fgd.window={'null' if w == 'max_num_seqs' else w}")
         if rec.get("theta_k_store") in ("device", "pinned"):
             out.append(f"rolloutpipe.theta_k.store={rec['theta_k_store']}")
-    sp = rec.get("split")
+    sp = rec.get("best_sync_split") if rec["mode"] == "sync" else rec.get("split")
     if sp and sp["rollout_gpus"] != shape.rollout_gpus:
         out += [f"actor_rollout_ref.rollout.n_gpus_per_node={sp['rollout_gpus']}",
                 f"trainer.n_gpus_per_node={sp['train_gpus']}"]
