@@ -63,8 +63,9 @@ def build(args) -> tuple:
         hw_info = {"calibrated_from": str(args.calibrate), **rc.summary()}
         own = rc.self_check["per_mode"]
         for mode, e in own.items():  # the run's own fit error, where it measured the mode
-            errors[mode] = {"max_rel_error": max(e["max_rel_error"], errors.get(mode, {}).get(
-                    "max_rel_error", 0.0)), "basis": "bench validation and this run's own fit"}
+            prior = errors.get(mode, {})
+            errors[mode] = {**prior, "max_rel_error": max(e["max_rel_error"], prior.get("max_rel_error", 0.0)),
+                            "basis": "bench validation and this run's own fit"}
         notes.append("verl's modes are costed with this run's trainer fit (verl's own trainer measured ~10% faster "
                      "per update on CPU, docs/peer.md)")
         label = f"calibrated on {args.calibrate}"
