@@ -10,7 +10,6 @@ simulates.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -232,7 +231,3 @@ def weight_sync_s(m: ModelShape, one_node: bool) -> tuple[float, str]:
     bw = 100e9 if one_node else 8.25e9
     return 2 * m.params / bw, (f"derived: {2 * m.params / GB:.2f} GB bf16 at {bw / GB:g} GB/s "
                                f"({'NVLink in one node [assumed]' if one_node else 'across nodes, sim_sources.md §6'})")
-
-
-def ceil_div(a: int, b: int) -> int:
-    return int(math.ceil(a / b))
