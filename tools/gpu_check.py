@@ -492,6 +492,9 @@ def main(argv=None) -> int:
             results["snapshot_cost"].append(snapshot_cost(args, ranks, model, optimizer, batch, placement))
         results["pageable"] = pageable_baseline(device, model, optimizer)
         results["wall_s"] = time.perf_counter() - t0
+        # Every rank done before any tears the group down: a rank that destroyed its gloo group while a peer still
+        # used it aborted at exit ("terminate called without an active exception", seen once under a loaded CI).
+        ranks.barrier()
     finally:
         dist.destroy_process_group()
     failures = [f"{r['requested']}: {f}" for r in results["placements"] for f in r["failures"]]
