@@ -144,10 +144,12 @@ TRAINER = TrainerParams(num_gpus=1, flops_per_s_per_gpu=1 / 4e-4, efficiency=1.0
                         swap_save_s=0.01, swap_restore_s=0.01, swap_cycle_s=0.0, opt_snapshot_s=0.0)
 
 
-def _record_run(trace_dir, modes=("sync", "cgp", "cgp_group", "sync", "cgp", "cgp_group")):
+def _record_run(trace_dir, modes=("sync", "cgp", "cgp_group", "sync", "cgp", "cgp_group"), warmup=False):
+    """A run's steps.jsonl and traces, simulated with known costs; ``warmup``: a step 0 before them (what a real
+    run's first step is to the fit: left out)."""
     from verl_pipe.bench.calib import PaddedWorkload
 
-    for step, mode in enumerate(modes, 1):
+    for step, mode in enumerate(modes, 0 if warmup else 1):
         wl = lognormal(8, 4, median=60, sigma=0.6, rho=0.7, cap=256, prompt_len=20, seed=step)
         pw = PaddedWorkload(wl.num_groups, wl.n, wl.lengths, wl.prompt_len)
         tl = simulate_step(pw, ENGINE, TRAINER, mode, 1, groups_per_unit=2,
@@ -158,9 +160,9 @@ def _record_run(trace_dir, modes=("sync", "cgp", "cgp_group", "sync", "cgp", "cg
 
 
 def test_calibration_round_trip(tmp_path):
-    _record_run(tmp_path)
+    _record_run(tmp_path, modes=("sync", "sync", "cgp", "cgp_group", "sync", "cgp", "cgp_group"), warmup=True)
     rc = calibrate_run(tmp_path, micro_rows=4, max_num_seqs=32, max_num_batched_tokens=2048, train_gpus=1)
-    assert rc.modes == {"sync": 2, "cgp": 2, "cgp_group": 2}
+    assert rc.modes == {"sync": 2, "cgp": 2, "cgp_group": 2}  # the first step (the warm-up) is left out
     assert (rc.shape.n, rc.shape.groups_per_unit, rc.shape.num_replicas) == (4, 2, 1)
     t = rc.cal.trainer.params
     assert 1 / t.flops_per_s_per_gpu == pytest.approx(4e-4, rel=0.15)  # seconds per padded token
@@ -189,3 +191,12 @@ def test_lengths_from_our_steps(tmp_path):
     want = sorted(sorted(g) for s in (1, 2) for g in lognormal(8, 4, median=60, sigma=0.6, rho=0.7, cap=256,
                                                                  prompt_len=20, seed=s).lengths)
     assert sorted(sorted(g) for g in got.groups) == want
+
+
+def test_calibration_leaves_the_warm_up_step_out(tmp_path):
+    from verl_pipe.plan.calibrate import load_run
+
+    _record_run(tmp_path, modes=("sync", "cgp"))
+    steps = load_run(tmp_path)
+    lines = [line for line in (tmp_path / "steps.jsonl").read_text().splitlines() if line.strip()]
+    assert len(steps) == len(lines) - 1 and steps[0]["step"] != 1
