@@ -294,6 +294,7 @@ def cli(argv: list[str]) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
+    Path(args.out).with_name(Path(args.out).stem + "_partial.json").unlink(missing_ok=True)  # the whole JSON holds it
     print(f"[learn] wrote {args.out}")
     return 0
 
