@@ -37,16 +37,22 @@ def make_policy(a) -> FrontierPolicy:
                           replicas=list(range(a.replicas)), window=window)
 
 
-def policy_only(a, rng: random.Random) -> None:
-    """The admission policy's calls for one step, completions in a random order."""
-    p = make_policy(a)
-    inflight = [adm.request for adm in p.admit()]
-    done = [0] * a.groups
+def _random_order(inflight: list, rng: random.Random):
+    """Takes the requests in flight in a random order (O(1) per take); the caller may append admitted ones."""
     while inflight:
         i = rng.randrange(len(inflight))
         req = inflight[i]
         inflight[i] = inflight[-1]
         inflight.pop()
+        yield req
+
+
+def policy_only(a, rng: random.Random) -> None:
+    """The admission policy's calls for one step, completions in a random order."""
+    p = make_policy(a)
+    inflight = [adm.request for adm in p.admit()]
+    done = [0] * a.groups
+    for req in _random_order(inflight, rng):
         p.on_response_done(req)
         done[req.group] += 1
         if done[req.group] == a.n:
@@ -70,11 +76,7 @@ def policy_and_timeline(a, rng: random.Random) -> None:
 
     inflight = admit()
     done = [0] * a.groups
-    while inflight:
-        i = rng.randrange(len(inflight))
-        req = inflight[i]
-        inflight[i] = inflight[-1]
-        inflight.pop()
+    for req in _random_order(inflight, rng):
         p.on_response_done(req)
         tl.response_done(rid[req], req.group, 10)
         done[req.group] += 1
