@@ -44,6 +44,7 @@ ROLLOUTPIPE_BAD = [
     (["rolloutpipe.trace_dir=7"], "rolloutpipe.trace_dir", "null or a path"),
     (["rolloutpipe.cgp.granularity=token"], "rolloutpipe.cgp.granularity", "minibatch, group"),
     (["rolloutpipe.cgp.coalesce_log_probs=sometimes"], "rolloutpipe.cgp.coalesce_log_probs", "true or false"),
+    (["rolloutpipe.micro_batch_order=random"], "rolloutpipe.micro_batch_order", "length"),
     (["rolloutpipe.theta_k.store=host"], "rolloutpipe.theta_k.store", "one of device, pinned, auto"),
     (["rolloutpipe.theta_k.store=true"], "rolloutpipe.theta_k.store", "one of device, pinned, auto"),
     (["rolloutpipe.theta_k.auto_margin_gib=-1"], "rolloutpipe.theta_k.auto_margin_gib", "number of GiB >= 0"),

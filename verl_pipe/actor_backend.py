@@ -20,6 +20,7 @@ from verl.utils.metric import reduce_metrics
 
 from verl_pipe import schedule as S
 from verl_pipe.group_queue import Group, GroupQueue
+from verl_pipe.micro_batches import length_order
 from verl_pipe.rollout.materialize import advantages
 from verl_pipe.timeline import StepTimeline
 from verl_pipe.whitening import affine_coefficients, basis_advantages, combination, has_aux_loss
@@ -227,8 +228,21 @@ class ActorBackend:
         return reduce_metrics(self._verl_update(unit_batch, self.t.actor_rollout_wg, config).meta_info["metrics"])
 
     def _verl_update(self, batch: DataProto, worker_group, config) -> DataProto:
-        """verl's RayPPOTrainer._update_actor (or a subclass's) with the worker group and the config given explicitly."""
+        """verl's RayPPOTrainer._update_actor (or a subclass's) with the worker group and the config given explicitly,
+        on the rows in ``rolloutpipe.micro_batch_order`` (verl_pipe/micro_batches.py)."""
+        batch = self._in_micro_batch_order(batch)
         return type(self.t)._update_actor(_VerlView(self.t, config=config, actor_rollout_wg=worker_group), batch)
+
+    def _in_micro_batch_order(self, batch: DataProto) -> DataProto:
+        """The rows sorted by length within each DP rank's share (a new DataProto; the trained piece keeps its
+        order), so verl's fixed-size micro-batches pad less. Same rows, same mini-batch: only the float summation
+        order of the gradient changes, the same way in sync and CGP."""
+        if self.config.rolloutpipe.micro_batch_order != "length":
+            return batch
+        lengths = batch.batch["attention_mask"].sum(-1).tolist()
+        dp = self.t._get_dp_size(self.t.actor_rollout_wg, "actor")
+        order = length_order(lengths, dp if len(lengths) % dp == 0 else 1)
+        return batch if order == sorted(order) else batch.select_idxs(order)
 
     def _accumulate(self, batch: DataProto) -> None:
         """verl's _update_actor preprocessing (no-padding layout, entropy/loss flags), sent to accumulate_group

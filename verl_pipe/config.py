@@ -25,6 +25,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from verl_pipe import estimators
+from verl_pipe.micro_batches import ORDERS as MICRO_BATCH_ORDERS
 
 MODES = ("sync", "cgp")
 GRANULARITIES = ("minibatch", "group")
@@ -205,6 +206,7 @@ ROLLOUTPIPE: dict[str, Any] = {
     },
     "trace_dir": PATH_OR_NULL,
     "cgp": {"granularity": choice(*GRANULARITIES), "coalesce_log_probs": BOOLEAN},
+    "micro_batch_order": choice(*MICRO_BATCH_ORDERS),
     "theta_k": {
         "store": choice(*THETA_K_PLACEMENTS),
         "auto_margin_gib": Rule("null (a quarter of the device's memory) or a number of GiB >= 0",

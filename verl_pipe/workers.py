@@ -39,6 +39,7 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.tensordict_utils import maybe_fix_3d_position_ids
 from verl.workers.utils.padding import no_padding_2_padding
 
+from verl_pipe.bench import worker_log
 from verl_pipe.platform.env import malloc_trim, pin_current_process
 from verl_pipe.theta_store import KEY as THETA_KEY
 from verl_pipe.theta_store import OptimizerSnapshot, ThetaStore, save_step_state
@@ -77,6 +78,20 @@ class PipeActorWorker(DetachActorWorker):
             return await super().update_weights(global_steps=global_steps, mode=mode)
         finally:
             malloc_trim()
+
+    # verl seam: the engine worker's update_actor and compute_log_prob, which verl's V1 trainer (TransferQueue
+    # metadata, fetched by verl's tqbridge before this body runs) and ours (a TensorDict through Ray) both call. With
+    # VERL_PIPE_WORKER_LOG set, each call appends its time inside the worker and its rows' lengths to that file
+    # (verl_pipe/bench/worker_log.py): the span-by-span comparison of the two trainers (docs/trainer_gap.md).
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    def update_actor(self, data: TensorDict) -> TensorDict:
+        with worker_log.call("update_actor", data, self.actor.engine_config.micro_batch_size_per_gpu):
+            return super().update_actor(data)
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    def compute_log_prob(self, data: TensorDict) -> TensorDict:
+        with worker_log.call("compute_log_prob", data, self.actor.engine_config.infer_micro_batch_size_per_gpu):
+            return super().compute_log_prob(data)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def weight_sync_nbytes(self) -> int:

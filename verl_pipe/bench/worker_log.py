@@ -1,0 +1,67 @@
+"""Per-call records of the actor worker's update and log-prob calls, for the span-by-span trainer comparison.
+
+Off unless ``VERL_PIPE_WORKER_LOG`` names a file (the bench's ``--worker-log``, which sets it before Ray starts, so
+every worker of our modes and of verl's peer inherits it). Each call appends one JSON line: the call's name, its
+start and end inside the worker (``time.time()``), and the rows' sequence lengths in the order the worker got them,
+with the micro-batch size, so the padding the engine computes over (verl_pipe/micro_batches.py) is known per call.
+``summarize`` turns a file into per-call-kind totals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import contextmanager
+
+from verl_pipe.micro_batches import padded_tokens
+
+ENV = "VERL_PIPE_WORKER_LOG"
+
+
+def _lengths(data) -> list[int] | None:
+    try:
+        return [int(x) for x in data["input_ids"].offsets().diff().tolist()]  # verl's no-padding (nested) layout
+    except Exception:  # noqa: BLE001 - a layout we do not know: the call is still timed
+        return None
+
+
+@contextmanager
+def call(name: str, data, micro_batch_size: int | None):
+    """Times the body; appends the record when ``VERL_PIPE_WORKER_LOG`` is set (nothing otherwise)."""
+    path = os.environ.get(ENV)
+    if not path:
+        yield
+        return
+    lengths = _lengths(data)  # before verl pops keys off the TensorDict
+    start = time.time()
+    try:
+        yield
+    finally:
+        record = {"call": name, "pid": os.getpid(), "start": start, "end": time.time(), "lengths": lengths,
+                  "micro_batch_size": micro_batch_size}
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def summarize(records: list[dict]) -> dict[str, dict]:
+    """Per call kind: calls, seconds inside the worker, rows, real tokens and padded tokens (as the rows came, and
+    what the same calls would pad sorted by length, in one DP share)."""
+    out: dict[str, dict] = {}
+    for r in records:
+        s = out.setdefault(r["call"], {"calls": 0, "seconds": 0.0, "rows": 0, "tokens": 0, "padded_tokens": 0,
+                                       "padded_tokens_if_sorted": 0})
+        s["calls"] += 1
+        s["seconds"] += r["end"] - r["start"]
+        lengths, mb = r.get("lengths"), r.get("micro_batch_size")
+        if lengths and mb:
+            s["rows"] += len(lengths)
+            s["tokens"] += sum(lengths)
+            s["padded_tokens"] += padded_tokens(lengths, int(mb))
+            s["padded_tokens_if_sorted"] += padded_tokens(sorted(lengths, reverse=True), int(mb))
+    return out
+
+
+def read(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
