@@ -26,9 +26,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from verl_pipe import estimators
 from verl_pipe.micro_batches import ORDERS as MICRO_BATCH_ORDERS
-
-MODES = ("sync", "cgp")
-GRANULARITIES = ("minibatch", "group")
+from verl_pipe.variants import GRANULARITIES, TRAINER_MODES as MODES
 PLATFORMS = ("cpu", "gpu")
 ON_REQUEST_FAILURE = ("fail", "drop_group")
 # Which estimators stream, and how: verl_pipe/estimators.py (register_streaming, beside verl's register_adv_est).

@@ -38,8 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
-MODES = ("sync", "cgp")
-GRANULARITIES = ("minibatch", "group")
+from verl_pipe.variants import GRANULARITIES, TRAINER_MODES as MODES
 
 
 # ---------------------------------------------------------------------------------------------- actions

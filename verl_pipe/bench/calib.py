@@ -37,6 +37,7 @@ import numpy as np
 
 from verl_pipe.sim.engine import CPU_TINY, EngineParams, fit_engine_params
 from verl_pipe.sim.trainer import TrainerParams
+from verl_pipe.variants import OURS, SIMULATED, variant
 from verl_pipe.workload import Workload
 
 # Requests shorter than this say more about per-request latency than about decode steps.
@@ -333,13 +334,6 @@ def rel_error(pred: float, meas: float) -> float:
     return abs(pred - meas) / meas if meas else math.inf
 
 
-SIM_MODE = {"sync": "sync", "cgp": "cgp", "cgp_group": "cgp_group", "cgp_fgd": "cgp_fgd",
-            # the measured peer, on-policy (verl_pipe/bench/peer): the simulator's model of verl's trainer. Validated,
-            # never calibrated on (it runs in its own stack); its one-batch-ahead configuration is not modelled.
-            "verl_separate_async": "verl_separate_async"}
-OURS = ("sync", "cgp", "cgp_group", "cgp_fgd")  # the modes the calibration fits
-
-
 @dataclass(frozen=True)
 class StepShape:
     """What the simulator needs to know about the measured setup."""
@@ -375,13 +369,13 @@ class Calibration:
     trainer: TrainerFit
 
     def engine_for(self, mode: str) -> EngineParams:
-        return (self.alone if mode == "sync" else self.overlapped).params
+        return (self.overlapped if variant(mode).overlapped else self.alone).params
 
 
 def calibrate(steps: list[dict], shape: StepShape) -> Calibration:
     base = base_engine(shape)
-    alone = [s for s in steps if s["mode"] == "sync"]
-    overlapped = [s for s in steps if s["mode"] != "sync"]
+    alone = [s for s in steps if not variant(s["mode"]).overlapped]
+    overlapped = [s for s in steps if variant(s["mode"]).overlapped]
     joint = None
     if not alone or not overlapped:
         joint = fit_engine(steps, shape.max_num_seqs, base)
@@ -400,7 +394,7 @@ def simulate_like(step: dict, mode: str, granularity: str, engine: EngineParams,
     wl = PaddedWorkload(len(lengths), shape.n, [list(map(int, g)) for g in lengths], int(round(step["prompt_len"])))
     # the step's own FGD window when its setting set one (bench setting key fgd_window), else the stack's
     fgd_window = step.get("fgd_window") or shape.fgd_window or shape.max_num_seqs
-    window = fgd_window if mode == "cgp_fgd" else shape.baseline_window
+    window = fgd_window if variant(mode).fgd else shape.baseline_window
     tl = simulate_step(wl, engine, trainer, mode, shape.num_replicas, window=window,
                        groups_per_unit=shape.groups_per_unit, order=shape.baseline_order, granularity=granularity,
                        weight_sync_s=float(step.get("weight_sync_s", 0.0)), client_s_per_request=client_s_per_request)
@@ -412,7 +406,7 @@ def _validation_table(steps: list[dict], fits_for, shape: StepShape) -> dict:
     per: dict[tuple[str, str], dict] = {}
     for s in steps:
         cal = fits_for(s)
-        mode = SIM_MODE[s["mode"]]
+        mode = s["mode"]
         pred = simulate_like(s, mode, s["granularity"], cal.engine_for(mode), cal.trainer.params, shape)
         d = per.setdefault((s["setting"], s["mode"]), {"measured": [], "predicted": [], "meas_rollout": [],
                                                       "pred_rollout": []})
@@ -446,7 +440,10 @@ def sim_validation(steps: list[dict], shape: StepShape, target: float = 0.15) ->
     ``steps``: measured steps, each {"setting", "mode", "granularity", "timeline", "lengths", "prompt_len",
     "weight_sync_s", "metrics"}.
     """
-    steps = [s for s in steps if s["mode"] in SIM_MODE]  # the 1-off peer is not modelled
+    # Re-simulated: our modes, and the measured peer on-policy (verl_pipe/bench/peer), the simulator's model of verl's
+    # trainer: validated, never calibrated on (it runs in its own stack); its one-batch-ahead configuration is not
+    # modelled. The calibration fits our modes only.
+    steps = [s for s in steps if s["mode"] in SIMULATED]
     ours = [s for s in steps if s["mode"] in OURS]
     cal = calibrate(ours, shape)
     in_sample = _validation_table(steps, lambda s: cal, shape)

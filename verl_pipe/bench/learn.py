@@ -28,12 +28,10 @@ import math
 import time
 from pathlib import Path
 
+from verl_pipe.variants import variant
+
 # The variants the curves compare: one entry per bench mode name, its overrides of the tiny default.
-LEARN_MODES = {
-    "sync": ["rolloutpipe.mode=sync"],
-    "cgp": ["rolloutpipe.mode=cgp"],
-    "cgp_fgd": ["rolloutpipe.mode=cgp", "rolloutpipe.fgd.enable=true"],
-}
+LEARN_MODES = {name: variant(name).overrides() for name in ("sync", "cgp", "cgp_fgd")}
 WINDOW = 10  # steps per window of the per-step test
 VAL_KEY = "val-core/verl_pipe/digit_math/acc/mean@1"
 STEP_KEYS = {"reward": "critic/score/mean", "response_length": "response_length/mean", "step_s": "timing_s/step",

@@ -8,12 +8,8 @@ from __future__ import annotations
 import math
 
 from verl_pipe.timeline import summarize
+from verl_pipe.variants import BASE, OURS as MODES, PEERS  # the bench's mode names (verl_pipe/variants.py)
 
-MODES = ("sync", "cgp", "cgp_group", "cgp_fgd")
-# verl 0.9.1's V1 separate_async trainer, run for real (verl_pipe/bench/peer): on-policy, and verl's default (one
-# batch ahead). verl_pipe/bench/peer/configs.py MODE_NAMES.
-PEERS = ("verl_separate_async", "verl_separate_async_1off")
-BASE = "sync"
 # The per-mode figures docs/metrics.md's schema names; every mode entry has them (plus runs and spread).
 REPORTED = ("rollout_to_train_end_s", "trainer_wait_ratio", "first_unit_ready_s", "rollout_end_s",
             "first_unit_start_s", "ideal_lower_bound_s", "pipeline_efficiency", "step_time_s")

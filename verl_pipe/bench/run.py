@@ -28,9 +28,10 @@ from pathlib import Path
 
 import yaml
 
-from verl_pipe.frontier import AdaptiveWindow, resolve_window
 from verl_pipe.bench.report import BASE, MODES, PEERS, check_schema, format_setting, format_sim_validation, \
     format_sweep, setting_entry
+from verl_pipe.frontier import AdaptiveWindow, resolve_window
+from verl_pipe.variants import GRANULARITIES, name_of, variant
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "bench"  # package data: works installed too
 
@@ -72,28 +73,20 @@ def stack_of(setting: dict, cfg: dict) -> str:
 
 
 def mode_kwargs(mode: str, granularity: str = "minibatch") -> dict:
-    """session.step() arguments of a benchmark mode."""
-    if mode == "sync":
-        return dict(mode="sync", granularity="minibatch", fgd=False)
-    if mode == "cgp":
-        return dict(mode="cgp", granularity="minibatch", fgd=False)
-    if mode == "cgp_group":
-        return dict(mode="cgp", granularity="group", fgd=False)
-    if mode == "cgp_fgd":
-        return dict(mode="cgp", granularity=granularity, fgd=True)
-    raise ValueError(f"unknown mode {mode!r}")
-
-
-def workload_for(spec: dict, num_groups: int, n: int, seed: int):
-    from verl_pipe.workload import from_spec
-
-    return from_spec(dict(spec), num_groups, n, prompt_len=0, seed=seed)
+    """session.step() arguments of a benchmark mode (verl_pipe/variants.py; ``granularity``: cgp_fgd's choice)."""
+    return variant(mode).step_args(granularity)
 
 
 def window_label(resolved) -> int | str:
     """FGD's window as the results record it: its size, or "adaptive" (it grows during a step; the simulator
     resolves the name against the engine it simulates, ``sim.simulate.rollout_for_mode``)."""
     return "adaptive" if isinstance(resolved, AdaptiveWindow) else resolved
+
+
+def workload_for(spec: dict, num_groups: int, n: int, seed: int):
+    from verl_pipe.workload import from_spec
+
+    return from_spec(dict(spec), num_groups, n, prompt_len=0, seed=seed)
 
 
 def env_info() -> dict:
@@ -216,7 +209,8 @@ class BenchRunner:
                 for r, st in enumerate(measured):
                     m = dict(st["metrics"])
                     m["wall_s"] = m.get("step_wall_s", m["step_time_s"])
-                    self.steps.append({"setting": s["name"], "mode": mode, "granularity": "minibatch", "round": r,
+                    self.steps.append({"setting": s["name"], "mode": mode, "granularity": variant(mode).granularity,
+                                       "round": r,
                                        "metrics": m, "lengths": st["lengths"], "prompt_len": prompt_len,
                                        "model_size": stack, "weight_sync_s": m.get("weight_sync_s", 0.0),
                                        "trained_groups": int(m.get("num_trainable_groups", 0)),
@@ -366,7 +360,7 @@ class BenchRunner:
                 if mode in self.skipped:
                     continue
                 gran = "minibatch"
-                if mode == "cgp_fgd":
+                if variant(mode).granularity is None:  # cgp_fgd: the better of the other variants' granularities
                     gran = self._fgd_granularity(name, gran_cfg, per_round)
                 try:
                     res = self._step(session, mode, wl, gran, s.get("fgd_window"))
@@ -376,8 +370,8 @@ class BenchRunner:
                     self.skipped[mode] = f"not implemented: {e}"
                     self.log(f"[bench] {mode} skipped: {e}")
                     continue
-                res.update(setting=name, mode=mode, granularity=gran if mode == "cgp_fgd" else
-                           mode_kwargs(mode)["granularity"], round=r, lengths=wl.lengths, model_size=size,
+                res.update(setting=name, mode=mode, granularity=mode_kwargs(mode, gran)["granularity"], round=r,
+                           lengths=wl.lengths, model_size=size,
                            weight_sync_s=res["metrics"]["weight_sync_s"])
                 self.steps.append(res)
                 per_round.setdefault(mode, []).append(res["metrics"])
@@ -391,13 +385,15 @@ class BenchRunner:
         """FGD runs with the better CGP granularity, decided once per setting on its first round."""
         if name in self.granularity:
             return self.granularity[name]
-        if gran_cfg in ("minibatch", "group"):
+        # the variants that fix each granularity without FGD (cgp, cgp_group) measured it
+        minibatch, group = name_of("cgp", "minibatch"), name_of("cgp", "group")
+        if gran_cfg in GRANULARITIES:
             g = gran_cfg
-        elif "cgp_group" in self.skipped or not per_round.get("cgp_group"):
+        elif group in self.skipped or not per_round.get(group):
             g = "minibatch"
         else:
-            mb = per_round["cgp"][0]["rollout_to_train_end_s"] if per_round.get("cgp") else math.inf
-            gr = per_round["cgp_group"][0]["rollout_to_train_end_s"]
+            mb = per_round[minibatch][0]["rollout_to_train_end_s"] if per_round.get(minibatch) else math.inf
+            gr = per_round[group][0]["rollout_to_train_end_s"]
             g = "group" if gr < mb else "minibatch"
         self.granularity[name] = g
         return g
@@ -443,10 +439,10 @@ def build_result(cfg: dict, settings: list[dict], steps: list[dict], skipped_mod
         _uncontended(entry, mine, shapes)
         if cpu_samples:
             _cpu_overlap(entry, mine, cpu_samples)
-        if "cgp_fgd" in entry["modes"] and "skipped" not in entry["modes"]["cgp_fgd"]:
-            entry["modes"]["cgp_fgd"]["granularity"] = granularity.get(name, "minibatch")
-        if "cgp_group" in entry["modes"] and "skipped" not in entry["modes"]["cgp_group"]:
-            entry["modes"]["cgp_group"]["granularity"] = "group"
+        for mode, e in entry["modes"].items():  # the granularity where it is chosen, or not mini-batch
+            v = variant(mode)
+            if "skipped" not in e and v.ours and v.granularity != "minibatch":
+                e["granularity"] = v.granularity or granularity.get(name, "minibatch")
         result_settings.append(entry)
 
     from verl_pipe.bench.report import paper_targets
@@ -600,7 +596,7 @@ def simulated_section(settings, steps, granularity, shapes, fits, tr_points) -> 
         cal = fits[size]
         ms = {}
         for mode in SIM_MODES:
-            gran = granularity.get(name, "minibatch") if mode == "cgp_fgd" else "minibatch"
+            gran = granularity.get(name, "minibatch") if variant(mode).granularity is None else "minibatch"
             ms[mode] = summarize([simulate_like(st, mode, gran, cal.engine_for(mode), trainer_params, shapes[size])
                                   for st in rounds])
         return ms

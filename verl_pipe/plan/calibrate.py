@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_pipe.bench.calib import Calibration, StepShape, _validation_table, calibrate, calibration_summary
+from verl_pipe.variants import name_of
 
 KV_UNBOUNDED = 1 << 40  # the fit assumes the run's KV cache never bound (the bench's assumption too)
 
@@ -60,10 +61,10 @@ def mode_of(tl: dict) -> tuple[str, str]:
     the admission, which the engine fit does not model, so FGD steps fit as cgp."""
     kinds = {(sp["kind"], sp["unit"] is None) for sp in tl["train_spans"]}
     if ("old_log_prob", True) in kinds:
-        return "sync", "minibatch"
-    if any(k == "forward_backward" for k, _ in kinds):
-        return "cgp_group", "group"
-    return "cgp", "minibatch"
+        mode, granularity = "sync", "minibatch"
+    else:
+        mode, granularity = "cgp", "group" if any(k == "forward_backward" for k, _ in kinds) else "minibatch"
+    return name_of(mode, granularity), granularity
 
 
 def load_run(run_dir, prompt_len: float | None = None) -> list[dict]:

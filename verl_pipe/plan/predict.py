@@ -22,6 +22,7 @@ from verl_pipe.plan.runconfig import Shape
 from verl_pipe.sim.engine import EngineParams
 from verl_pipe.sim.simulate import RolloutResult, rollout_for_mode, timeline_for
 from verl_pipe.sim.trainer import PLACEMENTS, TrainerParams, schedule
+from verl_pipe.variants import variant
 from verl_pipe.workload import Workload
 
 ROWS = ("sync", "cgp", "cgp_group", "cgp_fgd", "verl_separate_async", "verl_one_step_off")
@@ -76,7 +77,7 @@ class CalibratedCosts:
         self.placements = ("run's store",)
 
     def engine(self, shape: Shape, mode: str) -> EngineParams:
-        e = self.rc.cal.engine_for("sync" if mode == "sync" else "cgp")
+        e = self.rc.cal.engine_for(mode)
         return e.with_(max_num_seqs=shape.max_num_seqs, max_num_batched_tokens=shape.max_num_batched_tokens,
                        kv_capacity_tokens=KV_UNBOUNDED)
 
@@ -274,11 +275,9 @@ def plan(inp: PlanInputs) -> dict:
     windows = [{"window": _fgd_label(k)[0], "granularity": _fgd_label(k)[1],
                 **{f: means[k][f] for f in ("rollout_to_train_end_s", "step_time_s", "first_unit_ready_s",
                                             "rollout_end_s")}} for k in fgd_keys]
-    rec = {"mode": "cgp" if best in ("cgp", "cgp_group") or best.startswith("cgp_fgd") else best}
-    if best.startswith("cgp_fgd"):
-        rec["fgd"], (rec["fgd_window"], rec["granularity"]) = True, _fgd_label(best)
-    else:
-        rec["fgd"], rec["fgd_window"], rec["granularity"] = False, None, "group" if best == "cgp_group" else "minibatch"
+    v = variant(best.split("[", 1)[0])  # cgp_fgd[<window>][<granularity>]: cgp_fgd at one window and granularity
+    rec = {"mode": v.mode, "fgd": v.fgd}
+    rec["fgd_window"], rec["granularity"] = _fgd_label(best) if v.fgd else (None, v.granularity)
     rec["rollout_to_train_end_s"] = means[best]["rollout_to_train_end_s"]
     rec["saving_vs_sync_pct"] = 100 * (1 - means[best]["rollout_to_train_end_s"] / sync["rollout_to_train_end_s"])
     best_window = _window_of(rec["fgd_window"]) if rec["fgd"] else None

@@ -28,9 +28,8 @@ from verl_pipe.bench.run import workload_for
 from verl_pipe.bench.sim_windows import engine_from_summary, trainer_from_summary
 from verl_pipe.plan.predict import one_step_off
 from verl_pipe.sim.simulate import rollout_for_mode
+from verl_pipe.variants import OURS, PEERS, variant
 
-OURS = ("sync", "cgp", "cgp_group", "cgp_fgd")
-PEERS = ("verl_separate_async", "verl_separate_async_1off")
 BEGIN, END = "<!-- plan-validation:begin -->", "<!-- plan-validation:end -->"
 
 
@@ -66,14 +65,15 @@ def _predict(run: dict, s: dict, mode: str, entry: dict, cal: dict, verl_scale: 
     for r in range(int(entry.get("runs", 1))):
         wl = workload_for(s["workload"], num_groups, shape.n, seed=r)
         step = {"lengths": wl.lengths, "prompt_len": s["prompt_len_mean"], "weight_sync_s": 0.0, "fgd_window": window}
-        if mode == "verl_separate_async_1off":
+        v = variant(mode)
+        if not v.simulated:  # verl's one-batch-ahead peer: the planner's steady-state model of it
             pw = PaddedWorkload(num_groups, shape.n, wl.lengths, int(round(s["prompt_len_mean"])))
             ro = rollout_for_mode("sync", pw, over, shape.num_replicas, shape.groups_per_unit, shape.baseline_window,
                                   shape.baseline_order)
             out.append(one_step_off(ro, pw, trainer, shape.groups_per_unit, 0.0)["rollout_to_train_end_s"])
             continue
-        gran = entry.get("granularity") or ("group" if mode == "cgp_group" else "minibatch")
-        m = simulate_like(step, mode.removesuffix("_1off"), gran, alone if mode == "sync" else over, trainer, shape)
+        gran = entry.get("granularity") or v.granularity
+        m = simulate_like(step, mode, gran, over if v.overlapped else alone, trainer, shape)
         out.append(m["rollout_to_train_end_s"])
     return float(np.mean(out))
 

@@ -13,10 +13,9 @@ import yaml
 from verl_pipe.sim.engine import EngineParams
 from verl_pipe.sim.simulate import rollout_for_mode, timeline_for
 from verl_pipe.sim.trainer import TrainerParams, placement_costs
+from verl_pipe.variants import BASE, variant
 from verl_pipe.workload import from_spec
 from verl_pipe.timeline import summarize
-
-BASE = "sync"
 
 
 def _strip(x):
@@ -102,17 +101,18 @@ def run_setting(cfg: dict, s: dict, placements: list[str] | None = None, sweeps:
         for wl, fc, fg in zip(wls, fcfs, fgd):
             ms = {BASE: timeline_for(fc, wl, trainer, BASE, gpu_unit, cfg["weight_sync_s"]).metrics()}
             for mode in (m for m in modes if m != BASE):
-                for gran in (["minibatch", "group"] if mode == "cgp_fgd" else ["minibatch"]):
-                    key = f"cgp_fgd[{gran}]" if mode == "cgp_fgd" else mode
-                    tl = timeline_for(fg if mode == "cgp_fgd" else fc, wl, trainer, mode, gpu_unit,
-                                      cfg["weight_sync_s"], gran)
+                v = variant(mode)
+                for gran in v.granularities:
+                    key = f"{mode}[{gran}]" if v.granularity is None else mode
+                    tl = timeline_for(fg if v.fgd else fc, wl, trainer, mode, gpu_unit, cfg["weight_sync_s"], gran)
                     ms[key] = tl.metrics()
             for key, m in ms.items():
                 per_mode.setdefault(key, []).append(_derived(m, ms[BASE], R, G))
-        if "cgp_fgd" in modes:  # docs/metrics.md: cgp_fgd is FGD with its best granularity
-            best = min(("minibatch", "group"), key=lambda g: sum(
-                m["rollout_to_train_end_s"] for m in per_mode[f"cgp_fgd[{g}]"]))
-            per_mode["cgp_fgd"] = [dict(m, granularity=best) for m in per_mode[f"cgp_fgd[{best}]"]]
+        for mode in (m for m in modes if variant(m).granularity is None):  # docs/metrics.md: cgp_fgd is FGD
+            v = variant(mode)  # with its best granularity
+            best = min(v.granularities, key=lambda g: sum(
+                m["rollout_to_train_end_s"] for m in per_mode[f"{mode}[{g}]"]))
+            per_mode[mode] = [dict(m, granularity=best) for m in per_mode[f"{mode}[{best}]"]]
         return per_mode
 
     base = evaluate(1.0)
@@ -146,9 +146,9 @@ def run_setting(cfg: dict, s: dict, placements: list[str] | None = None, sweeps:
             "sync_train_to_rollout_ratio": _mean(m["trainer_busy_s"] / m["rollout_end_s"] for m in pm[BASE]),
             "modes": {k: _pick(v, _SWEEP_KEYS) for k, v in pm.items()},
         })
-    for variant in cfg.get("fgd_sweep", []) if sweeps else []:  # FGD's sensitivity to its window and to group affinity
-        pm = evaluate(1.0, fgd=fgd_rollouts(variant["window"], variant["affinity"]), modes=["cgp_fgd"])
-        result["fgd_sweep"].append(dict(variant, **_pick(pm["cgp_fgd"], _SWEEP_KEYS + (
+    for point in cfg.get("fgd_sweep", []) if sweeps else []:  # FGD's sensitivity to its window and to group affinity
+        pm = evaluate(1.0, fgd=fgd_rollouts(point["window"], point["affinity"]), modes=["cgp_fgd"])
+        result["fgd_sweep"].append(dict(point, **_pick(pm["cgp_fgd"], _SWEEP_KEYS + (
             "first_unit_ready_s", "rollout_end_s"))))
     return result
 

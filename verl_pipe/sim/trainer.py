@@ -40,8 +40,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from verl_pipe import schedule as S
-
-MODES = ("sync", "cgp", "cgp_group", "cgp_fgd", "verl_separate_async")
+from verl_pipe.variants import SIMULATED as MODES, variant
 
 
 @dataclass(frozen=True)
@@ -157,11 +156,6 @@ class _Trainer:
             self.plan.spans.append((kind, start, self.free, unit, group, groups))
 
 
-# The simulator's modes as the trainer's (mode, granularity); verl_separate_async is verl's trainer, not ours.
-TRAINER_MODES = {"sync": ("sync", "minibatch"), "cgp": ("cgp", "minibatch"), "cgp_fgd": ("cgp", "minibatch"),
-                 "cgp_group": ("cgp", "group")}
-
-
 class CostModel:
     """Executes verl_pipe.schedule's actions on the clock: the simulator's executor of the real trainer's schedule.
 
@@ -230,18 +224,20 @@ class CostModel:
 
 
 def schedule(mode: str, completions: list[tuple[float, int]], seq_lens, p: TrainerParams,
-             groups_per_unit: int, rollout_end: float) -> TrainPlan:
+             groups_per_unit: int, rollout_end: float, granularity: str | None = None) -> TrainPlan:
     """Trainer spans for one step.
 
     ``completions``: (time, group) of the groups to train, in completion order (the GroupQueue FIFO).
     ``seq_lens(group)`` -> the group's prompt+response lengths. Our modes run the real trainer's schedule
-    (verl_pipe.schedule) on the cost model; verl_separate_async is a model of verl's own trainer.
+    (verl_pipe.schedule) at the variant's granularity (verl_pipe/variants.py; ``granularity``: the choice of a
+    variant whose granularity is free, cgp_fgd); verl_separate_async is a model of verl's own trainer.
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}")
-    if mode == "verl_separate_async":
+    v = variant(mode)
+    if not v.ours:
         return _verl_separate_async(completions, seq_lens, p, groups_per_unit, rollout_end)
-    tmode, granularity = TRAINER_MODES[mode]
+    tmode, granularity = v.trainer_schedule(granularity)
     units = max(1, math.ceil(len(completions) / groups_per_unit))  # the steps' units (the real one: configured)
     cost = CostModel(completions, seq_lens, p, groups_per_unit, rollout_end)
     S.drive(S.train_schedule(tmode, granularity, groups_per_unit, units, use_ref=p.use_ref), cost)

@@ -7,8 +7,11 @@ verl 0.9.1's ppo_trainer.yaml (read by PPOTrainer / PPOTrainerSeparateAsync / Re
 
 from __future__ import annotations
 
-# Mode names under which the integrator drops the results into the bench report (one per configuration).
-MODE_NAMES = {"onpolicy": "verl_separate_async", "default": "verl_separate_async_1off"}
+from verl_pipe.variants import PEER_MODE_NAMES
+
+# Mode names under which the integrator drops the results into the bench report (one per configuration): the
+# variant table's (verl_pipe/variants.py).
+MODE_NAMES = dict(PEER_MODE_NAMES)
 
 # What each configuration sets in verl. onpolicy: nothing generated ahead (num_warmup_batches=0), staleness
 # threshold 1 (ReplayBufferAsync drops a group whose prompt is older than the current step), so the step's

@@ -1,0 +1,103 @@
+"""The variants a step can run as, by name: the one place mode names are decoded.
+
+Pure Python (no verl, Ray or torch). A variant name (``sync``, ``cgp``, ``cgp_group``, ``cgp_fgd``, and verl's own
+trainer as a peer: ``verl_separate_async``, ``verl_separate_async_1off``) stands for a trainer mode
+(``rolloutpipe.mode``), a granularity (``rolloutpipe.cgp.granularity``) and whether FGD admits the rollout
+(``rolloutpipe.fgd.enable``). The config's validation, the trainer, the simulator, the benchmark, the planner and the
+peer's configurations read names through this table; none of them decodes a name by itself.
+
+Old log-prob coalescing (``rolloutpipe.cgp.coalesce_log_probs``) is not part of a name: every variant runs it as
+the run's config sets it (a step's knobs, verl_pipe/knobs.py, record what it was).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TRAINER_MODES = ("sync", "cgp")  # rolloutpipe.mode: the trainer's schedule (verl_pipe/schedule.py)
+GRANULARITIES = ("minibatch", "group")  # rolloutpipe.cgp.granularity: a unit trained at once, or group by group
+BASE = "sync"  # the variant every other is compared against
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    mode: str | None  # rolloutpipe.mode on RolloutPipeTrainer; None: verl's own trainer (a peer)
+    granularity: str | None  # fixed granularity (verl's own trains mini-batches); None: the run picks one (cgp_fgd)
+    fgd: bool = False  # frontier-group dispatch admits the rollout
+    peer_config: str | None = None  # a peer's configuration (verl_pipe/bench/peer/configs.py CONFIGS)
+    simulated: bool = True  # the simulator models it (verl_pipe/sim/trainer.py)
+
+    @property
+    def ours(self) -> bool:
+        """Runs on RolloutPipeTrainer (a PipeSession step), not on verl's own trainer."""
+        return self.mode is not None
+
+    @property
+    def overlapped(self) -> bool:
+        """The rollout shares the machine with a busy trainer (every variant but sync): the calibration fits
+        its engine apart from sync's (verl_pipe/bench/calib.py)."""
+        return self.mode != "sync"
+
+    @property
+    def granularities(self) -> tuple[str, ...]:
+        """The granularities a run of it can use: its own, or every one when it is free."""
+        return GRANULARITIES if self.granularity is None else (self.granularity,)
+
+    def trainer_schedule(self, granularity: str | None = None) -> tuple[str, str]:
+        """(rolloutpipe.mode, granularity) of the trainer's schedule: a fixed granularity wins over ``granularity``,
+        which a free one takes (default minibatch)."""
+        self._require_ours()
+        return self.mode, self.granularity or granularity or "minibatch"
+
+    def step_args(self, granularity: str | None = None) -> dict:
+        """``PipeSession.step`` arguments of this variant (``granularity``: a free granularity's choice)."""
+        mode, gran = self.trainer_schedule(granularity)
+        return dict(mode=mode, granularity=gran, fgd=self.fgd)
+
+    def overrides(self) -> list[str]:
+        """Hydra overrides that configure a run as this variant (a fixed granularity, FGD when on)."""
+        self._require_ours()
+        out = [f"rolloutpipe.mode={self.mode}"]
+        if self.mode == "cgp" and self.granularity:
+            out.append(f"rolloutpipe.cgp.granularity={self.granularity}")
+        return out + (["rolloutpipe.fgd.enable=true"] if self.fgd else [])
+
+    def _require_ours(self) -> None:
+        if not self.ours:
+            raise ValueError(f"mode {self.name!r} is verl's own trainer (a peer), not a RolloutPipeTrainer step")
+
+
+VARIANTS: dict[str, Variant] = {v.name: v for v in (
+    Variant("sync", "sync", "minibatch"),
+    Variant("cgp", "cgp", "minibatch"),
+    Variant("cgp_group", "cgp", "group"),
+    Variant("cgp_fgd", "cgp", None, fgd=True),
+    # verl 0.9.1's V1 separate_async trainer, run for real on our stack (verl_pipe/bench/peer): on-policy, and
+    # verl's default (one batch ahead, which the simulator does not model)
+    Variant("verl_separate_async", None, "minibatch", peer_config="onpolicy"),
+    Variant("verl_separate_async_1off", None, "minibatch", peer_config="default", simulated=False),
+)}
+
+OURS = tuple(k for k, v in VARIANTS.items() if v.ours)  # the bench's modes of RolloutPipeTrainer
+PEERS = tuple(k for k, v in VARIANTS.items() if not v.ours)  # verl's own trainer, in its configurations
+SIMULATED = tuple(k for k, v in VARIANTS.items() if v.simulated)  # the simulator's modes
+PEER_MODE_NAMES = {v.peer_config: k for k, v in VARIANTS.items() if v.peer_config}  # peer configuration -> name
+
+
+def variant(name: str) -> Variant:
+    try:
+        return VARIANTS[name]
+    except KeyError:
+        raise ValueError(f"unknown mode {name!r}; choose from {', '.join(VARIANTS)}") from None
+
+
+def name_of(mode: str, granularity: str, fgd: bool = False) -> str | None:
+    """The variant name of a step trained in ``mode`` at ``granularity`` with FGD on or off (sync has no
+    granularity: it trains whole mini-batches after the rollout); None: no variant is that (sync with FGD)."""
+    if mode not in TRAINER_MODES or granularity not in GRANULARITIES:
+        raise ValueError(f"mode {mode!r}, granularity {granularity!r}: allowed {TRAINER_MODES} x {GRANULARITIES}")
+    for v in VARIANTS.values():
+        if v.mode == mode and v.fgd == fgd and (mode == "sync" or v.granularity in (None, granularity)):
+            return v.name
+    return None
