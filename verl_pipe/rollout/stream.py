@@ -9,6 +9,10 @@ but each request is admitted by an admission policy (``verl_pipe.frontier``) and
 handed back as soon as it is done. When all n responses of a group are in, the
 caller's ``on_group`` callback materializes it.
 
+What happens to a request or a group (retries, dropped groups, dead replicas, late groups, the
+leftovers once the batch is full) is decided by ``verl_pipe.rollout_core.RolloutCore``, the same
+code the simulator drives; ``_StepRun`` here only awaits the tasks and carries out its actions.
+
 The driver runs an asyncio loop in a background thread, so the trainer's main
 thread can train while the rollout continues.
 """
@@ -16,6 +20,7 @@ thread can train while the rollout continues.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -27,11 +32,13 @@ import numpy as np
 
 from verl import DataProto
 
-from verl_pipe.frontier import AdmissionPolicy, Request
+from verl_pipe.frontier import Admission, AdmissionPolicy, Request
 from verl_pipe.rollout.agent_worker import PipeAgentLoopWorker
 from verl_pipe.rollout.client import CURRENT_ADMISSION, AdmissionRoutedClient
 from verl_pipe.rollout.completions import Completions
 from verl_pipe.rollout.replicas import ReplicaLostError, is_replica_death  # noqa: F401 (re-exported)
+from verl_pipe.rollout_core import (Cancel, FailStep, GiveUp, GroupEnded, HandOver, Restart, Retire, Retry,
+                                    RolloutCore, Submit, Take)
 from verl_pipe.timeline import StepTimeline
 
 logger = logging.getLogger(__name__)
@@ -146,152 +153,169 @@ class StreamingRollout:
         return await coro
 
     async def _run_step(self, req: StepRequest) -> StepResult:
-        policy, timeline = req.policy, req.timeline
-        result = StepResult()
+        """One step: the step's ``RolloutCore`` decides, ``_StepRun`` awaits and carries its actions out."""
+        run = _StepRun(self, req)
+        self._tasks = run.tasks  # for the clean-up of a failed step
+        return await run.run()
+
+
+class _StepRun:
+    """One step's I/O around its ``RolloutCore`` (verl_pipe/rollout_core.py): an asyncio task per submitted request,
+    one per replica restart, the responses of incomplete groups, the timeline. Every decision is the core's.
+
+    Seams on the ``StreamingRollout`` it runs for: ``_one(req, admission, attempt)`` (one request through verl's
+    agent loop; a timeout or error raises), ``worker._postprocess`` (pads a group's n outputs), ``supervisor``
+    (``restart_enabled``, ``restart(replica, weight_version)``, ``retire(replica)``, run in threads), and
+    ``_tasks``, which is ``self.tasks``: the request tasks in flight (cancelled when the step fails)."""
+
+    def __init__(self, rollout: StreamingRollout, req: StepRequest):
+        self.rollout, self.req, self.timeline = rollout, req, req.timeline
+        self.core = RolloutCore(req.policy, max_retries=req.max_retries, on_request_failure=req.on_request_failure)
+        self.tasks: dict[asyncio.Task, Admission] = {}
+        self.task_of: dict[Request, asyncio.Task] = {}
+        self.restarting: dict[asyncio.Task, tuple[int, float]] = {}  # restart task -> (replica, when death noticed)
+        self.completions = Completions()  # every task above and in `restarting` is added here when created
+        self.outputs: dict[int, dict[int, Any]] = {}  # group -> index -> agent-loop output, until the group ends
+        self.errors: list[str] = []
+        self.recovery_s: list[float] = []
+
+    def rid(self, r: Request) -> str:
+        return f"s{self.req.step}-g{r.group}-r{r.index}"
+
+    async def run(self) -> StepResult:
         start = time.perf_counter()
-        tasks: dict[asyncio.Task, tuple[Any, int]] = {}
-        self._tasks = tasks  # for the clean-up of a failed step
-        restarting: dict[asyncio.Task, tuple[int, float]] = {}  # restart task -> (replica, when death noticed)
-        completions = Completions()  # every task above and in `restarting` is added here when created
-        attempts: dict[Request, int] = {}
-        outputs: dict[int, dict[int, Any]] = {}
-
-        def rid(r: Request) -> str:
-            return f"s{req.step}-g{r.group}-r{r.index}"
-
-        def admit() -> None:
-            for adm in policy.admit():
-                n_try = attempts.get(adm.request, 0)
-                timeline.request_submitted(rid(adm.request), adm.request.group, replica=adm.replica)
-                task = completions.add(asyncio.create_task(self._one(req, adm, n_try)))
-                tasks[task] = (adm, n_try)
-
-        def cancel(pred) -> None:
-            for task, (adm, _) in list(tasks.items()):
-                if pred(adm):
-                    task.cancel()
-                    del tasks[task]
-                    timeline.request_aborted(rid(adm.request), adm.request.group)
-
-        admit()
-        while (tasks or restarting) and not policy.all_done:
-            done = await completions.wait()
-            for task in done:
-                if task in restarting:
-                    self._replica_back(task, restarting.pop(task), policy, result)
-                    continue
-                if task not in tasks:  # cancelled in this wake-up (its replica died or its group was dropped)
-                    continue
-                adm, n_try = tasks.pop(task)
-                r = adm.request
-                try:
-                    out = task.result()
-                except Exception as e:
-                    if is_replica_death(e):
-                        if adm.replica in policy.replicas:  # the first of its requests to notice
-                            restart = await self._replica_died(req, adm.replica, e, policy, result)
-                            for t in restart:
-                                completions.add(t)
-                            restarting.update(restart)
-                            cancel(lambda a, dead=adm.replica: a.replica == dead)
-                        continue  # not the request's fault: no retry is used up
-                    # A failed or timed-out request: retry, then give up on it (fail the step or drop its group).
-                    result.failed_attempts += 1
-                    attempts[r] = n_try + 1
-                    msg = f"request {rid(r)} failed (attempt {n_try + 1}): {_brief(e)}"
-                    logger.warning(msg)
-                    if n_try + 1 <= req.max_retries:
-                        policy.on_request_failed(r, adm.replica)
-                        continue
-                    result.errors.append(msg)
-                    if req.on_request_failure != "drop_group":
-                        raise RuntimeError(f"{msg}; giving up after rolloutpipe.fault.max_request_retries="
-                                           f"{req.max_retries} (rolloutpipe.fault.on_request_failure=fail)") from e
-                    logger.warning("dropping group %d of step %d: its next group takes its place", r.group, req.step)
-                    closed = set(policy.drop_group(r.group))
-                    cancel(lambda a, closed=closed: a.request in closed)
-                    outputs.pop(r.group, None)
-                    timeline.group_done(r.group, False)
-                    result.dropped_groups += 1
-                    continue
-                if not policy.on_response_done(r, adm.replica):
-                    continue  # stale: its request was resubmitted elsewhere or closed
-                n_tokens = int(out.response_mask.sum().item())
-                timeline.response_done(rid(r), r.group, n_tokens)
-                result.responses += 1
-                outputs.setdefault(r.group, {})[r.index] = out
-                if len(outputs[r.group]) == req.n:
-                    group_outputs = [outputs[r.group][i] for i in range(req.n)]
-                    del outputs[r.group]
-                    if policy.batch_full:  # completed in the same wake-up as the batch's last group
-                        timeline.group_done(r.group, False)
-                        policy.on_group_done(r.group, False)
-                        result.late_groups += 1
-                        continue
-                    gen_out = self.worker._postprocess(group_outputs, validate=False)
-                    trainable = req.on_group(r.group, gen_out)
-                    timeline.group_done(r.group, trainable)
-                    policy.on_group_done(r.group, trainable)
-                    result.groups_done += 1
-                    result.untrainable += 0 if trainable else 1
-            if policy.batch_full:
-                await self._abort(policy, tasks, timeline, rid, result)
+        core = self.core
+        await self.do(core.admit())
+        while (self.tasks or self.restarting) and not core.all_done:
+            for task in await self.completions.wait():
+                await self.finished(task)
+            if core.batch_full:  # after every response of this wake-up: the ones that completed a group were late
+                await self.do(core.close())
                 break
-            admit()
-        if restarting:  # the batch filled on the other replicas: the restart still finishes, for the next step
-            for task, info in list(restarting.items()):
-                await asyncio.wait([task])
-                self._replica_back(task, info, policy, result)
-        result.elapsed_s = time.perf_counter() - start
-        return result
+            await self.do(core.admit())
+        # the batch filled on the other replicas: a restart still finishes, for the next step
+        for task, info in list(self.restarting.items()):
+            await asyncio.wait([task])
+            await self.restarted(task, info)
+        return StepResult(**dataclasses.asdict(core.counts), recovery_s=self.recovery_s,
+                          elapsed_s=time.perf_counter() - start, errors=self.errors)
 
-    async def _replica_died(self, req: StepRequest, replica: int, exc: BaseException, policy, result) -> dict:
-        """Takes the replica out of admission (its in-flight requests go back to pending, to the other
-        replicas or to the restarted one) and starts its restart, or retires it; returns {restart task:
-        (replica, t)} (empty when it is not restarted)."""
-        result.replica_failures += 1
-        logger.error("step %d: rollout replica %d died (%s: %s)", req.step, replica, type(exc).__name__, _brief(exc))
-        if self.supervisor is None or not self.supervisor.restart_enabled:
-            if len(policy.replicas) == 1:
-                raise ReplicaLostError(
-                    f"step {req.step}: rollout replica {replica} died and no replica is left "
-                    f"(rolloutpipe.fault.replica_restart=false): {_brief(exc)}") from exc
-            result.requeued_requests += len(policy.remove_replica(replica))
-            if self.supervisor is not None:
-                await asyncio.to_thread(self.supervisor.retire, replica)
-            return {}
-        result.requeued_requests += len(policy.remove_replica(replica, allow_none_left=True))
-        task = asyncio.create_task(asyncio.to_thread(self.supervisor.restart, replica, req.weight_version))
-        return {task: (replica, time.perf_counter())}
+    async def finished(self, task: asyncio.Task) -> None:
+        """A task finished: a restart, or a request (its response, its failure, or its replica's death)."""
+        if task in self.restarting:
+            await self.restarted(task, self.restarting.pop(task))
+            return
+        adm = self.tasks.pop(task, None)
+        if adm is None:  # cancelled in this wake-up (its replica died or its group was dropped)
+            return
+        del self.task_of[adm.request]
+        try:
+            out = task.result()
+        except Exception as e:
+            if is_replica_death(e):
+                await self.replica_died(adm.replica, e)
+            else:
+                await self.request_failed(adm, e)
+            return
+        r = adm.request
+        for act in self.core.response_done(r, adm.replica):
+            if isinstance(act, Take):
+                self.timeline.response_done(self.rid(r), r.group, int(out.response_mask.sum().item()))
+                self.outputs.setdefault(r.group, {})[r.index] = out
+            elif isinstance(act, HandOver):
+                outs = self.outputs.pop(r.group)
+                gen_out = self.rollout.worker._postprocess([outs[i] for i in range(self.core.n)], validate=False)
+                await self.do(self.core.handed_over(r.group, self.req.on_group(r.group, gen_out)))
+            else:
+                await self.do([act])
 
-    def _replica_back(self, task: asyncio.Task, info: tuple[int, float], policy, result) -> None:
+    async def request_failed(self, adm: Admission, e: Exception) -> None:
+        """A failed or timed-out request: retried, or given up on (the step fails or its group is dropped)."""
+        r = adm.request
+        actions = self.core.request_failed(r, adm.replica)
+        msg = f"request {self.rid(r)} failed (attempt {self.core.failures(r)}): {_brief(e)}"
+        logger.warning(msg)
+        await self.do(actions, e, msg)
+
+    async def replica_died(self, replica: int, e: Exception) -> None:
+        sup = self.rollout.supervisor
+        actions = self.core.replica_died(replica, restart=sup is not None and sup.restart_enabled)
+        if actions:  # the first of its requests to notice
+            logger.error("step %d: rollout replica %d died (%s: %s)", self.req.step, replica, type(e).__name__,
+                         _brief(e))
+        await self.do(actions, e)
+
+    async def restarted(self, task: asyncio.Task, info: tuple[int, float]) -> None:
         replica, t_dead = info
         try:
             task.result()
         except Exception as e:
-            if not policy.replicas:
-                raise ReplicaLostError(f"rollout replica {replica} died and could not be restarted "
-                                       f"({type(e).__name__}: {e}); no replica is left") from e
-            logger.error("rollout replica %d could not be restarted (%s); going on without it", replica, e)
+            actions = self.core.replica_back(replica, ok=False)
+            if not actions:
+                logger.error("rollout replica %d could not be restarted (%s); going on without it", replica, e)
+            await self.do(actions, e)
             return
-        result.replica_restarts += 1
-        result.recovery_s.append(time.perf_counter() - t_dead)
-        policy.add_replica(replica)
+        self.recovery_s.append(time.perf_counter() - t_dead)
+        await self.do(self.core.replica_back(replica, ok=True))
 
-    async def _abort(self, policy, tasks, timeline, rid, result) -> None:
-        """The batch is full: cancel what is left of this step (never carried into the next).
+    async def do(self, actions: list, error: BaseException | None = None, msg: str = "") -> None:
+        """Carries out the core's actions in order; ``error`` (and ``msg``, its log line) is what a failure
+        event was about."""
+        for act in actions:
+            if isinstance(act, Submit):
+                adm = act.admission
+                self.timeline.request_submitted(self.rid(adm.request), adm.request.group, replica=adm.replica)
+                task = self.completions.add(asyncio.create_task(self.rollout._one(self.req, adm, act.attempt)))
+                self.tasks[task] = adm
+                self.task_of[adm.request] = task
+            elif isinstance(act, Cancel):
+                await self.cancel(act)
+            elif isinstance(act, GroupEnded):
+                self.outputs.pop(act.group, None)
+                if act.how == "dropped":
+                    logger.warning("dropping group %d of step %d: its next group takes its place", act.group,
+                                   self.req.step)
+                self.timeline.group_done(act.group, act.trainable)
+            elif isinstance(act, Restart):
+                restart = asyncio.to_thread(self.rollout.supervisor.restart, act.replica, self.req.weight_version)
+                self.restarting[self.completions.add(asyncio.create_task(restart))] = (act.replica, time.perf_counter())
+            elif isinstance(act, Retire):
+                if self.rollout.supervisor is not None:
+                    await asyncio.to_thread(self.rollout.supervisor.retire, act.replica)
+            elif isinstance(act, GiveUp):
+                self.errors.append(msg)
+            elif isinstance(act, FailStep):
+                raise self.failure(act, error, msg) from error
+            elif not isinstance(act, Retry):  # a retry is resubmitted by a later admit()
+                raise TypeError(f"unexpected rollout action {act!r}")
 
-        Our tasks stop waiting now; the requests still running inside vLLM are aborted by the
-        weight sync that ends the step (verl's CheckpointEngineManager aborts every replica's
-        in-flight requests before loading new weights), so none of them outlives the step.
-        """
-        for task, (adm, _) in list(tasks.items()):
+    async def cancel(self, act: Cancel) -> None:
+        """Cancels the tasks of ``act.requests`` still running. The batch is full: also waits for them to stop.
+
+        Our tasks stop waiting now; the requests still running inside vLLM are aborted by the weight sync that ends
+        the step (verl's CheckpointEngineManager aborts every replica's in-flight requests before loading new
+        weights), so none of them outlives the step."""
+        cancelled = []
+        for q in act.requests:
+            task = self.task_of.pop(q, None)
+            if task is None:  # its task already finished (the request that found its replica dead)
+                continue
             task.cancel()
-            timeline.request_aborted(rid(adm.request), adm.request.group)
-            result.aborted += 1
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-        tasks.clear()
+            del self.tasks[task]
+            self.timeline.request_aborted(self.rid(q), q.group)
+            cancelled.append(task)
+        if act.why == "batch_full" and cancelled:
+            await asyncio.gather(*cancelled, return_exceptions=True)
+
+    def failure(self, act: FailStep, error: BaseException | None, msg: str) -> Exception:
+        if act.why == "request_failed":
+            return RuntimeError(f"{msg}; giving up after rolloutpipe.fault.max_request_retries="
+                                f"{self.req.max_retries} (rolloutpipe.fault.on_request_failure=fail)")
+        if act.why == "no_replica_left":
+            return ReplicaLostError(f"step {self.req.step}: rollout replica {act.replica} died and no replica is "
+                                    f"left (rolloutpipe.fault.replica_restart=false): {_brief(error)}")
+        return ReplicaLostError(f"rollout replica {act.replica} died and could not be restarted "
+                                f"({type(error).__name__}: {error}); no replica is left")
 
 
 def _brief(exc: BaseException) -> str:

@@ -1,7 +1,9 @@
 """Discrete-event simulation of one RL step: admission policy -> replicas -> group completions -> trainer.
 
 The rollout is an event loop (heapq) over replica segment ends; the admission policy is the real one from
-``verl_pipe.frontier`` and every boundary is recorded into the real ``verl_pipe.timeline.StepTimeline``, so
+``verl_pipe.frontier``, and what happens to each response and group (hand-over, abort once the batch is full) is
+decided by the real driver's ``verl_pipe.rollout_core.RolloutCore``, so this file holds only the clock and the
+engine model. Every boundary is recorded into the real ``verl_pipe.timeline.StepTimeline``, so
 the simulator and the real trainer cannot disagree on what a metric means. The trainer never feeds back into
 the rollout (separate pools, weights fixed for the step), so its schedule is computed from the completion
 times afterwards (``trainer.schedule``), and the rollout can be reused across trainer modes.
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from verl_pipe.frontier import AdaptiveWindow, FCFSPolicy, FrontierPolicy, Request, resolve_window
+from verl_pipe.rollout_core import Cancel, GroupEnded, HandOver, RolloutCore, Take
 from verl_pipe.sim.engine import EngineParams, Replica, Seq
 from verl_pipe.sim.trainer import MODES, TrainerParams, schedule
 from verl_pipe.workload import Workload
@@ -53,150 +56,182 @@ def simulate_rollout(workload: Workload, engine: EngineParams, policy, num_repli
         raise ValueError("engine step time must be positive")
     if client_s_per_request < 0:
         raise ValueError(f"client_s_per_request must be >= 0, got {client_s_per_request}")
-    c = float(client_s_per_request)
     trainable = trainable or [True] * workload.num_groups
-    reps = [Replica(r, engine) for r in range(num_replicas)]
-    version = [0] * num_replicas
-    plan_pending: set[int] = set()
-    heap: list = []
-    tie = itertools.count()
-    seqs: dict[Request, tuple[Seq, int]] = {}
-    left_in_group = [workload.n] * workload.num_groups
-    done_t: dict[int, float] = {}
-    log: list[tuple[str, dict]] = []
-    order = itertools.count()
-    ready: list[tuple[Seq, int]] = []  # generated, not yet taken by the (busy) driver
-    driver_busy = False
+    return _SimRollout(workload, engine, policy, num_replicas, trainable, float(client_s_per_request)).run()
 
-    def push(t, phase, kind, payload):
-        heapq.heappush(heap, (t, phase, next(tie), kind, payload))
 
-    def wake(r: int, t: float) -> None:
-        rep = reps[r]
+class _SimRollout:
+    """One simulated rollout: the replicas (``sim.engine``), the event heap and the driver's own clock around the
+    step's ``RolloutCore``, which makes every decision about requests and groups (as in the real driver).
+
+    The heap holds segment ends ("seg_end", versioned: an interrupt supersedes a planned end), replica plans,
+    and with a driver cost (``c`` s per request) the requests' arrivals, the aborts and the driver's wake-ups."""
+
+    def __init__(self, workload: Workload, engine: EngineParams, policy, num_replicas: int, trainable: list[bool],
+                 c: float):
+        self.workload, self.engine, self.policy, self.trainable, self.c = workload, engine, policy, trainable, c
+        self.core = RolloutCore(policy)
+        self.reps = [Replica(r, engine) for r in range(num_replicas)]
+        self.version = [0] * num_replicas
+        self.plan_pending: set[int] = set()
+        self.heap: list = []
+        self.tie = itertools.count()
+        self.seqs: dict[Request, tuple[Seq, int]] = {}
+        self.done_t: dict[int, float] = {}
+        self.log: list[tuple[str, dict]] = []
+        self.order = itertools.count()
+        self.ready: list[tuple[Seq, int]] = []  # generated, not yet taken by the (busy) driver
+        self.driver_busy = False
+
+    def push(self, t, phase, kind, payload) -> None:
+        heapq.heappush(self.heap, (t, phase, next(self.tie), kind, payload))
+
+    def run(self) -> RolloutResult:
+        if self.c:
+            self.driver_cycle(0.0)
+        else:
+            self.admit(0.0)
+        handlers = {"plan": self.on_plan, "arrive": self.on_arrive, "abort": self.on_abort,
+                    "driver": self.on_driver, "seg_end": self.on_segment_end}
+        while self.heap:
+            t, _, _, kind, payload = heapq.heappop(self.heap)
+            handlers[kind](payload, t)
+        return self.result()
+
+    # --- the engines -------------------------------------------------------------------------------------------
+    def wake(self, r: int, t: float) -> None:
+        rep = self.reps[r]
         if rep.idle:
-            if r not in plan_pending:
-                plan_pending.add(r)
-                push(t, _PLAN, "plan", r)
+            if r not in self.plan_pending:
+                self.plan_pending.add(r)
+                self.push(t, _PLAN, "plan", r)
             return
         # cut the segment after the step in progress only if the newcomer could join it
-        if len(rep.running) < engine.max_num_seqs or any(s.aborted for s in rep.running.values()):
+        if len(rep.running) < self.engine.max_num_seqs or any(s.aborted for s in rep.running.values()):
             end = rep.interrupt(t)
             if end is not None:
-                version[r] += 1
-                push(end, _EVENT, "seg_end", (r, version[r]))
+                self.version[r] += 1
+                self.push(end, _EVENT, "seg_end", (r, self.version[r]))
 
-    def admit(t: float) -> float:
-        """Submits what the policy admits, from t on; returns when the driver is done submitting."""
-        touched = set()
-        for adm in policy.admit():
-            req, r = adm.request, adm.replica
-            g, i = req.group, req.index
-            t += c
-            s = Seq(len(seqs), g, i, workload.lengths[g][i], workload.prompt_len, adm.priority, t, next(order))
-            seqs[req] = (s, r)
-            log.append(("request_submitted", dict(request_id=request_id(req), group=g, replica=r, t=t)))
-            if c:
-                push(t, _EVENT, "arrive", (s, r))
-                continue
-            reps[r].submit(s)
-            touched.add(r)
-        for r in sorted(touched):
-            wake(r, t)
-        return t
+    def on_plan(self, r: int, t: float) -> None:
+        self.plan_pending.discard(r)
+        if self.reps[r].idle:
+            end = self.reps[r].plan(t)
+            if end is not None:
+                self.version[r] += 1
+                self.push(end, _EVENT, "seg_end", (r, self.version[r]))
 
-    def abort(qs: Seq, qr: int, t: float) -> None:
-        reps[qr].abort(qs)
-        wake(qr, t)
+    def on_arrive(self, payload: tuple[Seq, int], t: float) -> None:
+        """A request the driver submitted reaches its replica."""
+        s, r = payload
+        self.reps[r].submit(s)
+        self.wake(r, t)
 
-    def respond(s: Seq, r: int, t: float) -> None:
-        """The driver takes a generated response: the policy's callbacks, the group's completion, the aborts."""
-        req = Request(s.group, s.index)
-        if not policy.on_response_done(req, r):
-            return  # aborted earlier in the same driver cycle (the batch filled): the driver drops it
-        log.append(("response_done", dict(request_id=request_id(req), group=s.group, num_tokens=s.length, t=t)))
-        left_in_group[s.group] -= 1
-        if left_in_group[s.group] == 0:
-            done_t[s.group] = t
-            policy.on_group_done(s.group, trainable[s.group])
-            log.append(("group_done", dict(group=s.group, trainable=trainable[s.group], t=t)))
-            if policy.batch_full:
-                for q in policy.to_abort():
-                    qs, qr = seqs[q]
-                    log.append(("request_aborted", dict(request_id=request_id(q), group=q.group, t=t)))
-                    if c:
-                        push(t, _EVENT, "abort", (qs, qr))
-                    else:
-                        abort(qs, qr, t)
+    def on_abort(self, payload: tuple[Seq, int], t: float) -> None:
+        self.abort(*payload, t)
 
-    def driver_cycle(t: float) -> None:
-        """One wake-up of a driver with a cost: every response ready now, then the admissions; its next
-        wake-up is when that work is done (it then sleeps if nothing finished meanwhile)."""
-        nonlocal ready, driver_busy
-        batch, ready = ready, []
-        for s, r in batch:
-            if not s.aborted:  # a leftover aborted after it finished, before the driver took it
-                t += c
-                respond(s, r, t)
-        driver_busy = True
-        push(admit(t), _EVENT, "driver", None)
+    def abort(self, qs: Seq, qr: int, t: float) -> None:
+        self.reps[qr].abort(qs)
+        self.wake(qr, t)
 
-    if c:
-        driver_cycle(0.0)
-    else:
-        admit(0.0)
-    while heap:
-        t, _, _, kind, payload = heapq.heappop(heap)
-        if kind == "plan":
-            plan_pending.discard(payload)
-            if reps[payload].idle:
-                end = reps[payload].plan(t)
-                if end is not None:
-                    version[payload] += 1
-                    push(end, _EVENT, "seg_end", (payload, version[payload]))
-            continue
-        if kind == "arrive":  # a request the driver submitted reaches its replica
-            s, r = payload
-            reps[r].submit(s)
-            wake(r, t)
-            continue
-        if kind == "abort":
-            abort(*payload, t)
-            continue
-        if kind == "driver":
-            if ready:
-                driver_cycle(t)
-            else:
-                driver_busy = False
-            continue
+    def on_segment_end(self, payload: tuple[int, int], t: float) -> None:
         r, v = payload
-        if v != version[r]:
-            continue  # superseded by an interrupt
-        for s in reps[r].finish_segment():
+        if v != self.version[r]:
+            return  # superseded by an interrupt
+        for s in self.reps[r].finish_segment():
             if s.aborted:
                 continue
-            if c:
-                ready.append((s, r))
+            if self.c:
+                self.ready.append((s, r))
             else:
-                respond(s, r, t)
-        if c:
-            if ready and not driver_busy:
-                driver_cycle(t)
+                self.respond(s, r, t)
+        if self.c:
+            if self.ready and not self.driver_busy:
+                self.driver_cycle(t)
         else:
-            admit(t)
-        if r not in plan_pending:
-            plan_pending.add(r)
-            push(t, _PLAN, "plan", r)
+            self.admit(t)
+        if r not in self.plan_pending:
+            self.plan_pending.add(r)
+            self.push(t, _PLAN, "plan", r)
 
-    trained = policy.trained_groups()
-    completions = sorted(((done_t[g], g) for g in trained), key=lambda x: x[0])
-    unfinished = [q for q, (s, _) in seqs.items() if not s.aborted and left_in_group[q.group] > 0]
-    if policy.pending_count or (unfinished and not policy.batch_full):
-        raise RuntimeError("rollout ended with work left: the engine model stalled")
-    stats = dict(policy.stats(), preemptions=sum(rep.num_preemptions for rep in reps),
-                 replica_busy_s=[rep.busy_s for rep in reps], peak_kv_tokens=[rep.peak_kv for rep in reps])
-    # the rollout ends with its last response or abort (an aborted request's leftover steps do not count)
-    rollout_end = max((kw["t"] for m, kw in log if m in ("response_done", "request_aborted")), default=0.0)
-    return RolloutResult(log, completions, rollout_end, stats)
+    # --- the driver --------------------------------------------------------------------------------------------
+    def admit(self, t: float) -> float:
+        """Submits what the core admits, from t on; returns when the driver is done submitting."""
+        touched = set()
+        for act in self.core.admit():
+            adm = act.admission
+            req, r = adm.request, adm.replica
+            g, i = req.group, req.index
+            t += self.c
+            s = Seq(len(self.seqs), g, i, self.workload.lengths[g][i], self.workload.prompt_len, adm.priority, t,
+                    next(self.order))
+            self.seqs[req] = (s, r)
+            self.log.append(("request_submitted", dict(request_id=request_id(req), group=g, replica=r, t=t)))
+            if self.c:
+                self.push(t, _EVENT, "arrive", (s, r))
+                continue
+            self.reps[r].submit(s)
+            touched.add(r)
+        for r in sorted(touched):
+            self.wake(r, t)
+        return t
+
+    def respond(self, s: Seq, r: int, t: float) -> None:
+        """The driver takes a generated response (stale once aborted in the same driver cycle: then dropped)."""
+        self.do(self.core.response_done(Request(s.group, s.index), r), t)
+
+    def do(self, actions: list, t: float) -> None:
+        """Carries out the core's actions at t. This driver closes the step the moment the batch is full."""
+        for act in actions:
+            if isinstance(act, Take):
+                q = act.request
+                self.log.append(("response_done", dict(request_id=request_id(q), group=q.group,
+                                                       num_tokens=self.seqs[q][0].length, t=t)))
+            elif isinstance(act, HandOver):
+                self.done_t[act.group] = t
+                self.do(self.core.handed_over(act.group, self.trainable[act.group]), t)
+                self.do(self.core.close(), t)
+            elif isinstance(act, GroupEnded):
+                self.log.append(("group_done", dict(group=act.group, trainable=act.trainable, t=t)))
+            elif isinstance(act, Cancel):
+                for q in act.requests:
+                    qs, qr = self.seqs[q]
+                    self.log.append(("request_aborted", dict(request_id=request_id(q), group=q.group, t=t)))
+                    if self.c:
+                        self.push(t, _EVENT, "abort", (qs, qr))
+                    else:
+                        self.abort(qs, qr, t)
+            else:
+                raise TypeError(f"the simulator models no faults, got {act!r}")
+
+    def driver_cycle(self, t: float) -> None:
+        """One wake-up of a driver with a cost: every response ready now, then the admissions; its next
+        wake-up is when that work is done (it then sleeps if nothing finished meanwhile)."""
+        batch, self.ready = self.ready, []
+        for s, r in batch:
+            if not s.aborted:  # a leftover aborted after it finished, before the driver took it
+                t += self.c
+                self.respond(s, r, t)
+        self.driver_busy = True
+        self.push(self.admit(t), _EVENT, "driver", None)
+
+    def on_driver(self, _payload, t: float) -> None:
+        if self.ready:
+            self.driver_cycle(t)
+        else:
+            self.driver_busy = False
+
+    def result(self) -> RolloutResult:
+        policy, reps = self.policy, self.reps
+        trained = policy.trained_groups()
+        completions = sorted(((self.done_t[g], g) for g in trained), key=lambda x: x[0])
+        if policy.pending_count or (self.core.inflight_count() and not self.core.batch_full):
+            raise RuntimeError("rollout ended with work left: the engine model stalled")
+        stats = dict(policy.stats(), preemptions=sum(rep.num_preemptions for rep in reps),
+                     replica_busy_s=[rep.busy_s for rep in reps], peak_kv_tokens=[rep.peak_kv for rep in reps])
+        # the rollout ends with its last response or abort (an aborted request's leftover steps do not count)
+        rollout_end = max((kw["t"] for m, kw in self.log if m in ("response_done", "request_aborted")), default=0.0)
+        return RolloutResult(self.log, completions, rollout_end, stats)
 
 
 def make_policy(kind: str, workload: Workload, num_replicas: int, groups_per_unit: int,
