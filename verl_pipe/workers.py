@@ -145,7 +145,8 @@ class PipeActorWorker(DetachActorWorker):
             return loss_fn(model_output=model_output, data=data, dp_group=dp_group)
 
         # zero_grad_on_exit=False: the gradient must survive until the unit's last group.
-        with actor.engine.train_mode(disable_auto_offload=True, zero_grad_on_exit=False), \
+        with worker_log.call("accumulate_group", data, actor.engine_config.micro_batch_size_per_gpu), \
+                actor.engine.train_mode(disable_auto_offload=True, zero_grad_on_exit=False), \
                 self._gradient_into(buffer):
             actor.engine.forward_backward_batch(data, loss_function=provisional_loss, forward_only=False)
         # The per-group loss metrics use the provisional normalizer; the unit's are in finish_unit.
@@ -174,6 +175,11 @@ class PipeActorWorker(DetachActorWorker):
                     buffer_coeffs: dict[str, float] | None = None) -> dict:
         """Add the gradient buffers with their coefficients, scale to the unit's normalizer, clip,
         step, advance the LR schedule."""
+        with worker_log.call("finish_unit", None, None):
+            return self._finish_unit(loss_agg_mode, num_tokens, num_seqs, buffer_coeffs)
+
+    def _finish_unit(self, loss_agg_mode: str, num_tokens: int, num_seqs: int,
+                     buffer_coeffs: dict[str, float] | None) -> dict:
         engine = self.actor.engine
         scale = unit_loss_scale(loss_agg_mode, num_tokens, num_seqs)
         buffers = getattr(self, "_grad_buffers", {})
