@@ -16,6 +16,7 @@ aside and retries on the live ones: the retry creates a new group, on workers th
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -135,3 +136,62 @@ def wait_ignoring_errors(handles: list, seconds: float | None) -> None:
     if pending:
         logger.warning("weight sync teardown: %d worker(s) still busy after %ss; the retry waits behind them",
                        len(pending), seconds)
+
+
+def plan_weight_sync(config, checkpoint_manager, actor_wg) -> WeightSync:
+    """The run's sync, built at its first sync: a backend that tears its group down at a deadline (the NCCL engine of
+    verl_pipe/platform/nccl_engine.py: ``abort_sync`` on ``checkpoint_manager.backend_cls``) gets a deadline sized to
+    the actor's weight bytes, which its engines on the actor ranks learn here (the master hands it to the rest).
+    verl seams: our worker's ``weight_sync_nbytes`` and verl's ``execute_checkpoint_engine`` on the actor group."""
+    import ray
+
+    rp = config.rolloutpipe
+    bounded = hasattr(checkpoint_manager.backend_cls, "abort_sync")
+    nbytes = int(actor_wg.weight_sync_nbytes()[0]) if bounded else None
+    deadline = sync_deadline(rp, bounded, nbytes)
+    if bounded:
+        n = actor_wg.world_size
+        ray.get(actor_wg.execute_checkpoint_engine(["set_sync_deadline"] * n, [deadline.seconds] * n))
+        logger.info("weight sync deadline %s s (%s)", deadline.seconds, deadline.hint)
+        # the actor ranks outside the broadcast wait in FSDP gathers for rank 0 up to the deadline; past
+        # torch.distributed's own timeout torch ends them instead of the watchdog freeing rank 0
+        torch_timeout = config.actor_rollout_ref.get("nccl_timeout")
+        if deadline.seconds and torch_timeout and deadline.seconds >= float(torch_timeout):
+            logger.warning("weight sync deadline %.0f s >= actor_rollout_ref.nccl_timeout %s s: a sync stuck on a "
+                           "dead replica ends the actor's ranks before its own teardown; lower the deadline "
+                           "(rolloutpipe.nccl_sync) or raise nccl_timeout", deadline.seconds, torch_timeout)
+    setup = (rp.get("nccl_sync") or {}).get("setup_s")
+    return WeightSync(deadline, teardown_wait_s=setup, abort=abort_all_ranks if bounded else None)
+
+
+class RolloutWeights:
+    """The actor's weights into the rollout pool: the step's sync into every live replica, and one restarted
+    replica's load (θ_k from the worker's store while the step trains, the actor's current weights after its sync).
+
+    verl seams: verl's ``CheckpointEngineManager`` (``checkpoint_manager``: ``update_weights``, and a manager of the
+    same class over one replica for a restart). ``seam``: the trainer's (verl_pipe/trainer_seam.py: the actor's lock,
+    whether θ_k is saved, the θ_k swap)."""
+
+    def __init__(self, config, checkpoint_manager, seam):
+        self.config, self.checkpoint_manager, self.seam = config, checkpoint_manager, seam
+        self._plan: WeightSync | None = None
+
+    def plan(self) -> WeightSync:
+        if self._plan is None:
+            self._plan = plan_weight_sync(self.config, self.checkpoint_manager, self.seam.workers)
+        return self._plan
+
+    def sync(self, supervisor, step: int) -> dict:
+        """θ_{k+1} (weights ``step``) into every live replica; a replica found dead before or during the sync is
+        synced apart (restarted with them, or retired) instead of failing the run (ReplicaSupervisor.sync_weights).
+        Returns the supervisor's metrics."""
+        return supervisor.sync_weights(lambda: self.plan().run(self.checkpoint_manager, step,
+                                                               f"step {step}'s weight sync"), step) or {}
+
+    def push(self, replica, version: int, theta_k: bool) -> None:
+        """Loads weights ``version`` into one (restarted) replica without touching the others' in-flight requests;
+        ``theta_k``: they are the step's θ_k, taken from the worker's store once the actor has stepped past it."""
+        cm, seam = self.checkpoint_manager, self.seam
+        with seam.lock, (seam.at_theta_k() if theta_k and seam.saved else nullcontext()):
+            manager = type(cm)(config=cm.config, actor_wg=cm.actor_wg, replicas=[replica])
+            self.plan().run(manager, version, f"loading weights version {version} into a restarted replica")

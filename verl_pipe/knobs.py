@@ -1,0 +1,100 @@
+"""A step's knobs: what one step may run differently from the next, resolved once, frozen, and recorded.
+
+``RolloutPipeTrainer.fit_step`` takes them (default: the run's config, ``step_knobs(config)``), hands them to the
+rollout side (admission policy, per-request sampling) and the trainer side (schedule, coalescing, unit order), and
+puts ``StepKnobs.record()`` in the step's record (``trainer.last_step_record["knobs"]``, ``steps.jsonl``).
+``PipeSession.step`` builds them from its arguments, so a session switches mode, granularity or FGD between steps
+without touching the trainer. Pure (OmegaConf only, no verl, Ray or torch).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from verl_pipe.frontier import AdaptiveWindow, resolve_window
+from verl_pipe.variants import GRANULARITIES, TRAINER_MODES, name_of
+
+
+@dataclass(frozen=True)
+class StepKnobs:
+    mode: str = "sync"  # rolloutpipe.mode
+    granularity: str = "minibatch"  # rolloutpipe.cgp.granularity
+    fgd: bool = False  # rolloutpipe.fgd.enable
+    # FGD's per-replica admission window, resolved (frontier.resolve_window: an int, or an AdaptiveWindow); the
+    # window FGD would use, recorded with FGD off too
+    fgd_window: int | AdaptiveWindow | None = None
+    coalesce_log_probs: bool = True  # rolloutpipe.cgp.coalesce_log_probs
+    baseline_order: str = "group_major"  # the dispatch without FGD (rolloutpipe.dispatch.order, resolved)
+    baseline_window: int | None = None  # rolloutpipe.dispatch.window
+    workload: dict | None = None  # rolloutpipe.workload: a controlled response-length workload
+    # (group, index) -> dict of per-request sampling parameters, e.g. the benchmark's fixed lengths; wins over
+    # ``workload``
+    sampling_overrides: Callable[[int, int], dict] | None = None
+    # list[Group] -> list[Group]: the order groups are trained in within what the schedule took (a test hook)
+    unit_order: Callable[[list], list] | None = None
+
+    def __post_init__(self):
+        if self.mode not in TRAINER_MODES:
+            raise ValueError(f"mode: got {self.mode!r}; allowed: {', '.join(TRAINER_MODES)}")
+        if self.granularity not in GRANULARITIES:
+            raise ValueError(f"granularity: got {self.granularity!r}; allowed: {', '.join(GRANULARITIES)}")
+        if self.workload is not None:  # the knobs' own copy: a caller's later edit does not reach a step
+            object.__setattr__(self, "workload", copy.deepcopy(dict(self.workload)))
+
+    def replace(self, **changes) -> StepKnobs:
+        return dataclasses.replace(self, **changes)
+
+    def record(self) -> dict:
+        """The knobs as the step's record keeps them (JSON): functions as whether one was given."""
+        return {"variant": name_of(self.mode, self.granularity, self.fgd), "mode": self.mode,
+                "granularity": self.granularity, "fgd": self.fgd, "fgd_window": window_label(self.fgd_window),
+                "coalesce_log_probs": self.coalesce_log_probs, "baseline_order": self.baseline_order,
+                "baseline_window": self.baseline_window, "workload": copy.deepcopy(self.workload),
+                "sampling_overrides": self.sampling_overrides is not None, "unit_order": self.unit_order is not None}
+
+
+KNOB_NAMES = tuple(f.name for f in dataclasses.fields(StepKnobs))
+
+
+def window_label(resolved) -> int | str | None:
+    """FGD's window as records and results keep it: its size, or "adaptive" (it grows during a step; the simulator
+    resolves the name against the engine it simulates, ``sim.simulate.rollout_for_mode``)."""
+    return "adaptive" if isinstance(resolved, AdaptiveWindow) else resolved
+
+
+def verl_dispatch_order(config) -> str:
+    """How verl's own rollout sends a batch: chunked over rollout.agent.num_workers agent-loop workers that submit
+    concurrently, so the engine sees the chunks interleaved ("interleave:k"); all at once, no client window."""
+    workers = int(config.actor_rollout_ref.rollout.agent.num_workers)
+    return f"interleave:{workers}" if workers > 1 else "group_major"
+
+
+def configured(config) -> dict:
+    """The knobs the run's config sets, unresolved (``fgd_window`` as ``rolloutpipe.fgd.window`` spells it)."""
+    from omegaconf import OmegaConf
+
+    rp = config.rolloutpipe
+    workload = rp.get("workload")
+    return dict(mode=str(rp.mode), granularity=str(rp.cgp.granularity), fgd=bool(rp.fgd.enable),
+                fgd_window=rp.fgd.window, coalesce_log_probs=bool(rp.cgp.coalesce_log_probs),
+                baseline_order=rp.dispatch.order or verl_dispatch_order(config), baseline_window=rp.dispatch.window,
+                workload=OmegaConf.to_container(workload, resolve=True) if workload else None)
+
+
+def step_knobs(config, **changes) -> StepKnobs:
+    """A step's knobs: the config's, with ``changes`` (StepKnobs fields; ``fgd_window`` as ``rolloutpipe.fgd.window``
+    spells it, or already resolved), the FGD window resolved against the config's batch shape and engine."""
+    from verl_pipe.config import groups_per_unit
+
+    unknown = sorted(set(changes) - set(KNOB_NAMES))
+    if unknown:
+        raise TypeError(f"unknown step knobs {unknown}; allowed: {', '.join(KNOB_NAMES)}")
+    spec = dict(configured(config), **changes)
+    window = spec["fgd_window"]
+    if not isinstance(window, AdaptiveWindow):
+        spec["fgd_window"] = resolve_window(window, groups_per_unit(config), int(config.actor_rollout_ref.rollout.n),
+                                            int(config.actor_rollout_ref.rollout.max_num_seqs))
+    return StepKnobs(**spec)
