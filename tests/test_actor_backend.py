@@ -20,8 +20,10 @@ from verl.trainer.ppo.ray_trainer import compute_advantage
 
 from verl_pipe.actor_backend import ActorBackend, StepOutcome
 from verl_pipe.group_queue import Group, GroupQueue
+from verl_pipe.knobs import StepKnobs
 from verl_pipe.timeline import StepTimeline
 from verl_pipe.trainer import RolloutPipeTrainer
+from verl_pipe.trainer_seam import TrainerSeam
 
 N, GPU, UNITS, R = 2, 2, 2, 3
 
@@ -62,7 +64,6 @@ class FakeTrainer:
     backend_cls = ActorBackend
     train = RolloutPipeTrainer.train
     _units_per_step = RolloutPipeTrainer._units_per_step
-    _with_token_counts = RolloutPipeTrainer._with_token_counts
 
     def __init__(self, estimator="grpo"):
         self.config = OmegaConf.create({
@@ -73,17 +74,14 @@ class FakeTrainer:
                                   "rollout": {"n": N, "temperature": 1.0}},
             "trainer": {"balance_batch": False},
             "rolloutpipe": {"theta_k": {"store": "device", "auto_margin_gib": None},
-                            "fault": {"checkpoint_on_failure": True}}})
-        self.n, self.groups_per_unit, self.mode, self.granularity = N, GPU, "sync", "minibatch"
-        self.coalesce_log_probs = True
+                            "fault": {"checkpoint_on_failure": True}, "micro_batch_order": "arrival"}})
+        self.n, self.groups_per_unit = N, GPU
+        self.configured_knobs = StepKnobs(mode="sync", granularity="minibatch", coalesce_log_probs=True)
         self.metrics, self.log, self.lp_versions = {}, [], []
         self.version = 0  # the actor's weights: k = 0 until the step's first optimizer step
-        self._actor_lock = threading.RLock()
         self.use_reference_policy = False
-        self.unit_order_hook = None
         self.actor_wg = self.actor_rollout_wg = FakeWorkers(self)
-
-    _at_theta_k = RolloutPipeTrainer._at_theta_k  # the real swap context, over the fake worker group
+        self.actor_seam = TrainerSeam(self)  # the real seam (its θ_k swap context) over the fake worker group
 
     def _fit_compute_log_prob(self, batch):
         self.lp_versions += [self.version] * (len(batch) // N)
@@ -150,13 +148,20 @@ def test_a_unit_across_two_coalesced_log_prob_calls():
         q.put(g)
     feeder = threading.Timer(0.3, lambda: (q.put(arrived[3]), q.close()))
     feeder.start()
-    out = t.train(q, StepTimeline(1, GPU), mode="cgp", granularity="minibatch")
+    made = []
+
+    class Recording(ActorBackend):  # keeps the step's executor, to read unit 1's rows from it
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    out = t.train(q, StepTimeline(1, GPU), mode="cgp", granularity="minibatch", backend_cls=Recording)
     feeder.join()
     assert [g.index for g in out.trained] == [2, 0, 3, 1]
     assert t.lp_versions == [0] * 4, "both calls at θ_k"
     assert [e[1:] for e in t.log if isinstance(e, tuple) and e[0] == "update"] == [(GPU, GPU), (GPU, GPU)]
     assert out.batch.non_tensor_batch["uid"].tolist() == [f"u{g}" for g in (2, 2, 0, 0, 3, 3, 1, 1)]
-    unit_1 = ActorBackend._rows_of(t._current, (3, 1))
+    unit_1 = ActorBackend._rows_of(made[0], (3, 1))
     assert unit_1.non_tensor_batch["uid"].tolist() == ["u3", "u3", "u1", "u1"]
     assert "global_token_num" not in unit_1.meta_info and unit_1.meta_info["temperature"] == 1.0
 
@@ -174,7 +179,7 @@ def test_whitened_group_schedule_buffers_unit_zero_and_ends_with_verls_advantage
     buffers = [e[1] for e in t.log if isinstance(e, tuple) and e[0] == "accumulate" and e[1] is not None]
     assert set(buffers) == {"centered", "one"}
     assert [e[2] for e in t.log if isinstance(e, tuple) and e[0] == "finish"] == [True, False]
-    assert t.metrics["rolloutpipe/groups_trained_before_batch_complete"] == len(out.buffered)
+    assert out.metrics["rolloutpipe/groups_trained_before_batch_complete"] == len(out.buffered)
     b = out.batch
     fresh = DataProto.from_dict(tensors={"token_level_rewards": b.batch["token_level_rewards"].clone(),
                                          "response_mask": b.batch["response_mask"]},
@@ -184,8 +189,6 @@ def test_whitened_group_schedule_buffers_unit_zero_and_ends_with_verls_advantage
 
 
 def test_checkpoint_at_an_earlier_step_leaves_the_trainer_alone():
-    from verl_pipe.actor_backend import save_checkpoint_at
-
     class Loader:
         def state_dict(self):
             return {"now": True}
@@ -197,6 +200,6 @@ def test_checkpoint_at_an_earlier_step_leaves_the_trainer_alone():
             self.seen.append((self.global_steps, self.train_dataloader.state_dict()))
 
     t = T()
-    save_checkpoint_at(t, 6, {"before_step_7": True})
+    TrainerSeam(t).save_checkpoint(6, {"before_step_7": True})
     assert t.seen == [(6, {"before_step_7": True})]
     assert t.global_steps == 7 and t.train_dataloader.state_dict() == {"now": True}

@@ -122,12 +122,17 @@ def test_prompt_keys_and_deferred_groups():
 
 # --- the admission priority ------------------------------------------------------------------------------------
 
-def _policy_trainer(cfg, fgd=True, history=None):
+def _policy_trainer(cfg, history=None):
     t = _bare_trainer(config=cfg, prompt_history=dict(history or {}))
     t.rollout = SimpleNamespace(num_replicas=2, live_replicas=lambda: [0, 1])
-    t.n, t.groups_per_unit, t.fgd_enabled, t.fgd_window = 4, 2, fgd, 8
-    t.baseline_window, t.baseline_order = None, "group_major"
+    t.n, t.groups_per_unit = 4, 2
     return t
+
+
+def _knobs(cfg, fgd=True):
+    from verl_pipe.knobs import step_knobs
+
+    return step_knobs(cfg, fgd=fgd, fgd_window=8, baseline_window=None, baseline_order="group_major")
 
 
 def _step_batch(keys):
@@ -139,22 +144,22 @@ def test_make_policy_keeps_the_configured_policy_and_adds_deferral(cfg):
     from verl_pipe.recipes.extension_example.trainer import DeferringFrontierPolicy
 
     keys = [100 + g for g in range(24)]  # train_batch_size 16 + 8 oversampled
-    t = _policy_trainer(cfg, history={101: False, 104: False, 105: True})
-    p = t._make_policy(24, _step_batch(keys))
+    t, knobs = _policy_trainer(cfg, history={101: False, 104: False, 105: True}), _knobs(cfg)
+    p = t._make_policy(24, _step_batch(keys), knobs)
     assert isinstance(p, DeferringFrontierPolicy) and t.last_policy is p
     assert p.deferred == {1, 4}
     # what RolloutPipeTrainer builds from the same config
-    t.fgd_policy_cls, t.admission_kwargs = FrontierPolicy, lambda batch: {}
-    base = t._make_policy(24, _step_batch(keys))
+    t.fgd_policy_cls, t.admission_kwargs = FrontierPolicy, lambda batch, knobs: {}
+    base = t._make_policy(24, _step_batch(keys), knobs)
     assert type(base) is FrontierPolicy and issubclass(DeferringFrontierPolicy, FrontierPolicy)
     for attr in ("num_groups", "n", "groups_per_unit", "target_groups", "replicas", "window",
                  "frontier_groups", "affinity"):
         assert getattr(p, attr) == getattr(base, attr), attr
     del t.fgd_policy_cls, t.admission_kwargs
     # no batch (or no prompt keys): nothing deferred
-    assert t._make_policy(16).deferred == frozenset()
+    assert t._make_policy(16, None, knobs).deferred == frozenset()
     # without FGD the example leaves the baseline alone
-    fcfs = _policy_trainer(cfg, fgd=False, history={101: False})._make_policy(24, _step_batch(keys))
+    fcfs = _policy_trainer(cfg, history={101: False})._make_policy(24, _step_batch(keys), _knobs(cfg, fgd=False))
     assert type(fcfs) is FCFSPolicy
 
 

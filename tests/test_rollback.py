@@ -1,13 +1,11 @@
-"""A failed step's rollback (verl_pipe/rollback.py) on a fake trainer: what is restored, which checkpoint is saved
-with which data-loader state, and what the error says."""
-
-import threading
-from types import SimpleNamespace
+"""A failed step's rollback (verl_pipe/rollback.py) on a fake trainer seen through the real seam: what is restored,
+which checkpoint is saved with which data-loader state, and what the error says."""
 
 import pytest
 from omegaconf import OmegaConf
 
 from verl_pipe.rollback import StepFailedError, drop_train_state_snapshot, fail_step, theta_k_saved
+from verl_pipe.trainer_seam import TrainerSeam
 
 
 class Workers:
@@ -31,8 +29,9 @@ class Trainer:
         self.config = OmegaConf.create({"trainer": {"default_local_dir": "/ckpt"},
                                         "rolloutpipe": {"fault": {"checkpoint_on_failure": checkpoint_on_failure}}})
         self.global_steps, self.train_dataloader, self._data_state = 5, Loader(), {"before_step_5": True}
-        self._actor_lock, self.actor_wg = threading.RLock(), Workers()
-        self._current = SimpleNamespace(saved=saved, stepped=stepped)
+        self.actor_wg = Workers()
+        self.seam = TrainerSeam(self)
+        self.seam.saved, self.seam.stepped = saved, stepped  # the step in training, as its executor left it
         self.saved_checkpoints, self._save_error = [], save_error
 
     def _save_checkpoint(self):  # verl's reads plain attributes of self (here: the view save_checkpoint_at passes)
@@ -46,7 +45,7 @@ def _fail(t, trained=False):
         raise RuntimeError("no replica is left") from ValueError("replica 0 died")
     except RuntimeError as e:
         with pytest.raises(StepFailedError) as err:
-            fail_step(t, e, trained)
+            fail_step(t.seam, e, trained, t.global_steps, t._data_state)
     assert err.value.__cause__ is not None
     return str(err.value)
 
@@ -88,13 +87,13 @@ def test_no_checkpoint_when_switched_off_and_a_failing_save_is_named():
 
 def test_the_snapshot_is_dropped_once():
     t = Trainer(saved=True)
-    assert theta_k_saved(t)
-    drop_train_state_snapshot(t)
-    drop_train_state_snapshot(t)
-    assert t.actor_wg.calls == ["drop"] and not theta_k_saved(t)
-    t._current = None
-    assert not theta_k_saved(t)
-    drop_train_state_snapshot(t)
+    assert theta_k_saved(t.seam)
+    drop_train_state_snapshot(t.seam)
+    drop_train_state_snapshot(t.seam)
+    assert t.actor_wg.calls == ["drop"] and not theta_k_saved(t.seam)
+    t.seam = TrainerSeam(t)  # no step in training yet
+    assert not theta_k_saved(t.seam)
+    drop_train_state_snapshot(t.seam)
     assert t.actor_wg.calls == ["drop"]
 
 

@@ -1,5 +1,5 @@
-"""A completed step's bookkeeping (verl_pipe/step_record.py) on a fake trainer with a real StepTimeline: the metrics
-it adds (in order), ``last_step_record``, the trace files and the summary line."""
+"""A completed step's bookkeeping (verl_pipe/step_record.py) on a fake trainer seam with a real StepTimeline: the
+metrics it adds (in order), the step's record and the run's history, the trace files and the summary line."""
 
 import json
 from types import SimpleNamespace
@@ -8,8 +8,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from verl_pipe.group_queue import Group
+from verl_pipe.knobs import StepKnobs
 from verl_pipe.rollout.stream import StepResult
-from verl_pipe.step_record import record_step, summary_line
+from verl_pipe.step_record import StepHistory, record_step, summary_line
 from verl_pipe.timeline import StepTimeline
 
 T0 = 1000.0
@@ -27,21 +28,31 @@ def timeline() -> StepTimeline:
     return tl
 
 
+KNOBS = StepKnobs(mode="cgp")
+
+
 class Trainer:
+    """The trainer as the record sees it (TrainerSeam): config, verl's metrics, verl's metric collection."""
+
     def __init__(self, trace_dir=None):
         self.config = OmegaConf.create({"rolloutpipe": {"trace_dir": trace_dir,
                                                         "data_check_counts": {"train": {"empty_prompt": 2}}}})
-        self.global_steps, self.mode, self.timelines = 3, "cgp", []
+        self.global_steps, self.history = 3, StepHistory()
         self.metrics = {"training/global_step": 3, "critic/score/mean": 0.5}
         self.timing_raw = {"step": 9.5}
         self.collected = []
 
-    def _with_token_counts(self, batch):
+    def with_token_counts(self, batch):
         return ("counted", batch)
 
-    def _fit_collect_metrics(self, batch):  # verl's: its step metrics into self.metrics
-        self.collected.append(batch)
+    def collect_verl_metrics(self, batch):  # verl's _fit_collect_metrics: its step metrics into self.metrics
+        self.collected.append(self.with_token_counts(batch))
         self.metrics["response_length/mean"] = 10.0
+
+    def record(self, outcome, timeline, result, data_index):
+        return record_step(self, self.history, step=self.global_steps, knobs=KNOBS, outcome=outcome,
+                           timeline=timeline, rollout_result=result, data_index=data_index,
+                           step_s=self.timing_raw["step"])
 
 
 def outcome(batch="batch"):
@@ -51,8 +62,8 @@ def outcome(batch="batch"):
 def test_metrics_record_and_summary(capsys):
     t, tl = Trainer(), timeline()
     result = StepResult(failed_attempts=1, replica_restarts=1, recovery_s=[2.0, 3.5])
-    record_step(t, outcome(), tl, result, [7, 8])
-    assert t.timelines == [tl] and t.collected == [("counted", "batch")]
+    record = t.record(outcome(), tl, result, [7, 8])
+    assert list(t.history.timelines) == [tl] and t.collected == [("counted", "batch")]
     tm = tl.metrics()
     keys = list(t.metrics)
     assert keys[:2] == ["training/global_step", "critic/score/mean"]
@@ -65,7 +76,10 @@ def test_metrics_record_and_summary(capsys):
         "timing_s/step"]
     assert t.metrics["rolloutpipe/replica_recovery_s"] == 3.5 and t.metrics["rolloutpipe/trained_groups"] == 2
     assert t.metrics["timing_s/step"] == 9.5
-    assert t.last_step_record == {"step": 3, "data_index": [7, 8], "trained_groups": [1, 0], "timeline": tm}
+    assert record == {"step": 3, "data_index": [7, 8], "trained_groups": [1, 0], "timeline": tm,
+                      "knobs": KNOBS.record()} == t.history.last_record
+    assert t.history.steps_run == 1 and t.history.rewards == [0.5]
+    assert record["knobs"]["variant"] == "cgp" and record["knobs"]["sampling_overrides"] is False
     out = capsys.readouterr().out
     assert out == summary_line(3, "cgp", t.metrics, tm) + "\n"
     assert out.startswith("[verl_pipe] step 3 (cgp): reward 0.500 | resp_len 10.0 | rollout 6.00s | train 3.00s |")
@@ -73,21 +87,22 @@ def test_metrics_record_and_summary(capsys):
 
 def test_no_batch_no_verl_metrics_and_no_recovery_key():
     t = Trainer()
-    record_step(t, outcome(batch=None), timeline(), StepResult(), [])
+    record = t.record(outcome(batch=None), timeline(), StepResult(), [])
     assert t.collected == [] and "rolloutpipe/replica_recovery_s" not in t.metrics
-    assert "reward nan | resp_len nan" in summary_line(3, "sync", {}, t.last_step_record["timeline"])
+    assert "reward nan | resp_len nan" in summary_line(3, "sync", {}, record["timeline"])
 
 
 def test_trace_dir_gets_the_chrome_trace_and_a_steps_line(tmp_path):
     t = Trainer(trace_dir=str(tmp_path / "trace"))
     t.metrics["text"] = "not a number"
-    record_step(t, outcome(), timeline(), StepResult(), [7, 8])
+    record = t.record(outcome(), timeline(), StepResult(), [7, 8])
     assert json.loads((tmp_path / "trace" / "step_00003.json").read_text())
     lines = (tmp_path / "trace" / "steps.jsonl").read_text().splitlines()
     rec = json.loads(lines[0])
     assert len(lines) == 1 and rec["trained_groups"] == [1, 0] and rec["data_index"] == [7, 8]
     assert "text" not in rec["metrics"] and rec["metrics"]["timing_s/step"] == pytest.approx(9.5)
-    assert "metrics" not in t.last_step_record  # the file's record carries them, the trainer's does not
+    assert rec["knobs"] == KNOBS.record()
+    assert "metrics" not in record  # the file's record carries them, the trainer's does not
 
 
 def test_exact_lengths_overrides():

@@ -8,10 +8,12 @@ from verl_pipe.trainer import RolloutPipeTrainer
 
 
 class _Loop(RolloutPipeTrainer):
-    def __init__(self, resumed_step: int, batches_per_epoch: int, epochs: int, total_steps: int, val_only=False):
+    def __init__(self, resumed_step: int, batches_per_epoch: int, epochs: int, total_steps: int, val_only=False,
+                 stop_file=None, after_step=lambda: None):
         self.config = OmegaConf.create({"trainer": {"total_epochs": epochs, "val_only": val_only}})
         self.train_dataloader = [{"row": i} for i in range(batches_per_epoch)]
         self._resumed, self._total = resumed_step, total_steps
+        self.stop_file, self._after_step = stop_file, after_step
         self.calls: list = []
 
     def begin(self):  # verl's: load the checkpoint (global_steps = its step), validate, then step + 1
@@ -22,6 +24,7 @@ class _Loop(RolloutPipeTrainer):
         self.calls.append((self.epoch, self.global_steps))
         self.is_last_step = self.global_steps >= self._total
         self.global_steps += 1
+        self._after_step()
 
     def end(self):
         self.calls.append("end")
@@ -51,15 +54,12 @@ def test_a_stop_request_starts_no_new_step(tmp_path):
     """The launcher touches its stop file when signalled (verl_pipe/main_grpo.py: request_stop): the loop starts no
     step after that and ends; without the file it runs on."""
     stop = tmp_path / "stop"
-    t = _Loop(resumed_step=0, batches_per_epoch=4, epochs=1, total_steps=4)
-    t.stop_file = str(stop)
-    real_step = t.fit_step
 
-    def step_then_signal(batch_dict=None):
-        real_step(batch_dict)
-        if t.global_steps == 3:  # signalled during step 2
+    def signal_during_step_2():
+        if t.global_steps == 3:
             stop.touch()
 
-    t.fit_step = step_then_signal
+    t = _Loop(resumed_step=0, batches_per_epoch=4, epochs=1, total_steps=4, stop_file=str(stop),
+              after_step=signal_during_step_2)
     t.fit()
     assert t.calls == ["begin", (0, 1), (0, 2), "end"]

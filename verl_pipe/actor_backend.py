@@ -1,15 +1,14 @@
 """The real executor of the trainer's schedule (verl_pipe/schedule.py): its actions on verl's actor worker group.
 
-One ``ActorBackend`` runs one step's schedule: it takes groups from the step's GroupQueue, keeps each trained
-piece's DataProto, and calls verl's trainer pieces (the seams: ``RayPPOTrainer._fit_compute_log_prob``,
-``_fit_compute_ref_log_prob``, ``_update_actor``, ``_balance_batch``) and our worker's RPCs
-(verl_pipe/workers.py: ``begin_unit`` / ``accumulate_group`` / ``finish_unit``, the θ_k store). The simulator's
-executor of the same schedule is ``verl_pipe.sim.trainer.CostModel``.
+``train_step`` runs one step's schedule: an ``ActorBackend`` takes groups from the step's GroupQueue, keeps each
+trained piece's DataProto, and calls into verl through the trainer's seam (verl_pipe/trainer_seam.py: verl's
+``_fit_compute_log_prob``, ``_fit_compute_ref_log_prob``, ``_update_actor``, ``_balance_batch``) and our worker's
+RPCs (verl_pipe/workers.py: ``begin_unit`` / ``accumulate_group`` / ``finish_unit``, the θ_k store). Its metrics
+go into the step's outcome. The simulator's executor of the same schedule is ``verl_pipe.sim.trainer.CostModel``.
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -18,11 +17,14 @@ from omegaconf import OmegaConf
 from verl import DataProto
 from verl.utils.metric import reduce_metrics
 
+from verl_pipe import estimators
 from verl_pipe import schedule as S
 from verl_pipe.group_queue import Group, GroupQueue
+from verl_pipe.knobs import StepKnobs
 from verl_pipe.micro_batches import length_order
 from verl_pipe.rollout.materialize import advantages
 from verl_pipe.timeline import StepTimeline
+from verl_pipe.trainer_seam import TrainerSeam
 from verl_pipe.whitening import affine_coefficients, basis_advantages, combination, has_aux_loss
 
 
@@ -33,22 +35,26 @@ class StepOutcome:
     batch: DataProto | None = None  # every trained group, with old (and ref) log-probs and the advantages used
     unit_metrics: list[dict] = field(default_factory=list)  # per unit, in order (grad norm, loss, ...)
     buffered: list[int] = field(default_factory=list)  # groups trained before the batch was complete
+    metrics: dict = field(default_factory=dict)  # the step's training metrics, in the order they were produced
 
 
-class _VerlView:
-    """The trainer, seen by one of verl's RayPPOTrainer methods with a few attributes given explicitly.
-
-    Seam: verl 0.9.1's ``_update_actor`` reads only ``self.config``, ``self.distillation_config`` and
-    ``self.actor_rollout_wg``, and ``_save_checkpoint`` only plain attributes (``global_steps``,
-    ``train_dataloader``, ``config``, the worker groups); neither calls another method on ``self``. So they run
-    on this view with the values for one call, and the trainer's own state is never overwritten."""
-
-    def __init__(self, trainer, **given):
-        self._trainer = trainer
-        self.__dict__.update(given)
-
-    def __getattr__(self, name):
-        return getattr(self._trainer, name)
+def train_step(seam: TrainerSeam, queue: GroupQueue, timeline: StepTimeline, knobs: StepKnobs, *,
+               groups_per_unit: int, units: int, use_ref: bool, backend_cls=None) -> StepOutcome:
+    """Trains the step's groups from ``queue`` as ``knobs`` say (mode, granularity, coalescing, unit order): the
+    pure schedule (verl_pipe/schedule.py) executed by ``backend_cls`` (default ActorBackend) on verl's worker
+    group. ``units``: the step's units (train_batch_size / groups_per_unit)."""
+    how = estimators.streaming(str(seam.config.algorithm.adv_estimator))
+    seam.begin_training()
+    backend = (backend_cls or ActorBackend)(seam, queue, timeline, order=knobs.unit_order)
+    whiten = knobs.mode == "cgp" and knobs.granularity == "group" and how == estimators.AFFINE_BATCH
+    steps = S.train_schedule(knobs.mode, knobs.granularity, groups_per_unit, units, use_ref=use_ref, whiten=whiten,
+                             batch_normalized=how != estimators.GROUP,
+                             order=backend.order_indices if knobs.unit_order is not None else None,
+                             coalesce=knobs.coalesce_log_probs)
+    outcome = backend.outcome(S.drive(steps, backend), knobs.mode)
+    if whiten:
+        outcome.metrics["rolloutpipe/groups_trained_before_batch_complete"] = len(outcome.buffered)
+    return outcome
 
 
 class _AccumulateInsteadOfUpdate:
@@ -65,42 +71,22 @@ class _AccumulateInsteadOfUpdate:
         return getattr(self._wg, name)
 
 
-class DataStateAt:
-    """A data loader whose state_dict is a given one (a checkpoint of an earlier point of the run)."""
-
-    def __init__(self, loader, state):
-        self._loader, self._state = loader, state
-
-    def state_dict(self):
-        return self._state
-
-    def __getattr__(self, name):
-        return getattr(self._loader, name)
-
-
-def save_checkpoint_at(trainer, step: int, data_state) -> None:
-    """verl's checkpoint, labelled ``step``, with the given data-loader state (no trainer state overwritten)."""
-    type(trainer)._save_checkpoint(_VerlView(trainer, global_steps=step,
-                                             train_dataloader=DataStateAt(trainer.train_dataloader, data_state)))
-
-
 class ActorBackend:
-    """Executes one step's schedule on the actor worker group. ``saved``: θ_k and the optimizer's rollback state are
-    in the worker's store; ``stepped``: an optimizer step of this step has run (both read by a replica restart and
-    by a failed step's rollback)."""
+    """Executes one step's schedule on the actor worker group, through the trainer's seam (which keeps whether θ_k
+    is saved and the actor stepped, for a replica restart and a failed step's rollback)."""
 
-    def __init__(self, trainer, queue: GroupQueue, timeline: StepTimeline, order=None):
-        self.t, self.queue, self.timeline = trainer, queue, timeline
-        self.config, self.n = trainer.config, trainer.n
-        self.order = order  # list[Group] -> list[Group] (the trainer's unit_order_hook)
+    def __init__(self, seam: TrainerSeam, queue: GroupQueue, timeline: StepTimeline, order=None):
+        self.actor, self.queue, self.timeline = seam, queue, timeline
+        self.config, self.n = seam.config, seam.n
+        self.order = order  # list[Group] -> list[Group] (the step's knobs.unit_order)
         self.groups: dict[int, Group] = {}
         self.pieces: dict[tuple[int, ...], DataProto] = {}  # trained pieces, in the order they were computed
         self.into_buffers: set[tuple[int, ...]] = set()
         self.whole_batches: set[tuple[int, ...]] = set()
         self.final: tuple[dict, dict] | None = None  # (advantages by group, buffer coefficients) once whitened
         self.unit_metrics: list[dict] = []
+        self.metrics: dict = {}  # the step's training metrics (StepOutcome.metrics)
         self.unit_tokens = 0
-        self.saved = self.stepped = False
 
     # ------------------------------------------------------------------ the schedule's actions
 
@@ -139,43 +125,37 @@ class ActorBackend:
         batch = self.pieces[a.groups] if a.groups in self.pieces else self._concat(a.groups)
         if a.unit is None:
             self.whole_batches.add(a.groups)  # sync: the units are slices of it
-        with self.t._actor_lock, self._span(a):
-            if a.at_theta_k:
-                batch = self._old_log_prob_at_theta_k(batch)  # earlier units' steps moved the actor past θ_k
-            else:
-                batch = self.t._fit_compute_log_prob(batch)  # the actor still holds θ_k
+        with self.actor.lock, self._span(a):  # at θ_k: earlier units' steps moved the actor past it
+            batch = self.actor.old_log_prob(batch, at_theta_k=a.at_theta_k)
         self.pieces[a.groups] = batch
 
     def RefLogProb(self, a: S.RefLogProb) -> None:
-        with self.t._actor_lock, self._span(a):
-            self.pieces[a.groups] = self.t._fit_compute_ref_log_prob(self.pieces[a.groups])
+        with self.actor.lock, self._span(a):
+            self.pieces[a.groups] = self.actor.ref_log_prob(self.pieces[a.groups])
 
     def Snapshot(self, a: S.Snapshot) -> None:
         """Before the step's first optimizer step: θ_k (for later units' old log-probs, a restarted replica, a
         rollback) and, for a rollback, the optimizer state, in the worker's store (rolloutpipe.theta_k.store)."""
-        rp = self.config.rolloutpipe
-        with self.t._actor_lock, self._span(a):
-            info = self.t.actor_wg.save_train_state(rp.theta_k.store, rp.theta_k.auto_margin_gib,
-                                                    bool(rp.fault.checkpoint_on_failure))[0]
-            self.saved = True
-        self.t.metrics.update({f"rolloutpipe/{k}": v for k, v in info.items()})
+        with self.actor.lock, self._span(a):
+            info = self.actor.save_train_state()
+        self.metrics.update({f"rolloutpipe/{k}": v for k, v in info.items()})
 
     def Update(self, a: S.Update) -> None:
-        batch = self._with_token_counts(self._rows_of(a.groups))
-        with self.t._actor_lock, self._span(a):
-            self.stepped = True
+        batch = self.actor.with_token_counts(self._rows_of(a.groups))
+        with self.actor.lock, self._span(a):
+            self.actor.stepped = True
             out = self.update_unit(batch)
         self.unit_metrics.append(out)
-        self.t.metrics.update(out)
+        self.metrics.update(out)
 
     def BeginUnit(self, a: S.BeginUnit) -> None:
-        with self.t._actor_lock:
-            self.t.actor_wg.begin_unit()
+        with self.actor.lock:
+            self.actor.workers.begin_unit()
         self.unit_tokens = 0
 
     def Accumulate(self, a: S.Accumulate) -> None:
         batch = self.pieces[a.groups]
-        with self.t._actor_lock, self._span(a):
+        with self.actor.lock, self._span(a):
             if a.into_buffers:
                 self._accumulate_basis(batch)
                 self.into_buffers.add(a.groups)
@@ -196,12 +176,12 @@ class ActorBackend:
 
     def OptimizerStep(self, a: S.OptimizerStep) -> None:
         loss_agg_mode = self.config.actor_rollout_ref.actor.loss_agg_mode
-        with self.t._actor_lock, self._span(a):
-            self.stepped = True
-            out = self.t.actor_wg.finish_unit(loss_agg_mode, self.unit_tokens, len(a.groups) * self.n,
-                                              self.final[1] if a.buffered else None)[0]
+        with self.actor.lock, self._span(a):
+            self.actor.stepped = True
+            out = self.actor.workers.finish_unit(loss_agg_mode, self.unit_tokens, len(a.groups) * self.n,
+                                                 self.final[1] if a.buffered else None)[0]
         self.unit_metrics.append(out)
-        self.t.metrics.update(out)
+        self.metrics.update(out)
 
     def FinalAdvantages(self, a: S.FinalAdvantages) -> None:
         for groups in self.into_buffers:  # the advantages they were trained with, for metrics and checks
@@ -216,22 +196,21 @@ class ActorBackend:
             # mini-batch, so reordering its rows across DP ranks moves no row to another optimizer step and
             # the gradient is the same sum (exact up to float summation order). verl's whole-batch balancing
             # would move rows between mini-batches, which CGP cannot do before the batch is complete.
-            dp = self.t._get_dp_size(self.t.actor_rollout_wg, "actor")
+            dp = self.actor.dp_size()
             if dp > 1 and len(unit_batch) % dp == 0:  # a short last unit that does not split evenly stays as is
-                self.t._balance_batch(unit_batch, metrics=self.t.metrics)
+                self.actor.balance(unit_batch, self.metrics)
         config = self.config
         groups = len(unit_batch) // self.n
         if groups != int(config.actor_rollout_ref.actor.ppo_mini_batch_size):
             # a short last unit (the zero-variance filter left fewer trainable groups than the batch needs) is
             # still one optimizer step: verl's _update_actor reads the mini-batch size from the config it is given
             config = OmegaConf.merge(config, {"actor_rollout_ref": {"actor": {"ppo_mini_batch_size": groups}}})
-        return reduce_metrics(self._verl_update(unit_batch, self.t.actor_rollout_wg, config).meta_info["metrics"])
+        return reduce_metrics(self._verl_update(unit_batch, None, config).meta_info["metrics"])
 
     def _verl_update(self, batch: DataProto, worker_group, config) -> DataProto:
-        """verl's RayPPOTrainer._update_actor (or a subclass's) with the worker group and the config given explicitly,
-        on the rows in ``rolloutpipe.micro_batch_order`` (verl_pipe/micro_batches.py)."""
-        batch = self._in_micro_batch_order(batch)
-        return type(self.t)._update_actor(_VerlView(self.t, config=config, actor_rollout_wg=worker_group), batch)
+        """verl's RayPPOTrainer._update_actor (or a subclass's) with the worker group (None: verl's) and the config
+        given explicitly, on the rows in ``rolloutpipe.micro_batch_order`` (verl_pipe/micro_batches.py)."""
+        return self.actor.update_actor(self._in_micro_batch_order(batch), config, worker_group)
 
     def _in_micro_batch_order(self, batch: DataProto) -> DataProto:
         """The rows sorted by length within each DP rank's share (a new DataProto; the trained piece keeps its
@@ -240,14 +219,14 @@ class ActorBackend:
         if self.config.rolloutpipe.micro_batch_order != "length":
             return batch
         lengths = batch.batch["attention_mask"].sum(-1).tolist()
-        dp = self.t._get_dp_size(self.t.actor_rollout_wg, "actor")
+        dp = self.actor.dp_size()
         order = length_order(lengths, dp if len(lengths) % dp == 0 else 1)
         return batch if order == sorted(order) else batch.select_idxs(order)
 
     def _accumulate(self, batch: DataProto) -> None:
         """verl's _update_actor preprocessing (no-padding layout, entropy/loss flags), sent to accumulate_group
         instead of update_actor; the worker drops the mini-batch keys."""
-        self._verl_update(batch, _AccumulateInsteadOfUpdate(self.t.actor_rollout_wg), self.config)
+        self._verl_update(batch, _AccumulateInsteadOfUpdate(self.actor.update_workers), self.config)
 
     def _accumulate_basis(self, batch: DataProto) -> None:
         """The gradient passes of a group trained before the batch is complete (verl_pipe.whitening), each into
@@ -264,14 +243,6 @@ class ActorBackend:
             batch.batch["advantages"] = own
             batch.meta_info.pop("grad_buffer", None)
 
-    def _old_log_prob_at_theta_k(self, batch: DataProto) -> DataProto:
-        # Swap θ_k in, compute, swap back: with rolloutpipe.theta_k.store=device a pointer swap on the device (no
-        # copy), with pinned two host copies into preallocated buffers. With bypass_mode the old log-probs are
-        # vLLM's: no actor pass, no swap.
-        bypass = OmegaConf.select(self.config, "algorithm.rollout_correction.bypass_mode", default=False)
-        with nullcontext() if bypass else self.t._at_theta_k():
-            return self.t._fit_compute_log_prob(batch)
-
     # ------------------------------------------------------------------ data
 
     def _span(self, a):
@@ -284,10 +255,7 @@ class ActorBackend:
         batch.batch["returns"] = adv.clone()
 
     def _concat(self, groups) -> DataProto:
-        return self._with_token_counts(DataProto.concat([self.groups[g].data for g in groups]))
-
-    def _with_token_counts(self, batch: DataProto) -> DataProto:
-        return self.t._with_token_counts(batch)
+        return self.actor.with_token_counts(DataProto.concat([self.groups[g].data for g in groups]))
 
     def _rows_of(self, groups: tuple[int, ...]) -> DataProto:
         """The piece of ``groups``: their own, or their rows of the pieces they were computed in (sync's whole
@@ -309,7 +277,7 @@ class ActorBackend:
         if len(parts) == 1:
             return parts[0]
         # the pieces' meta_info differ in their token counts (DataProto.concat refuses conflicting values):
-        # the first piece's, without them; Update recounts the unit's tokens (_with_token_counts)
+        # the first piece's, without them; Update recounts the unit's tokens (with_token_counts)
         meta = {k: v for k, v in parts[0].meta_info.items() if k != "global_token_num"}
         rows = DataProto.concat([DataProto(batch=p.batch, non_tensor_batch=p.non_tensor_batch, meta_info={})
                                  for p in parts])
@@ -325,4 +293,5 @@ class ActorBackend:
         else:
             batch = DataProto.concat([DataProto(batch=p.batch, non_tensor_batch=p.non_tensor_batch, meta_info={})
                                       for p in pieces])
-        return StepOutcome([self.groups[g] for g in planned.trained], batch, self.unit_metrics, planned.buffered)
+        return StepOutcome([self.groups[g] for g in planned.trained], batch, self.unit_metrics, planned.buffered,
+                           self.metrics)

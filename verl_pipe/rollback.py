@@ -2,12 +2,12 @@
 
 One job: RolloutPipeTrainer.fit_step's failure path (docs/reliability.md, "A step that fails for good"), and the
 lifetime of the rollback state it relies on (θ_k and the optimizer state in the worker's store, saved by the step's
-executor before its first optimizer step: ``ActorBackend.saved`` / ``stepped``).
+executor before its first optimizer step: ``TrainerSeam.saved`` / ``stepped``).
 
-verl seams: verl's ``RayPPOTrainer._save_checkpoint`` through ``save_checkpoint_at`` (verl_pipe/actor_backend.py: it
-reads only plain attributes of the trainer, given explicitly there), on verl's actor worker group (``actor_wg``) our
-worker's RPCs ``restore_train_state`` / ``drop_train_state`` (verl_pipe/workers.py), and verl's ``trainer.*`` keys
-(``default_local_dir``, ``resume_mode``) in the messages.
+It sees the trainer through its seam (verl_pipe/trainer_seam.py): the actor's lock, the worker's
+``restore_train_state`` / ``drop_train_state`` RPCs (verl_pipe/workers.py), and verl's
+``RayPPOTrainer._save_checkpoint`` (``TrainerSeam.save_checkpoint``: it reads only plain attributes of the trainer,
+given explicitly there); verl's ``trainer.*`` keys (``default_local_dir``, ``resume_mode``) are in the messages.
 """
 
 from __future__ import annotations
@@ -15,23 +15,20 @@ from __future__ import annotations
 import os
 from typing import NoReturn
 
-from verl_pipe.actor_backend import save_checkpoint_at
+from verl_pipe.trainer_seam import TrainerSeam
 
 
 class StepFailedError(RuntimeError):
     """A step failed for good; the message says which checkpoint the run resumes from."""
 
 
-def theta_k_saved(trainer) -> bool:
+def theta_k_saved(seam: TrainerSeam) -> bool:
     """The worker's store holds θ_k and the optimizer state from before the step's first optimizer step."""
-    return trainer._current is not None and trainer._current.saved
+    return seam.saved
 
 
-def drop_train_state_snapshot(trainer) -> None:
-    if theta_k_saved(trainer):
-        with trainer._actor_lock:
-            trainer.actor_wg.drop_train_state()
-            trainer._current.saved = False
+def drop_train_state_snapshot(seam: TrainerSeam) -> None:
+    seam.drop_train_state()
 
 
 def describe(exc: BaseException) -> str:
@@ -41,28 +38,28 @@ def describe(exc: BaseException) -> str:
     return text if cause is None else f"{text} ({type(cause).__name__}: {cause})"
 
 
-def fail_step(trainer, exc: Exception, trained: bool) -> NoReturn:
-    """A step failed for good. Roll the trainer back to the end of the last completed step (θ_k and the
+def fail_step(seam: TrainerSeam, exc: Exception, trained: bool, step: int, data_before) -> NoReturn:
+    """Step ``step`` failed for good. Roll the trainer back to the end of the last completed step (θ_k and the
     optimizer state from the CPU snapshot; nothing to undo if no optimizer step ran yet), save a checkpoint
-    there with the data loader as it was before this step's batch (``trainer._data_state``), and raise. Resuming
+    there with the data loader as it was before this step's batch (``data_before``), and raise. Resuming
     (trainer.resume_mode=auto) re-runs this step on the same prompts; no partial step is in the checkpoint."""
-    step, last = trainer.global_steps, trainer.global_steps - 1
-    where = trainer.config.trainer.default_local_dir
-    if not trainer.config.rolloutpipe.fault.checkpoint_on_failure:
+    last = step - 1
+    where = seam.config.trainer.default_local_dir
+    if not seam.config.rolloutpipe.fault.checkpoint_on_failure:
         raise StepFailedError(f"step {step} failed: {describe(exc)} "
                               f"(no checkpoint written: rolloutpipe.fault.checkpoint_on_failure=false)") from exc
     if trained:  # only the weight sync failed: the trainer holds a complete step k
-        save_checkpoint_at(trainer, step, trainer.train_dataloader.state_dict())
+        seam.save_checkpoint(step, seam.loader_state())
         raise StepFailedError(f"step {step} failed after training: {describe(exc)}. Saved "
                               f"{os.path.join(str(where), f'global_step_{step}')}; run again with "
                               f"trainer.resume_mode=auto to go on at step {step + 1}") from exc
     try:
-        with trainer._actor_lock:
-            if trainer._current is not None and trainer._current.stepped:
-                if not theta_k_saved(trainer):
+        with seam.lock:
+            if seam.stepped:
+                if not theta_k_saved(seam):
                     raise RuntimeError("the step's first optimizer step ran without a snapshot to undo it")
-                trainer.actor_wg.restore_train_state()
-            save_checkpoint_at(trainer, last, trainer._data_state)
+                seam.restore_train_state()
+            seam.save_checkpoint(last, data_before)
     except Exception as save_error:
         raise StepFailedError(f"step {step} failed: {describe(exc)}; rolling back to step {last} "
                               f"failed too ({type(save_error).__name__}: {save_error}); resume from the "

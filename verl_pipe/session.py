@@ -12,6 +12,8 @@ import time
 
 from omegaconf import DictConfig
 
+from verl_pipe.knobs import StepKnobs, step_knobs
+
 
 class PipeSession:
     def __init__(self, config: DictConfig):
@@ -26,27 +28,39 @@ class PipeSession:
         self.trainer.begin()
         self.startup_s = time.perf_counter() - t0
         self._batches = self._batch_iter()
+        self._changes: dict = {}  # the knobs set by earlier steps' arguments: they stay until set again
 
     def _batch_iter(self):
         while True:
             for batch_dict in self.trainer.train_dataloader:
                 yield batch_dict
 
-    def step(self, mode: str | None = None, batch_dict=None, granularity: str | None = None,
-             fgd: bool | None = None, workload: dict | None | str = "keep", **trainer_attrs) -> dict:
-        """Runs one training step (in ``mode`` etc. if given); returns the step's record."""
-        trainer = self.trainer
-        if mode is not None:
-            trainer.mode = mode
-        if granularity is not None:
-            trainer.granularity = granularity
-        if fgd is not None:
-            trainer.fgd_enabled = fgd
+    @property
+    def knobs(self) -> StepKnobs:
+        """The knobs the next step runs with: the config's, with what earlier steps (or ``change``) set."""
+        return step_knobs(self.trainer.config, **self._changes)
+
+    def change(self, mode: str | None = None, granularity: str | None = None, fgd: bool | None = None,
+               workload: dict | None | str = "keep", **knobs) -> StepKnobs:
+        """Sets knobs for this and later steps: ``mode``, ``granularity``, ``fgd`` (None: as they are),
+        ``workload`` ("keep": as it is; None: the model decides the lengths) and any other StepKnobs field
+        (``fgd_window``, ``sampling_overrides``, ``baseline_order``, ...). Returns the knobs now in force."""
+        changes = {k: v for k, v in dict(mode=mode, granularity=granularity, fgd=fgd).items() if v is not None}
         if workload != "keep":
-            trainer.workload_spec = workload
-        for k, v in trainer_attrs.items():
-            setattr(trainer, k, v)
-        trainer.fit_step(batch_dict if batch_dict is not None else next(self._batches))
+            changes["workload"] = workload
+        changes.update(knobs)
+        step_knobs(self.trainer.config, **self._changes, **changes)  # refuses unknown or invalid knobs first
+        self._changes.update(changes)
+        return self.knobs
+
+    def step(self, mode: str | None = None, batch_dict=None, granularity: str | None = None,
+             fgd: bool | None = None, workload: dict | None | str = "keep", backend_cls=None, **knobs) -> dict:
+        """Runs one training step with the knobs ``change`` sets from the same arguments (they stay for later
+        steps) and, for this step only, ``backend_cls`` as the schedule's executor; returns the step's record."""
+        step_knobs_now = self.change(mode, granularity, fgd, workload, **knobs)
+        trainer = self.trainer
+        trainer.fit_step(batch_dict if batch_dict is not None else next(self._batches), knobs=step_knobs_now,
+                         backend_cls=backend_cls)
         record = dict(trainer.last_step_record)
         record["metrics"] = dict(trainer.metrics)
         return record

@@ -3,18 +3,35 @@
 and its summary line on stdout (docs/metrics.md).
 
 One job: RolloutPipeTrainer.fit_step's bookkeeping after a step completed. The pieces are pure except
-``write_trace`` (files) and ``record_step`` (the trainer's attributes and stdout). verl seam: ``record_step`` calls
-verl's ``RayPPOTrainer._fit_collect_metrics`` (verl's step metrics on the trained batch: data, ``timing_s/*``,
-throughput) on the trainer, which reads the trainer's ``metrics`` and ``timing_raw``.
+``write_trace`` (files) and ``record_step`` (the run's ``StepHistory``, verl's step metrics and stdout). verl seam:
+``record_step`` calls verl's ``RayPPOTrainer._fit_collect_metrics`` (verl's step metrics on the trained batch: data,
+``timing_s/*``, throughput) through the trainer's seam (``TrainerSeam.collect_verl_metrics``), which reads and
+writes the trainer's ``metrics`` and reads its ``timing_raw``.
 """
 
 from __future__ import annotations
 
 import json
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from verl_pipe.data_check import skip_metrics
+from verl_pipe.knobs import StepKnobs
 from verl_pipe.timeline import StepTimeline, write_chrome_trace
+
+KEEP_TIMELINES = 16  # the last steps' StepTimelines kept in memory (StepHistory.timelines)
+
+
+@dataclass
+class StepHistory:
+    """The run's completed steps as it keeps them: the last steps' timelines (tests, the bench; a long run keeps
+    them bounded, the full history goes to rolloutpipe.trace_dir and the logger), the count of every completed
+    step, each step's training reward, the last step's record."""
+    timelines: deque = field(default_factory=lambda: deque(maxlen=KEEP_TIMELINES))
+    steps_run: int = 0
+    rewards: list[float] = field(default_factory=list)
+    last_record: dict = field(default_factory=dict)
 
 
 def rollout_metrics(tm: dict, rollout_result, trained_groups: int, health=None) -> dict:
@@ -39,13 +56,16 @@ def rollout_metrics(tm: dict, rollout_result, trained_groups: int, health=None) 
     return m
 
 
-def step_record(step: int, data_index: list, trained_groups: list[int], tm: dict) -> dict:
-    return {
+def step_record(step: int, data_index: list, trained_groups: list[int], tm: dict, knobs: dict | None = None) -> dict:
+    record = {
         "step": step,
         "data_index": data_index,  # the dataset rows the step drew, in order
         "trained_groups": trained_groups,
         "timeline": tm,
     }
+    if knobs is not None:
+        record["knobs"] = knobs  # what the step ran as (StepKnobs.record(): variant, mode, FGD window resolved, ...)
+    return record
 
 
 def write_trace(trace_dir, timeline: StepTimeline, record: dict, metrics: dict) -> None:
@@ -68,25 +88,28 @@ def summary_line(step: int, mode: str, m: dict, tm: dict) -> str:
             f"trainer_wait {tm['trainer_wait_ratio']:.2f}")
 
 
-def record_step(trainer, outcome, timeline: StepTimeline, rollout_result, data_index: list) -> None:
-    """Appends the step's timeline to ``trainer.timelines``, completes ``trainer.metrics``, sets
-    ``trainer.last_step_record``, writes the trace (if ``rolloutpipe.trace_dir``) and prints the summary line."""
-    trainer.timelines.append(timeline)  # bounded (trainer.KEEP_TIMELINES)
-    trainer.steps_run = getattr(trainer, "steps_run", 0) + 1
-    tm = timeline.metrics()
-    health = getattr(getattr(getattr(trainer, "rollout", None), "supervisor", None), "health", None)
-    trainer.metrics.update(rollout_metrics(tm, rollout_result, len(outcome.trained), health))
-    trainer.metrics.update(skip_metrics(trainer.config))  # records the launcher's data check skipped
+def record_step(seam, history: StepHistory, *, step: int, knobs: StepKnobs, outcome, timeline: StepTimeline,
+                rollout_result, data_index: list, step_s: float, health=None) -> dict:
+    """Completes the step's metrics (``seam.metrics``, verl's), adds the step to ``history``, writes the trace (if
+    ``rolloutpipe.trace_dir``), prints the summary line; returns the step's record. ``health``: the replica
+    supervisor's (verl_pipe.rollout.replicas.Health), if any; ``step_s``: the step's wall time."""
+    metrics, tm = seam.metrics, timeline.metrics()
+    metrics.update(rollout_metrics(tm, rollout_result, len(outcome.trained), health))
+    metrics.update(skip_metrics(seam.config))  # records the launcher's data check skipped
     if outcome.batch is not None:
         # verl's own step metrics (data, timing_s/*, throughput, variance proxy) on the trained groups.
-        trainer._fit_collect_metrics(trainer._with_token_counts(outcome.batch))
-    trainer.metrics["timing_s/step"] = trainer.timing_raw["step"]
-    trainer.rewards = getattr(trainer, "rewards", []) + [float(trainer.metrics.get("critic/score/mean", float("nan")))]
-    trainer.last_step_record = step_record(trainer.global_steps, data_index, [g.index for g in outcome.trained], tm)
-    trace_dir = trainer.config.rolloutpipe.trace_dir
+        seam.collect_verl_metrics(outcome.batch)
+    metrics["timing_s/step"] = step_s
+    record = step_record(step, data_index, [g.index for g in outcome.trained], tm, knobs.record())
+    history.timelines.append(timeline)  # bounded (KEEP_TIMELINES)
+    history.steps_run += 1
+    history.rewards.append(float(metrics.get("critic/score/mean", float("nan"))))
+    history.last_record = record
+    trace_dir = seam.config.rolloutpipe.trace_dir
     if trace_dir:
-        write_trace(trace_dir, timeline, trainer.last_step_record, trainer.metrics)
-    print(summary_line(trainer.global_steps, trainer.mode, trainer.metrics, tm), flush=True)
+        write_trace(trace_dir, timeline, record, metrics)
+    print(summary_line(step, knobs.mode, metrics, tm), flush=True)
+    return record
 
 
 def val_core(metrics: dict | None) -> dict[str, float]:

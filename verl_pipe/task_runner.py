@@ -11,20 +11,20 @@ import ray
 class PipeTaskRunner:
     def run(self, config, stop_file: str | None = None) -> dict:
         t0 = time.perf_counter()
-        trainer = build_trainer(config)
-        trainer.stop_file = stop_file  # the launcher's stop request (RolloutPipeTrainer.stop_requested)
+        trainer = build_trainer(config, stop_file=stop_file)  # the launcher's stop request (RunLoop.stop_requested)
         trainer.init_workers()
         startup_s = time.perf_counter() - t0
         print(f"[verl_pipe] workers ready in {startup_s:.1f}s", flush=True)
         trainer.fit()
-        return {"steps": trainer.steps_run, "startup_s": startup_s,
+        history = trainer.history
+        return {"steps": history.steps_run, "startup_s": startup_s,
                 "val_before": dict(getattr(trainer, "initial_val_metrics", None) or {}),
                 "val_after": dict(getattr(trainer, "last_val_metrics", None) or {}),
-                "rewards": list(getattr(trainer, "rewards", [])),
-                "timelines": [t.to_dict() for t in trainer.timelines]}  # the last ones (trainer.KEEP_TIMELINES)
+                "rewards": list(history.rewards),
+                "timelines": [t.to_dict() for t in history.timelines]}  # the last ones (step_record.KEEP_TIMELINES)
 
 
-def build_trainer(config):
+def build_trainer(config, stop_file: str | None = None):
     from omegaconf import OmegaConf
 
     from verl.experimental.separation.utils import create_resource_pool_manager, create_role_worker_mapping
@@ -67,5 +67,5 @@ def build_trainer(config):
         config=config, tokenizer=tokenizer, processor=processor, role_worker_mapping=role_worker_mapping,
         resource_pool_manager=resource_pool_manager, ray_worker_group_cls=ray_worker_group_cls,
         train_dataset=train_dataset, val_dataset=val_dataset, collate_fn=collate_fn, train_sampler=train_sampler,
-        device_name=config.trainer.device,
+        device_name=config.trainer.device, stop_file=stop_file,
     )

@@ -243,7 +243,7 @@ def trainer_span_records(step: dict, micro_rows: int) -> list[dict]:
         if groups:
             key = "forward_backward" if kind == "update" and unit in own_opt else kind
             if kind == "old_log_prob" and unit is not None and unit > 0:
-                key = "old_log_prob_swapped"  # _old_log_prob_at_theta_k: the span includes the theta_k swap
+                key = "old_log_prob_swapped"  # TrainerSeam.old_log_prob at θ_k: the span includes the theta_k swap
             record(key, padded_tokens(groups, lengths, P, micro_rows), dur, s)
     return out
 

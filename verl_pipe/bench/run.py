@@ -30,7 +30,7 @@ import yaml
 
 from verl_pipe.bench.report import BASE, MODES, PEERS, check_schema, format_setting, format_sim_validation, \
     format_sweep, setting_entry
-from verl_pipe.frontier import AdaptiveWindow, resolve_window
+from verl_pipe.knobs import window_label  # noqa: F401 -- FGD's window as the results record it (tests, callers)
 from verl_pipe.variants import GRANULARITIES, name_of, variant
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "bench"  # package data: works installed too
@@ -75,12 +75,6 @@ def stack_of(setting: dict, cfg: dict) -> str:
 def mode_kwargs(mode: str, granularity: str = "minibatch") -> dict:
     """session.step() arguments of a benchmark mode (verl_pipe/variants.py; ``granularity``: cgp_fgd's choice)."""
     return variant(mode).step_args(granularity)
-
-
-def window_label(resolved) -> int | str:
-    """FGD's window as the results record it: its size, or "adaptive" (it grows during a step; the simulator
-    resolves the name against the engine it simulates, ``sim.simulate.rollout_for_mode``)."""
-    return "adaptive" if isinstance(resolved, AdaptiveWindow) else resolved
 
 
 def workload_for(spec: dict, num_groups: int, n: int, seed: int):
@@ -270,16 +264,12 @@ class BenchRunner:
             self.log(f"[bench] note: actor micro-batch {micro} rows != n={n}; the simulator pads per group")
         kv_tokens = self._kv_capacity_tokens(session)
         replicas = int(roll.nnodes) * int(roll.n_gpus_per_node) // int(roll.tensor_model_parallel_size)
-        trainer = session.trainer
-        fgd_window = window_label(resolve_window(c.rolloutpipe.fgd.get("window"),
-                                                 int(c.actor_rollout_ref.actor.ppo_mini_batch_size), n,
-                                                 int(roll.max_num_seqs)))
+        knobs = session.trainer.configured_knobs.record()  # the stack's admission as its config sets it, resolved
         return StepShape(n=n, groups_per_unit=int(c.actor_rollout_ref.actor.ppo_mini_batch_size), micro_rows=micro,
                          max_num_seqs=int(roll.max_num_seqs), max_num_batched_tokens=int(roll.max_num_batched_tokens),
                          kv_capacity_tokens=kv_tokens, num_replicas=max(1, replicas),
-                         baseline_order=str(getattr(trainer, "baseline_order", "group_major")),
-                         baseline_window=getattr(trainer, "baseline_window", None),
-                         fgd_window=fgd_window)
+                         baseline_order=str(knobs["baseline_order"]), baseline_window=knobs["baseline_window"],
+                         fgd_window=knobs["fgd_window"])
 
     @staticmethod
     def _kv_capacity_tokens(session) -> int:
@@ -306,9 +296,6 @@ class BenchRunner:
         window = fgd_window or session.config.rolloutpipe.fgd.get("window")  # the trainer's run-time knob
         rec = session.step(**mode_kwargs(mode, granularity), sampling_overrides=self._overrides_fn(wl),
                            fgd_window=window)
-        tr = session.trainer
-        resolved = window_label(resolve_window(window, tr.groups_per_unit, tr.n,
-                                               int(session.config.actor_rollout_ref.rollout.max_num_seqs)))
         wall = time.perf_counter() - t
         tl = session.trainer.timelines[-1]
         m = dict(rec["timeline"])
@@ -320,7 +307,8 @@ class BenchRunner:
             m["vllm_preemptions"] = preempted
         from verl_pipe.step_record import learning_metrics
 
-        return {"metrics": m, "timeline": tl.to_dict(), "fgd_window": resolved, "learning": learning_metrics(rec["metrics"]),
+        return {"metrics": m, "timeline": tl.to_dict(), "fgd_window": rec["knobs"]["fgd_window"],  # as the step ran
+                "learning": learning_metrics(rec["metrics"]),
                 "prompt_len": float(rec["metrics"].get("prompt_length/mean", 0.0)),
                 "trained_groups": len(rec.get("trained_groups", [])), "wall_window": [wall_start, wall_start + wall]}
 

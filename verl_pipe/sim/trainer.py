@@ -26,7 +26,7 @@ action; what that gives per mode:
   files were not kept);
 - CGP's exact on-policy old log-probs: unit 0 runs at theta_k as is and then keeps a snapshot of theta_k
   (``snapshot_theta_k``: one save, plus the optimizer's rollback snapshot with fault.checkpoint_on_failure);
-  every later unit's old_log_prob call swaps theta_k in and back out (``ActorBackend._old_log_prob_at_theta_k``), recorded
+  every later unit's old_log_prob call swaps theta_k in and back out (``TrainerSeam.old_log_prob``), recorded
   inside the old_log_prob span as the real trainer does. The copy costs depend on where theta_k is kept
   (``placement_costs``, rolloutpipe.theta_k.store): ``pageable`` (verl's save_model_to_cpu, what the trainer
   did before the store: save the current weights, restore theta_k, compute, restore the current weights),

@@ -30,6 +30,7 @@ from typing import Iterable, Mapping
 from verl import DataProto
 
 from verl_pipe.frontier import FrontierPolicy, Request
+from verl_pipe.knobs import StepKnobs
 from verl_pipe.recipes.extension_example import estimator  # noqa: F401 -- registers grpo_median
 from verl_pipe.rollout.materialize import sequence_scores
 from verl_pipe.trainer import RolloutPipeTrainer
@@ -132,13 +133,13 @@ class ExampleTrainer(RolloutPipeTrainer):
         return trainable
 
     # (2) which groups the deferring FGD policy admits last: from the step's batch (group g = row g)
-    def admission_kwargs(self, batch: DataProto | None) -> dict:
-        if not self.fgd_enabled:
+    def admission_kwargs(self, batch: DataProto | None, knobs: StepKnobs) -> dict:
+        if not knobs.fgd:  # the step admits with baseline_policy_cls, which takes no deferral
             return {}
         extra = batch.non_tensor_batch.get("extra_info") if batch is not None else None
         keys = [prompt_key(e) for e in extra] if extra is not None else []
         return {"deferred": deferred_groups(keys, self.prompt_history)}
 
-    def _make_policy(self, num_groups: int, batch: DataProto | None = None):
-        self.last_policy = super()._make_policy(num_groups, batch)
+    def _make_policy(self, num_groups: int, batch: DataProto | None, knobs: StepKnobs):
+        self.last_policy = super()._make_policy(num_groups, batch, knobs)
         return self.last_policy
