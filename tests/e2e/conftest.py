@@ -120,7 +120,8 @@ def train_same_responses(session, tmp_path, runs) -> dict:
     try:
         batch = trainer._fit_get_batch(next(session._batches))
         queue = GroupQueue(weight_version=version)
-        trainer._start_rollout(batch, StepTimeline(0, trainer.groups_per_unit), queue, version).result()
+        trainer._start_rollout(batch, StepTimeline(0, trainer.groups_per_unit), queue, version,
+                               session.knobs).result()
         out["groups"] = groups = queue.drain()
         for name, train, q in runs(groups, version):
             trainer.actor_wg.load_checkpoint(ckpt)
@@ -128,7 +129,7 @@ def train_same_responses(session, tmp_path, runs) -> dict:
             outcome = train(q, StepTimeline(0, trainer.groups_per_unit))
             assert [g.index for g in outcome.trained] == sorted(g.index for g in groups), name
             out[name] = {"norms": [m["actor/grad_norm"] for m in outcome.unit_metrics],
-                         "state": session.actor_state(), "metrics": dict(trainer.metrics),
+                         "state": session.actor_state(), "metrics": {**trainer.metrics, **outcome.metrics},
                          "batch": outcome.batch}
     finally:
         trainer.actor_wg.load_checkpoint(ckpt)
@@ -229,8 +230,7 @@ class KillAtFirstUnit:
             self.killed_at = time.perf_counter()
 
     def pushed(self, replica, version):
-        current = self.trainer._current
-        self.pushes.append(current is not None and current.stepped)
+        self.pushes.append(self.trainer.actor_seam.stepped)
         return type(self.trainer)._push_weights(self.trainer, replica, version)
 
 

@@ -103,9 +103,8 @@ def test_replica_killed_mid_step_restarts_with_theta_k(stack):
     supervisor.push_weights = kill.pushed  # records, then pushes as the trainer does
     t0 = time.perf_counter()
     try:
-        rec = stack.step(sampling_overrides=_lengths, backend_cls=kill.backend_cls)
+        rec = stack.step(sampling_overrides=_lengths, backend_cls=kill.backend_cls)  # this step's executor only
     finally:
-        del trainer.backend_cls  # back to the class's executor
         supervisor.push_weights = trainer._push_weights
     took = time.perf_counter() - t0
     m = rec["metrics"]
@@ -203,8 +202,7 @@ def test_engine_killed_at_every_phase_of_a_step_the_run_goes_on(stack):
     # 1. while the trainer trains (the step's rollout done): found before the weight sync, synced apart, θ_{k+1}
     version = trainer.global_steps - 1
     kill = _KillBeforeLastUnit(trainer)
-    rec = stack.step(sampling_overrides=_lengths, backend_cls=kill.backend_cls)
-    del trainer.backend_cls
+    rec = stack.step(sampling_overrides=_lengths, backend_cls=kill.backend_cls)  # this step's executor only
     assert kill.old is not None
     check(rec, version, "weight_sync", "died while training")
     assert _gone(kill.old), "the dead replica's processes must not linger"

@@ -56,10 +56,11 @@ def test_cgp_and_sync_agree_over_five_real_steps(learn_pipe, tmp_path, granulari
         for k, step in enumerate(chain):
             trainer.global_steps = first + k
             order = step["order"]
-            trainer.unit_order_hook = lambda groups, order=order: sorted(groups, key=lambda g: order.index(g.index))
             trainer.metrics = {}
             outcome = trainer.train(prefilled_queue(step["groups"], first + k - 1),
-                                    StepTimeline(0, trainer.groups_per_unit), mode="sync", granularity="minibatch")
+                                    StepTimeline(0, trainer.groups_per_unit), mode="sync", granularity="minibatch",
+                                    unit_order=lambda groups, order=order: sorted(groups,
+                                                                                  key=lambda g: order.index(g.index)))
             assert [g.index for g in outcome.trained] == order, f"step {k}: sync did not keep CGP's unit order"
             lp = outcome.batch.batch["old_log_probs"]
             worst_lp = max(worst_lp, float((lp - step["old_log_probs"]).abs().max()))
@@ -74,7 +75,6 @@ def test_cgp_and_sync_agree_over_five_real_steps(learn_pipe, tmp_path, granulari
                                            msg=f"step {k}: old log-probs")
         sync_state = pipe.actor_state()
     finally:
-        trainer.unit_order_hook = None
         _restore(pipe, ckpt, first)
     worst = max(float((cgp_state[n] - sync_state[n]).abs().max()) for n in cgp_state)
     dev = update_deviation(cgp_state, sync_state, theta_start)

@@ -143,7 +143,7 @@ def test_same_responses_same_parameters_in_every_mode(pipe, tmp_path, store):
     from omegaconf import open_dict
 
     trainer = pipe.trainer
-    trainer.workload_spec = LONGTAIL
+    pipe.change(workload=LONGTAIL)
     rp = trainer.config.rolloutpipe
     with open_dict(rp):
         before, rp.theta_k.store = rp.theta_k.store, store
@@ -213,7 +213,7 @@ def test_fgd_makes_the_first_unit_ready_earlier(pipe):
         assert base["timeline"]["response_tokens"] == fgd["timeline"]["response_tokens"] == sum(map(sum, lengths))
         ready["stock"].append(base["timeline"]["first_unit_ready_s"])
         ready["fgd"].append(fgd["timeline"]["first_unit_ready_s"])
-    pipe.trainer.sampling_overrides = None
+    pipe.change(sampling_overrides=None)
     print(f"first unit ready (s): stock {ready['stock']}, FGD {ready['fgd']}; last rollout→train end "
           f"{base['timeline']['rollout_to_train_end_s']:.3f}s vs {fgd['timeline']['rollout_to_train_end_s']:.3f}s")
     assert sum(ready["fgd"]) < sum(ready["stock"])

@@ -62,10 +62,7 @@ def test_replica_killed_without_restart_is_retired(two):
     handle = trainer.llm_server_manager.server_handles[0]
     pid = ray.get(handle.__ray_call__.remote(lambda self: os.getpid()))
     kill = KillAtFirstUnit(trainer, pid)  # the moment unit 0's groups are in, while the long ones are generated
-    try:
-        rec = two.step(sampling_overrides=_lengths, backend_cls=kill.backend_cls)
-    finally:
-        del trainer.backend_cls  # back to the class's executor
+    rec = two.step(sampling_overrides=_lengths, backend_cls=kill.backend_cls)  # this step's executor only
     m = rec["metrics"]
     print(f"\n[replicas] killed replica 0 with {kill.inflight_at_kill} requests in flight; "
           f"{m['rolloutpipe/requeued_requests']} requeued to replica 1")

@@ -52,7 +52,8 @@ def test_dapo_step_with_the_extension_example(dapo_pipe):
     assert type(trainer) is ExampleTrainer, "rolloutpipe.trainer_class selected the example"
     actor = trainer.config.actor_rollout_ref.actor
     assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.loss_agg_mode) == (0.2, 0.28, "token-mean")
-    assert trainer.mode == "cgp" and trainer.fgd_enabled and trainer.filter_zero_variance
+    knobs = trainer.configured_knobs
+    assert knobs.mode == "cgp" and knobs.fgd and trainer.filter_zero_variance
     assert trainer.config.data.gen_batch_size == TRAIN_BATCH + OVERSAMPLE
 
     batch_dict = next(pipe._batches)
