@@ -202,10 +202,10 @@ def simulate_shape(shape: Shape, ro: Rollouts, seeds, *, windows=WINDOWS, placem
         if "sync" in rows:
             add("sync", timeline_for(ro.get(shape, seed, "alone"), wl, trainer, "sync", gpu, ws).metrics())
         fc = ro.get(shape, seed, "stock") if set(rows) - {"sync", "cgp_fgd"} else None
-        if "cgp" in rows and "minibatch" in shape.granularities:
-            add("cgp", timeline_for(fc, wl, trainer, "cgp", gpu, ws).metrics())
-        if "cgp_group" in rows and "group" in shape.granularities:
-            add("cgp_group", timeline_for(fc, wl, trainer, "cgp_group", gpu, ws, "group").metrics())
+        for name in ("cgp", "cgp_group"):  # CGP at each granularity the estimator allows (verl_pipe/variants.py)
+            gran = variant(name).granularity
+            if name in rows and gran in shape.granularities:
+                add(name, timeline_for(fc, wl, trainer, name, gpu, ws, gran).metrics())
         if "cgp_fgd" in rows:
             for label, w in wins.items():
                 fg = ro.get(shape, seed, "fgd", w)
