@@ -130,7 +130,47 @@ def trainer_costs(result: dict) -> list[str]:
     return _table(["trainer call", "sync (after)", "cgp during / after", "cgp+fgd during / after"], rows)
 
 
-KINDS = {"balanced": balanced, "paper": paper, "paper_vs_peer": paper_vs_peer, "trainer_costs": trainer_costs}
+def trainer_gap(result: dict) -> list[str]:
+    """Our modes against verl's on-policy peer where the trainer bounds the step (settings with role
+    ``trainer-gap``, verl_pipe/conf/bench/trainer_gap.yaml): each setting's modes, the peer's figures taken from the
+    setting that ran it, with the update's row order (``rolloutpipe.micro_batch_order``) of each."""
+    settings = [s for s in result["settings"] if s.get("role") == "trainer-gap"]
+    peer = next((s["modes"]["verl_separate_async"] for s in settings
+                 if "skipped" not in s["modes"].get("verl_separate_async", {"skipped": 1})), None)
+    if peer is None:
+        raise ValueError("no trainer-gap setting ran verl_separate_async")
+    labels = _labels("cgp + fgd")
+    rows = []
+    for s in settings:
+        order = "arrival" if s["name"].endswith("-arrival") else "length"
+        for m, e in _ran(s, MODES):
+            vs_peer = 100.0 * (1.0 - e["rollout_to_train_end_s"] / peer["rollout_to_train_end_s"])
+            rows.append([labels[m], order, seconds(e["rollout_to_train_end_s"]), change(vs_peer),
+                         seconds(e["trainer_busy_s"]), f"{e['trainer_wait_ratio']:.3f}"])
+    rows.append([PEER_LABELS["verl_separate_async"], "completion", seconds(peer["rollout_to_train_end_s"]), BASELINE,
+                 seconds(peer["trainer_busy_s"]), f"{peer['trainer_wait_ratio']:.3f}"])
+    return _table(["mode", "update rows", "rollout→train end", "vs verl on-policy", "trainer busy", "trainer wait"],
+                  rows)
+
+
+def trainer_spans(result: dict) -> list[str]:
+    """Per measured step, the driver's update and log-prob spans against the worker's time in the same calls
+    (``python -m verl_pipe.bench.trainer_gap``'s rows)."""
+    rows = []
+    for r in result["rows"]:
+        u, lp = r["update"], r["old_log_prob"]
+        rows.append([r["setting"], r["mode"], f"{u['driver_s']:.2f} / {u['worker_s']:.2f} / {u['overhead_s']:.2f} s",
+                     f"{u['padded_tokens']:.0f} / {u['tokens']:.0f}",
+                     BASELINE if u["worker_ms_per_padded_ktok"] is None else f"{u['worker_ms_per_padded_ktok']:.0f}",
+                     f"{lp['driver_s']:.2f} / {lp['worker_s']:.2f} / {lp['overhead_s']:.2f} s",
+                     f"{lp['padded_tokens']:.0f}"])
+    return _table(["setting", "mode", "update: driver / worker / rest", "update padded / real tokens",
+                   "worker ms per 1k padded tokens", "log-probs: driver / worker / rest", "log-prob padded tokens"],
+                  rows)
+
+
+KINDS = {"balanced": balanced, "paper": paper, "paper_vs_peer": paper_vs_peer, "trainer_costs": trainer_costs,
+         "trainer_gap": trainer_gap, "trainer_spans": trainer_spans}
 
 
 # ------------------------------------------------------------------------------------------------- markdown

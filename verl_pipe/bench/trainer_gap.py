@@ -23,6 +23,7 @@ import json
 from collections import defaultdict
 
 from verl_pipe.bench import worker_log
+from verl_pipe.bench.readme_tables import trainer_spans
 from verl_pipe.micro_batches import padded_tokens
 
 # A call kind: the trainer's span kinds (verl_pipe/schedule.py) and the worker calls (verl_pipe/workers.py) it covers.
@@ -99,21 +100,6 @@ def table(steps_json: dict, records: list[dict], warmup: int = 1) -> list[dict]:
     return rows
 
 
-def format_table(rows: list[dict]) -> str:
-    head = ("| setting | mode | rollout→train end | trainer busy | update: driver / worker / overhead | "
-            "padded / real tokens | worker ms per padded ktok | log-prob: driver / worker / overhead |")
-    lines = [head, "|" + "---|" * 8]
-    for r in rows:
-        u, lp = r["update"], r["old_log_prob"]
-        ms = u["worker_ms_per_padded_ktok"]
-        lines.append(f"| {r['setting']} | {r['mode']} | {r['rollout_to_train_end_s']:.2f} s | {r['trainer_busy_s']:.2f} s | "
-                     f"{u['driver_s']:.2f} / {u['worker_s']:.2f} / {u['overhead_s']:.2f} s | "
-                     f"{u['padded_tokens']:.0f} / {u['tokens']:.0f} | {ms:.0f} | "
-                     f"{lp['driver_s']:.2f} / {lp['worker_s']:.2f} / {lp['overhead_s']:.2f} s |"
-                     if ms is not None else f"| {r['setting']} | {r['mode']} | (no worker records) |")
-    return "\n".join(lines)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("steps_json")
@@ -123,7 +109,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     with open(a.steps_json) as f:
         rows = table(json.load(f), worker_log.read(a.worker_log), a.warmup)
-    print(format_table(rows))
+    print("\n".join(trainer_spans({"rows": rows})))
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"rows": rows, "steps_json": a.steps_json, "worker_log": a.worker_log}, f, indent=1)

@@ -21,6 +21,7 @@ from verl_pipe.frontier import AdaptiveWindow, FCFSPolicy, FrontierPolicy, Reque
 from verl_pipe.rollout_core import Cancel, GroupEnded, HandOver, RolloutCore, Take
 from verl_pipe.sim.engine import EngineParams, Replica, Seq
 from verl_pipe.sim.trainer import MODES, TrainerParams, schedule
+from verl_pipe.variants import variant
 from verl_pipe.workload import Workload
 from verl_pipe.timeline import StepTimeline
 
@@ -255,7 +256,7 @@ def rollout_for_mode(mode: str, workload: Workload, engine: EngineParams, num_re
     every other mode uses the stock FCFS dispatch with the engine as configured (verl default: fcfs).
     A window given as ``rolloutpipe.fgd.window`` spells it ("adaptive", "auto") is resolved as the trainer
     resolves it (``frontier.resolve_window``), against the engine's ``max_num_seqs``."""
-    fgd = mode == "cgp_fgd"
+    fgd = variant(mode).fgd
     if isinstance(window, str):
         window = resolve_window(window, groups_per_unit, workload.n, engine.max_num_seqs)
     policy = make_policy("fgd" if fgd else "fcfs", workload, num_replicas, groups_per_unit, window,
@@ -269,8 +270,8 @@ def timeline_for(rollout: RolloutResult, workload: Workload, trainer: TrainerPar
                  groups_per_unit: int, weight_sync_s: float, granularity: str = "minibatch",
                  step: int = 0) -> StepTimeline:
     """Schedule the trainer on a finished rollout and record everything into a fresh StepTimeline."""
-    tmode = "cgp_group" if (mode == "cgp_fgd" and granularity == "group") else mode
-    plan = schedule(tmode, rollout.completions, workload.seq_lens, trainer, groups_per_unit, rollout.rollout_end)
+    plan = schedule(mode, rollout.completions, workload.seq_lens, trainer, groups_per_unit, rollout.rollout_end,
+                    granularity)
     tl = StepTimeline(step, groups_per_unit, clock=lambda: 0.0)  # every event carries its simulated time
     rollout.record_into(tl)
     for u, groups, ready in plan.units:
