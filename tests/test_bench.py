@@ -381,7 +381,7 @@ def test_fit_with_a_copying_theta_k_swap():
 def test_bench_configs_name_their_stacks_and_modes(tmp_path):
     import yaml
 
-    from verl_pipe.bench.run import CONF_DIR, load_config, stack_of
+    from verl_pipe.bench.settings import CONF_DIR, load_config, stack_of
 
     cfg = load_config(CONF_DIR / "default.yaml")
     paper = [s for s in cfg["settings"] if s.get("stack") == "paper"]

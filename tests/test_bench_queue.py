@@ -1,4 +1,4 @@
-"""The queue-bound bench config (verl_pipe/conf/bench/queue.yaml) and the preemption counts it records: pure checks
+"""The queue-bound bench config (conf/bench/queue.yaml) and the preemption counts it records: pure checks
 (the config loads, its stacks compose and validate, a queue exists on each, its results conform), nothing runs."""
 
 import json

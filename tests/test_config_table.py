@@ -245,7 +245,7 @@ def _config_leaves(node: DictConfig, table: dict, prefix: str):
 
 
 def test_every_key_of_the_base_config_is_in_the_table():
-    """verl_pipe/conf/rolloutpipe_trainer.yaml and config.ROLLOUTPIPE stay in step: a new key needs a rule."""
+    """conf/rolloutpipe_trainer.yaml and config.ROLLOUTPIPE stay in step: a new key needs a rule."""
     unknown = [k for k, spec in _config_leaves(compose([]).rolloutpipe, ROLLOUTPIPE, "rolloutpipe")
                if spec is None or spec is INTERNAL]
     assert not unknown, f"rolloutpipe keys without a rule in verl_pipe.config.ROLLOUTPIPE: {unknown}"

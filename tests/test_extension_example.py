@@ -1,4 +1,4 @@
-"""The worked extension example (verl_pipe/recipes/extension_example/, recipe tiny_cpu_extension_example): the recipe
+"""The worked extension example (recipes/extension_example/, recipe tiny_cpu_extension_example): the recipe
 composes and selects the example, verl loads its trainer class and reward the way a run does, and the
 example's filter, admission priority and reward logic -- pure, no Ray. tests/e2e/test_zz_dapo.py runs it."""
 

@@ -174,7 +174,7 @@ def test_workload_seeds_follow_the_bench():
 
 def test_bench_spec_runs_the_peer_on_the_settings_own_stack():
     """A setting on a named stack (the paper regime) gives the peer that stack's overrides, as our modes get."""
-    from verl_pipe.bench.run import CONF_DIR, load_config, stack_overrides
+    from verl_pipe.bench.settings import CONF_DIR, load_config, stack_overrides
 
     cfg = load_config(CONF_DIR / "default.yaml")
     name = next(s["name"] for s in cfg["settings"] if s.get("stack") == "paper")

@@ -1,4 +1,4 @@
-"""verl_pipe/recipes/: every recipe composes through the Hydra search path (plugin in hydra_plugins/), passes our
+"""recipes/: every recipe composes through the Hydra search path (plugin in hydra_plugins/), passes our
 validation and verl's own config checks, and sets only keys that verl's config already has.
 
 No Ray, no model, no data: the recipes' files are for other machines (GPU clusters), so paths are not checked.
@@ -15,7 +15,7 @@ from verl_pipe.config import validate
 from verl_pipe.session import compose
 
 ROOT = Path(__file__).resolve().parent.parent
-RECIPE_DIR = ROOT / "verl_pipe" / "recipes"
+RECIPE_DIR = ROOT / "recipes"
 RECIPES = sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
 # The cluster each GPU recipe is written for: (nodes, GPUs per node), from the recipe's header.
 GPU_CLUSTERS = {
@@ -93,7 +93,7 @@ def test_recipe_sets_only_existing_keys(base, name):
     own.pop("defaults", None)
     own.pop("hydra", None)
     unknown = [k for k in _leaves(own) if not k.startswith(FREE_KEYS) and not _exists(base, k)]
-    assert not unknown, f"verl_pipe/recipes/{name}.yaml sets keys that verl_pipe/conf/rolloutpipe_trainer.yaml + verl lack: {unknown}"
+    assert not unknown, f"recipes/{name}.yaml sets keys that conf/rolloutpipe_trainer.yaml + verl lack: {unknown}"
 
 
 @pytest.mark.parametrize("name", RECIPES)
@@ -104,7 +104,7 @@ def test_recipe_says_what_data_it_expects(name):
             break
         header.append(line)
     assert header and any(line.startswith("# Data:") for line in header), \
-        f"verl_pipe/recipes/{name}.yaml must open with a comment block with a '# Data:' line"
+        f"recipes/{name}.yaml must open with a comment block with a '# Data:' line"
 
 
 @pytest.mark.parametrize("name", sorted(GPU_CLUSTERS))

@@ -27,7 +27,7 @@ def main() -> None:
     ap.add_argument("--out")
     args = ap.parse_args()
 
-    from verl_pipe.main_grpo import CONF_DIR
+    from verl_pipe.conf import ROOT as CONF_DIR
     from verl_pipe.platform.cpu_info import report
     from verl_pipe.session import PipeSession, compose
 

@@ -300,7 +300,7 @@ def _check_table(node: DictConfig, table: dict, prefix: str, config: DictConfig)
 def validate(config: DictConfig, check_paths: bool = True) -> None:
     rp = config.get("rolloutpipe")
     if not isinstance(rp, DictConfig):
-        raise _err("rolloutpipe", "missing: compose the run from verl_pipe/conf/rolloutpipe_trainer.yaml (or a recipe on it)")
+        raise _err("rolloutpipe", "missing: compose the run from conf/rolloutpipe_trainer.yaml (or a recipe on it)")
     _check_table(rp, ROLLOUTPIPE, "rolloutpipe", config)
     _validate_batching(config)
     _validate_algorithm(config)

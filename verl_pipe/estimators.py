@@ -26,7 +26,7 @@ A custom group-based estimator registers with both::
 
 The registration must run in the launcher (config check) and in the trainer's process: put it in the module of
 ``rolloutpipe.trainer_class`` or a module it imports; the config check imports that module when the estimator
-is not registered yet (verl_pipe/recipes/extension_example/estimator.py is the worked example).
+is not registered yet (recipes/extension_example/estimator.py is the worked example).
 """
 
 from __future__ import annotations

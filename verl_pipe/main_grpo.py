@@ -16,8 +16,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-# The base config ships inside the package (verl_pipe/conf, package data), so an installed verl_pipe runs
-# outside a checkout; recipes and verl's ppo_trainer come from the search-path plugin (hydra_plugins/).
+# The base config is the subpackage verl_pipe.conf (conf/ at the top of the checkout, mapped there by pyproject's
+# package-dir; verl_pipe/conf in a wheel), found by module name, so an installed verl_pipe runs outside a checkout;
+# recipes and verl's ppo_trainer come from the search-path plugin (hydra_plugins/).
 CONF_MODULE = "verl_pipe.conf"
 
 
@@ -201,7 +202,7 @@ def stop(reason: str, shutdown_timeout_s: float = 20.0) -> None:
         print(f"[verl_pipe] ended {len(killed)} process(es) left behind", flush=True)
 
 
-@hydra.main(config_path="conf", config_name="rolloutpipe_trainer", version_base=None)
+@hydra.main(config_path=f"pkg://{CONF_MODULE}", config_name="rolloutpipe_trainer", version_base=None)
 def main(config: DictConfig) -> None:
     from verl_pipe.teardown import become_subreaper
 

@@ -89,7 +89,7 @@ def exact_lengths(workload: Workload):
     return overrides
 
 
-# The four length distributions of docs/sim_sources.md §7 (D1..D4); sources are in verl_pipe/conf/sim/cluster_grid.yaml.
+# The four length distributions of docs/sim_sources.md §7 (D1..D4); sources are in conf/sim/cluster_grid.yaml.
 SETTINGS: dict[str, dict] = {
     "D1": {"name": "base-early", "mean": 1000, "sigma": 0.8, "rho": 0.72, "cap": 8192},
     "D2": {"name": "distill-8k", "mean": 3500, "sigma": 0.64, "rho": 0.72, "cap": 8192},

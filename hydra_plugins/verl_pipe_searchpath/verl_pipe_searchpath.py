@@ -10,8 +10,9 @@ Hydra imports every module under the ``hydra_plugins`` namespace package and cal
   loaded from a defaults list ("Overriding hydra.searchpath is only supported from the primary
   config"). A recipe is the primary config and lists ``rolloutpipe_trainer`` in its defaults, so
   neither file may set ``hydra.searchpath``; the plugin provides verl's path for every config instead.
-- ``pkg://verl_pipe.recipes``: the recipes, package data of the installed package (a wheel carries
-  them, as it carries ``verl_pipe/conf``), so that, from any directory,
+- ``pkg://verl_pipe.recipes``: the recipes (``recipes/`` in the checkout, installed as the subpackage
+  ``verl_pipe.recipes`` by pyproject's package-dir, as ``conf/`` is as ``verl_pipe.conf``), so that, from any
+  directory,
 
     python -m verl_pipe.main_grpo --config-name qwen3_1p7b_gsm8k_4x4
 

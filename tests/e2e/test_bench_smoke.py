@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _quick() -> dict:
-    from verl_pipe.bench.run import CONF_DIR, load_config
+    from verl_pipe.bench.settings import CONF_DIR, load_config
 
     return load_config(CONF_DIR / "quick.yaml")
 

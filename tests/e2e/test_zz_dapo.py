@@ -1,6 +1,6 @@
 """A DAPO-style CGP + FGD step on the real stack, run by the worked extension example.
 
-The recipe tiny_cpu_extension_example (verl_pipe/recipes/extension_example/): ExampleTrainer (custom trainability
+The recipe tiny_cpu_extension_example (recipes/extension_example/): ExampleTrainer (custom trainability
 filter, deferring admission policy), its reward (correctness + format credit) through verl's custom_reward_function,
 clip-higher (0.2 / 0.28), token-mean loss, the zero-variance filter and oversampling (8 extra prompts).
 The tiny model's 0/1 reward is right about 3% of the time, so nearly every group would be

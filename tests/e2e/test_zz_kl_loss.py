@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e
 
 BATCH, N = 8, 4  # E2E_OVERRIDES
 
-# The tiny CPU default trains in fp32 (verl_pipe/conf/rolloutpipe_trainer.yaml: fsdp_config.mixed_precision, actor and
+# The tiny CPU default trains in fp32 (conf/rolloutpipe_trainer.yaml: fsdp_config.mixed_precision, actor and
 # ref): the whitened-estimator check below compares two ways of computing the same gradient, which bf16
 # rounding would blur to ~1e-3.
 

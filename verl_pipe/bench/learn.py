@@ -273,7 +273,7 @@ def cli(argv: list[str]) -> int:
         with open(args.reanalyze) as f:
             result = json.load(f)
     else:
-        from verl_pipe.bench.run import env_info
+        from verl_pipe.bench.provenance import env_info
 
         runs = []
         out = Path(args.out)

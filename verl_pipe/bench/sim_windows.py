@@ -1,6 +1,6 @@
 """The calibrated simulator on a bench config's settings, per FGD admission window: where does FGD cost, where pay?
 
-    python -m verl_pipe.bench.sim_windows --config verl_pipe/conf/bench/paper_tiny.yaml \
+    python -m verl_pipe.bench.sim_windows --config conf/bench/paper_tiny.yaml \
         --calibration docs/bench/bench_paper_tiny_2026-12-01.json [--calibrate-as queue_tiny=paper_tiny] \
         [--windows adaptive,null,auto] [--client-s 0,0.004] [--out FILE.json]
 
@@ -51,7 +51,7 @@ def trainer_from_summary(t: dict) -> TrainerParams:
 
 def stack_shape(cfg: dict, stack: str, kv_tokens_per_gib: int) -> tuple[StepShape, int]:
     """The step's shape on a bench stack and its number of prompts, from the Hydra config its overrides compose to."""
-    from verl_pipe.bench.run import stack_overrides
+    from verl_pipe.bench.settings import stack_overrides
     from verl_pipe.session import compose
 
     c = compose(stack_overrides(cfg, stack))
@@ -75,7 +75,7 @@ def _window(name: str):
 def simulate_setting(setting: dict, shape: StepShape, num_groups: int, calibration: dict, windows: list[str],
                      rounds: int, seed: int, prompt_len: float, client_s: float = 0.0) -> dict:
     """Mean figures per mode over ``rounds`` workloads: sync, cgp, ``cgp_fgd[<window>]`` per window."""
-    from verl_pipe.bench.run import workload_for
+    from verl_pipe.bench.settings import workload_for
     from verl_pipe.frontier import resolve_window
 
     alone = engine_from_summary(calibration["engine_alone"], shape)
@@ -104,7 +104,7 @@ def simulate_setting(setting: dict, shape: StepShape, num_groups: int, calibrati
 
 def study(cfg: dict, calibrations: dict, calibrate_as: dict[str, str], windows: list[str], client_costs: list[float],
           prompt_len: float, kv_tokens_per_gib: dict[str, int]) -> list[dict]:
-    from verl_pipe.bench.run import stack_of
+    from verl_pipe.bench.settings import stack_of
 
     rows = []
     for s in cfg["settings"]:
@@ -155,10 +155,10 @@ def load_calibrations(paths: list[str]) -> tuple[dict, dict, float]:
 
 
 def main(argv=None) -> int:
-    from verl_pipe.bench.run import load_config
+    from verl_pipe.bench.settings import load_config
 
     ap = argparse.ArgumentParser(prog="python -m verl_pipe.bench.sim_windows", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", required=True, help="a bench YAML (verl_pipe/conf/bench/*.yaml)")
+    ap.add_argument("--config", required=True, help="a bench YAML (conf/bench/*.yaml)")
     ap.add_argument("--calibration", required=True, action="append", help="a bench results JSON (docs/bench/*.json)")
     ap.add_argument("--calibrate-as", action="append", default=[], metavar="STACK=SIZE",
                     help="simulate STACK with the calibration of SIZE (a stack the JSONs did not measure)")

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from verl_pipe.bench.calib import PaddedWorkload, StepShape, simulate_like
-from verl_pipe.bench.run import workload_for
+from verl_pipe.bench.settings import workload_for
 from verl_pipe.bench.sim_windows import engine_from_summary, trainer_from_summary
 from verl_pipe.plan.predict import one_step_off
 from verl_pipe.sim.simulate import rollout_for_mode

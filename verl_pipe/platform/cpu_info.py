@@ -103,7 +103,7 @@ def bf16_problem(config, info: dict | None = None) -> str | None:
         return None
     return (f"{', '.join(asked)} ask for bf16 compute, but this CPU ({info['model']}) has neither AVX512_BF16 nor "
             "AMX_BF16: bf16 is emulated there, about 10x slower end to end than fp32. Set them to fp32 (the CPU "
-            "default: verl_pipe/conf/rolloutpipe_trainer.yaml) unless the point is to measure bf16.")
+            "default: conf/rolloutpipe_trainer.yaml) unless the point is to measure bf16.")
 
 
 if __name__ == "__main__":

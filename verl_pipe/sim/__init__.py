@@ -5,7 +5,7 @@ Response lengths come from verl_pipe/workload.py (shared with the trainer's roll
 engine.py    one vLLM-V1-like replica: continuous batching, KV pool, preemption, decode-step cost
 trainer.py   trainer cost model: executes the real trainer's schedule (verl_pipe/schedule.py); verl_separate_async
 simulate.py  the event loop: frontier.py policies admit, replicas generate, StepTimeline records
-grid.py      the 12 cluster settings of verl_pipe/conf/sim/cluster_grid.yaml, the T/R and FGD sweeps, text tables
+grid.py      the 12 cluster settings of conf/sim/cluster_grid.yaml, the T/R and FGD sweeps, text tables
 """
 
 from verl_pipe.sim.engine import CPU_TINY, H100_QWEN3_1P7B, EngineParams, fit_engine_params

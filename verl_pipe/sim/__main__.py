@@ -1,6 +1,6 @@
 """python -m verl_pipe.sim --grid cluster_grid [--placement pageable|pinned|device] [--compare-placements] [--out FILE.json]
 
-``--grid`` is a grid YAML path, or the name of one shipped in verl_pipe/conf/sim/ (e.g. ``cluster_grid``).
+``--grid`` is a grid YAML path, or the name of one shipped in conf/sim/ (e.g. ``cluster_grid``).
 """
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ import argparse
 import json
 from pathlib import Path
 
+from verl_pipe.conf import ROOT as CONF_ROOT
 from verl_pipe.sim.grid import compare_placements, format_placements, format_setting, run_grid
 from verl_pipe.sim.trainer import PLACEMENTS
 
-SIM_CONF = Path(__file__).resolve().parent.parent / "conf" / "sim"  # package data: works installed too
+SIM_CONF = CONF_ROOT / "sim"  # conf/sim in a checkout, verl_pipe/conf/sim installed
 
 
 def grid_path(arg: str) -> Path:

@@ -1,4 +1,4 @@
-"""The cluster-scale grid (verl_pipe/conf/sim/cluster_grid.yaml): every setting x every mode, plus a T/R sweep.
+"""The cluster-scale grid (conf/sim/cluster_grid.yaml): every setting x every mode, plus a T/R sweep.
 
 A setting's rollout depends only on the dispatch (stock FCFS or FGD), not on the trainer mode, so each seed
 runs two rollouts and every trainer mode and sweep point is scheduled on them.

@@ -112,7 +112,7 @@ PLACEMENTS = ("pageable", "pinned", "device")
 
 def placement_costs(placement: str, num_gpus: int, f: dict) -> dict:
     """TrainerParams copy fields for a theta_k placement, per GPU of an FSDP trainer sharded ``num_gpus`` ways,
-    from measured figures ``f`` (verl_pipe/conf/sim/cluster_grid.yaml ``theta_k``: bytes and the one-GPU measurements).
+    from measured figures ``f`` (conf/sim/cluster_grid.yaml ``theta_k``: bytes and the one-GPU measurements).
     Each GPU copies its 1/num_gpus shard over its own host link at the one-GPU rate [A]."""
     theta = float(f["param_bytes"]) / num_gpus
     opt = float(f["opt_bytes"]) / num_gpus if f.get("checkpoint_on_failure", True) else 0.0

@@ -28,7 +28,7 @@ from verl_pipe.bench.peer.configs import CONFIGS, MODE_NAMES
 
 def bench_spec(config: str, steps: int, bench_cfg: dict, setting: str | None = None,
                warmup_steps: int | None = None) -> dict:
-    """The runner's spec for one configuration with a bench YAML's sizing (verl_pipe/conf/bench/*.yaml):
+    """The runner's spec for one configuration with a bench YAML's sizing (conf/bench/*.yaml):
     its overrides, model size, seed and the workload of ``setting`` (default: the first longtail- setting).
     ``warmup_steps`` (default: the bench's ``warmup_steps``) run first and come back marked ``warmup``."""
     if config not in CONFIGS:
@@ -46,7 +46,7 @@ def bench_spec(config: str, steps: int, bench_cfg: dict, setting: str | None = N
         if chosen is None:
             names = [s["name"] for s in settings]
             raise ValueError(f"--setting {setting!r}: not in the bench config (have {names})")
-    from verl_pipe.bench.run import stack_of, stack_overrides
+    from verl_pipe.bench.settings import stack_of, stack_overrides
 
     # the same stack as our modes on that setting (its model size, and a named stack's own overrides)
     stack = stack_of(chosen, bench_cfg) if chosen else bench_cfg.get("model_size", "bench")

@@ -39,12 +39,12 @@ def _stop_on(signum, frame):
 
 
 def main(argv=None) -> None:
-    from verl_pipe.bench.run import CONF_DIR, load_config
+    from verl_pipe.bench.settings import CONF_DIR, load_config
 
     ap = argparse.ArgumentParser(prog="python -m verl_pipe.bench.peer", description=__doc__)
     ap.add_argument("--config", choices=sorted(CONFIGS), default="onpolicy")
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--bench", default="quick", help="bench YAML name in verl_pipe/conf/bench or a path")
+    ap.add_argument("--bench", default="quick", help="bench YAML name in conf/bench or a path")
     ap.add_argument("--setting", default=None,
                     help="the bench setting whose workload to use (default: the first longtail- one)")
     ap.add_argument("--warmup-steps", type=int, default=None,

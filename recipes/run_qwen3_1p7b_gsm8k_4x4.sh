@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Qwen3-1.7B GSM8K GRPO on one 8-GPU node, 4 rollout + 4 trainer GPUs (recipe qwen3_1p7b_gsm8k_4x4).
 # Prepares the data and the model on first run, then launches. Extra arguments are Hydra overrides:
-#   bash verl_pipe/recipes/run_qwen3_1p7b_gsm8k_4x4.sh trainer.logger='[console,wandb]' rolloutpipe.mode=sync
+#   bash recipes/run_qwen3_1p7b_gsm8k_4x4.sh trainer.logger='[console,wandb]' rolloutpipe.mode=sync
 # Needs: pip install ".[gpu]" -c constraints/gpu.txt (verl 0.9.1, vLLM 0.29.0, cupy), git, network access for the first run.
 set -xeuo pipefail
 

@@ -1,6 +1,6 @@
 """A custom reward in verl's ``custom_reward_function`` signature: correctness plus a format credit.
 
-Selected in verl_pipe/recipes/tiny_cpu_extension_example.yaml with
+Selected in recipes/tiny_cpu_extension_example.yaml with
 
     reward:
       custom_reward_function:

@@ -1,0 +1,113 @@
+"""The repository's layout: conf/ and recipes/ at the top level ship as verl_pipe.conf and verl_pipe.recipes
+(pyproject's package-dir), pyproject lists every package of the tree, and verl_pipe's modules import no circle.
+
+Pure: reads files and imports verl_pipe.conf / verl_pipe.recipes (no Ray, no model). The wheel itself is built and
+run outside the checkout in tests/test_install.py.
+"""
+
+import ast
+import tomllib
+from pathlib import Path
+
+import verl_pipe
+import verl_pipe.conf
+import verl_pipe.recipes
+
+ROOT = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+# Where each package's directory is: the mapped ones (package-dir) and, for the rest, their own name's path.
+ROOTS = {"verl_pipe": ROOT / "verl_pipe", "hydra_plugins": ROOT / "hydra_plugins",
+         **{pkg: ROOT / path for pkg, path in PYPROJECT["package-dir"].items()}}
+
+
+def _tree_packages() -> set[str]:
+    """Each root (hydra_plugins is a namespace package) and every directory under one that holds a file (not
+    bytecode): each is a package of the wheel."""
+    found = set()
+    for pkg, d in ROOTS.items():
+        for sub in [d, *d.rglob("*")]:
+            if sub == d or sub.is_dir() and "__pycache__" not in sub.parts and any(
+                    f.is_file() and f.suffix != ".pyc" for f in sub.iterdir()):
+                found.add(".".join([pkg, *sub.relative_to(d).parts]))
+    return found
+
+
+def test_conf_and_recipes_live_at_the_top_level():
+    assert PYPROJECT["package-dir"] == {"verl_pipe.conf": "conf", "verl_pipe.recipes": "recipes"}
+    for name in ("conf", "recipes"):
+        assert (ROOT / name / "__init__.py").is_file()
+        # A leftover verl_pipe/conf (even holding only __pycache__) would be found first, as a namespace package.
+        assert not (ROOT / "verl_pipe" / name).exists(), f"verl_pipe/{name} shadows the top-level {name}/"
+
+
+def test_pyproject_lists_every_package_of_the_tree():
+    assert set(PYPROJECT["packages"]) == _tree_packages()
+
+
+def test_conf_and_recipes_come_from_the_same_tree_as_verl_pipe():
+    """In a checkout (editable install) verl_pipe.conf is this checkout's conf/; installed, it sits in the package."""
+    pkg = Path(verl_pipe.__file__).resolve().parent
+    for mod, name in ((verl_pipe.conf, "conf"), (verl_pipe.recipes, "recipes")):
+        where = Path(mod.__file__).resolve().parent
+        if pkg == ROOT / "verl_pipe":
+            assert where == ROOT / name, (f"verl_pipe comes from this checkout but {mod.__name__} from {where}: "
+                                          "the editable install maps it to another tree (pip install -e . here)")
+        else:
+            assert where == pkg / name
+    assert verl_pipe.conf.ROOT == Path(verl_pipe.conf.__file__).resolve().parent
+    assert (verl_pipe.conf.ROOT / "rolloutpipe_trainer.yaml").is_file()
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for pkg, d in ROOTS.items():
+        if not pkg.startswith("verl_pipe"):
+            continue
+        for f in d.rglob("*.py"):
+            parts = list(f.relative_to(d).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            mods[".".join([pkg, *parts])] = f
+    return mods
+
+
+def test_no_import_circles():
+    """No module of verl_pipe imports, at any level (function-level imports included), one that imports it back
+    (e.g. bench/run.py <-> bench/peer: both take the bench YAML's helpers from bench/settings.py). Importing a
+    submodule imports its parent packages first; that is not counted."""
+    mods = _modules()
+    edges = {m: set() for m in mods}
+    for m, f in mods.items():
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for n in names:
+                parts = n.split(".")
+                for i in range(1, len(parts) + 1):
+                    t = ".".join(parts[:i])
+                    if t in mods and t != m and not m.startswith(t + "."):
+                        edges[m].add(t)
+    circles = []
+    for start in mods:  # a path back to start through its imports (small graph: a search per module is enough)
+        seen, stack = set(), [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for nxt in edges[node]:
+                if nxt == start:
+                    circles.append(path)
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+    assert not circles, f"import circles: {sorted({' -> '.join(c) for c in circles})}"
+
+
+def test_peer_configurations_are_the_variant_tables():
+    """bench/settings.py checks a setting's ``peers`` against the variant table, not bench/peer (no circle)."""
+    from verl_pipe.bench.peer.configs import CONFIGS
+    from verl_pipe.variants import PEER_MODE_NAMES
+
+    assert set(CONFIGS) == set(PEER_MODE_NAMES)

@@ -1,0 +1,65 @@
+"""A bench YAML (conf/bench/*.yaml, shipped as verl_pipe.conf): loading and checking it, the live stack each setting
+runs on and that stack's Hydra overrides, and a setting's workload.
+
+Shared by the bench's runner (``run``), verl's peer (``peer``), the window sweep (``sim_windows``) and the planner's
+validation (verl_pipe/plan/validate.py); it imports none of them, so none of them imports another for these.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from verl_pipe.bench.report import MODES
+from verl_pipe.conf import ROOT as _CONF_ROOT
+from verl_pipe.variants import PEER_MODE_NAMES
+
+CONF_DIR = _CONF_ROOT / "bench"  # conf/bench in a checkout, verl_pipe/conf/bench installed
+
+
+def load_config(path: str | Path) -> dict:
+    with open(path) as f:
+        cfg = yaml.safe_load(f)
+    stacks = cfg.get("stacks") or {}
+    for name, st in stacks.items():
+        unknown = set(st) - {"model_size", "overrides"}
+        if unknown:
+            raise ValueError(f"{path}: stacks.{name}: unknown keys {sorted(unknown)} (allowed: model_size, overrides)")
+    for s in cfg["settings"]:
+        if not s["name"].startswith(("longtail-", "notail-")):
+            raise ValueError(f"setting {s['name']!r}: names start with longtail- or notail-")
+        if s.get("stack") is not None and s["stack"] not in stacks:
+            raise ValueError(f"setting {s['name']!r}: stack {s['stack']!r} is not under stacks: {sorted(stacks)}")
+        bad = set(s.get("modes", [])) - set(MODES)
+        if bad:
+            raise ValueError(f"setting {s['name']!r}: unknown modes {sorted(bad)} (known: {list(MODES)})")
+        # The peer's configurations: the variant table's (verl_pipe/bench/peer/configs.py CONFIGS has the same keys).
+        bad = set(s.get("peers") or []) - set(PEER_MODE_NAMES)
+        if bad:
+            raise ValueError(f"setting {s['name']!r}: unknown peers {sorted(bad)} (known: {sorted(PEER_MODE_NAMES)})")
+    return cfg
+
+
+def stack_of(setting: dict, cfg: dict) -> str:
+    """The live stack a setting runs on: a named entry of the config's ``stacks`` (its own model size and overrides,
+    e.g. the many-groups regime), or else its model size on the config's shared overrides. Steps, shapes and the
+    simulator's calibration are kept per stack (the ``model_size`` field of a step names it)."""
+    return setting.get("stack") or setting.get("model_size", cfg.get("model_size", "bench"))
+
+
+def stack_overrides(cfg: dict, stack: str) -> list[str]:
+    """The Hydra overrides of a live stack (``stack_of``): the config's shared overrides, the named stack's own, and
+    its model size. Our modes and verl's peer (verl_pipe/bench/peer) both start their stacks from these."""
+    spec = (cfg.get("stacks") or {}).get(stack)
+    size = spec.get("model_size", cfg.get("model_size", "bench")) if spec else stack
+    extra = list(spec.get("overrides", [])) if spec else []
+    # Lengths are forced per request (rolloutpipe.workload): the speed comparison needs no warm-start of the model.
+    return list(cfg.get("overrides", [])) + extra + [f"rolloutpipe.tiny_assets.size={size}",
+                                                      "rolloutpipe.tiny_assets.warm_start.steps=0"]
+
+
+def workload_for(spec: dict, num_groups: int, n: int, seed: int):
+    from verl_pipe.workload import from_spec
+
+    return from_spec(dict(spec), num_groups, n, prompt_len=0, seed=seed)
