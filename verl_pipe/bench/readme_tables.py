@@ -159,6 +159,11 @@ def trainer_spans(result: dict) -> list[str]:
     rows = []
     for r in result["rows"]:
         u, lp = r["update"], r["old_log_prob"]
+        if not u["calls"]:  # the run did not log this mode's update calls
+            rows.append([r["setting"], r["mode"], f"{u['driver_s']:.2f} / – / – s", BASELINE, BASELINE,
+                         f"{lp['driver_s']:.2f} / {lp['worker_s']:.2f} / {lp['overhead_s']:.2f} s",
+                         f"{lp['padded_tokens']:.0f}"])
+            continue
         rows.append([r["setting"], r["mode"], f"{u['driver_s']:.2f} / {u['worker_s']:.2f} / {u['overhead_s']:.2f} s",
                      f"{u['padded_tokens']:.0f} / {u['tokens']:.0f}",
                      BASELINE if u["worker_ms_per_padded_ktok"] is None else f"{u['worker_ms_per_padded_ktok']:.0f}",

@@ -1,7 +1,7 @@
 """The trainer's calls span by span: what the driver waited for against what the worker spent, per mode and setting.
 
 ``python -m verl_pipe.bench.trainer_gap STEPS_JSON WORKER_LOG [--out FILE.json]``: STEPS_JSON is a bench run's
-``*_steps.json``, WORKER_LOG the file the run's ``VERL_PIPE_WORKER_LOG`` named (verl_pipe/bench/worker_log.py).
+``*_steps.json`` (either may be gzipped: ``.gz``), WORKER_LOG the file the run's ``VERL_PIPE_WORKER_LOG`` named (verl_pipe/bench/worker_log.py).
 For each setting and mode, means per measured step of:
 
 - ``driver_s``: the trainer's spans of the call kind (old log-probs, updates) as the driver timed them: the call's
@@ -107,7 +107,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=1, help="warm-up steps of each stack and of the peer (bench config)")
     p.add_argument("--out", help="write the rows as JSON here")
     a = p.parse_args(argv)
-    with open(a.steps_json) as f:
+    with worker_log.open_text(a.steps_json) as f:
         rows = table(json.load(f), worker_log.read(a.worker_log), a.warmup)
     print("\n".join(trainer_spans({"rows": rows})))
     if a.out:

@@ -9,6 +9,7 @@ with the micro-batch size, so the padding the engine computes over (verl_pipe/mi
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import time
@@ -62,6 +63,11 @@ def summarize(records: list[dict]) -> dict[str, dict]:
     return out
 
 
+def open_text(path: str):
+    return gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)
+
+
 def read(path: str) -> list[dict]:
-    with open(path) as f:
+    """The records of a log (gzipped when its name ends in .gz)."""
+    with open_text(path) as f:
         return [json.loads(line) for line in f if line.strip()]
