@@ -49,7 +49,7 @@ class PipeSession:
         if workload != "keep":
             changes["workload"] = workload
         changes.update(knobs)
-        step_knobs(self.trainer.config, **self._changes, **changes)  # refuses unknown or invalid knobs first
+        step_knobs(self.trainer.config, **{**self._changes, **changes})  # refuses unknown or invalid knobs first
         self._changes.update(changes)
         return self.knobs
 
