@@ -44,16 +44,28 @@ def test_pyproject_lists_every_package_of_the_tree():
     assert set(PYPROJECT["packages"]) == _tree_packages()
 
 
+def _files(d: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(d)): f.read_bytes() for f in sorted(d.rglob("*"))
+            if f.is_file() and "__pycache__" not in f.parts}
+
+
 def test_conf_and_recipes_come_from_the_same_tree_as_verl_pipe():
-    """In a checkout (editable install) verl_pipe.conf is this checkout's conf/; installed, it sits in the package."""
+    """In a checkout (editable install) verl_pipe.conf is this checkout's conf/; installed, it sits in the package.
+
+    A checkout imported through PYTHONPATH beside another checkout's editable install (e.g. a git worktree run with
+    the main checkout's .venv) gets verl_pipe from itself but verl_pipe.conf / verl_pipe.recipes from the installed
+    checkout (the editable finder maps them; a worktree's verl_pipe/ has no conf/): allowed while the two trees'
+    files are the same, refused once they differ (its runs would use the other tree's configs)."""
     pkg = Path(verl_pipe.__file__).resolve().parent
     for mod, name in ((verl_pipe.conf, "conf"), (verl_pipe.recipes, "recipes")):
         where = Path(mod.__file__).resolve().parent
-        if pkg == ROOT / "verl_pipe":
-            assert where == ROOT / name, (f"verl_pipe comes from this checkout but {mod.__name__} from {where}: "
-                                          "the editable install maps it to another tree (pip install -e . here)")
-        else:
+        if pkg != ROOT / "verl_pipe":
             assert where == pkg / name
+        elif where != ROOT / name:
+            assert _files(where) == _files(ROOT / name), (
+                f"verl_pipe comes from this checkout ({ROOT}) but {mod.__name__} from {where}, whose files differ "
+                f"from this checkout's {name}/: the editable install maps it to another tree "
+                "(`pip install --no-deps -e .` in this checkout, or a venv of its own)")
     assert verl_pipe.conf.ROOT == Path(verl_pipe.conf.__file__).resolve().parent
     assert (verl_pipe.conf.ROOT / "rolloutpipe_trainer.yaml").is_file()
 
