@@ -1,0 +1,174 @@
+"""A multi-turn, tool-using agent loop, registered the verl way, that runs the toy calculator environment
+(``verl_pipe/assets/multiturn_env.py``, configured by ``rolloutpipe.multiturn``). Design: docs/multiturn.md.
+
+Select it with ``actor_rollout_ref.rollout.agent.default_agent_loop=verl_pipe_multiturn`` (the recipe
+``tiny_cpu_multiturn_cgp_fgd`` does, and lists the class in ``agent_loop_config_path`` so that verl's own
+AgentLoopWorker actors, which run validation, find it too).
+
+One trajectory, as verl's ToolAgentLoop builds one:
+
+- every model turn is one ``server_manager.generate`` call, the path SingleTurnAgentLoop uses, with the trajectory's
+  priority (FGD's group rank) on every call; in the streaming rollout the server manager is the
+  ``AdmissionRoutedClient``, which sends each call to the replica the trajectory was admitted to (the admission
+  rides in the asyncio task's context), so all turns of a trajectory, and all trajectories of a group, stay on the
+  group's replica with the group's priority;
+- the model's tokens are appended with response_mask 1 (and their log-probs), the environment's ``tool`` messages
+  through verl's Continuous Token builder with response_mask 0, so the loss covers model tokens only;
+- between turns the tool's latency is an ``asyncio.sleep``: a trajectory waiting on its tool has no request in
+  vLLM and holds no engine slot;
+- the reward is the environment's (``AgentLoopOutput.reward_score``; verl's reward loop is then skipped for it, as
+  for an agent loop that computes its own score), with the episode's facts in ``reward_extra_info``
+  (``mt_turns``, ``mt_tool_calls``, ``mt_tool_failed``, ``mt_truncated``, ``mt_tool_wait_s``);
+- ``min_global_steps`` / ``max_global_steps`` span every turn, so the trainer's weight-version check of a group
+  covers all turns of all its trajectories.
+
+What the admission policy calls a request is the whole trajectory: it is admitted once, holds its replica's window
+slot until its last turn ends (also while it waits on its tool), and is resubmitted from its first turn when it
+fails or its replica dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+from uuid import uuid4
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
+from verl.utils.rollout_trace import rollout_trace_op
+
+from verl_pipe.assets.multiturn_env import EnvConfig, ToolFailure, observation, plan_episode, reward
+from verl_pipe.rollout.client import CURRENT_ADMISSION
+
+AGENT_NAME = "verl_pipe_multiturn"
+
+
+def env_config(config) -> EnvConfig:
+    """The run's ``rolloutpipe.multiturn`` (the whole trainer config, or None for the defaults)."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.select(config, "rolloutpipe.multiturn") if config is not None else None
+    spec = OmegaConf.to_container(node, resolve=True) if node is not None else None
+    return EnvConfig.from_dict(spec)
+
+
+def task_key(kwargs: dict) -> str:
+    """A prompt's stable id, the key of its group latent: its split and dataset index."""
+    extra = kwargs.get("extra_info") or {}
+    index = kwargs.get("index", extra.get("index"))
+    if index is None:
+        raise ValueError("a multi-turn episode needs the prompt's dataset index (the row's index or extra_info.index)")
+    return f"{extra.get('split', '')}/{int(index)}"
+
+
+def sample_index() -> int:
+    """The trajectory's index within its group: the admission's in the streaming rollout; 0 elsewhere (verl's
+    validation, n=1)."""
+    adm = CURRENT_ADMISSION.get()
+    return int(adm.request.index) if adm is not None else 0
+
+
+@register(AGENT_NAME)
+class MultiTurnEnvAgentLoop(AgentLoopBase):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.env = env_config(self.config)
+        self.response_length = int(self.rollout_config.response_length)
+
+    @rollout_trace_op
+    async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs) -> AgentLoopOutput:
+        priority = int(priority)  # may arrive as np.int64 from non_tensor_batch
+        env = self.env
+        plan = plan_episode(env, task_key(kwargs), sample_index())
+        ground_truth = (kwargs.get("reward_model") or {}).get("ground_truth")
+        messages = list(kwargs["raw_prompt"])
+        request_id = f"det-{priority}" if getattr(self.rollout_config, "full_determinism", False) else uuid4().hex
+
+        runtime_ids = await self.ct_build_initial_tokens(messages)
+        prompt_len = len(runtime_ids)
+        response_mask: list[int] = []
+        logprobs: list[float] | None = None
+        extra_fields: dict[str, Any] = {}
+        gen_s = tool_s = 0.0
+        preempted = None
+        last_text, turns_done, tool_calls, tool_messages, tool_failed, truncated = "", 0, 0, 0, False, False
+
+        for turn in range(plan.turns):
+            budget = self.response_length - len(response_mask)
+            if budget <= 0:
+                truncated = True
+                break
+            params = dict(sampling_params)
+            params["max_tokens"] = min(int(params.get("max_tokens", env.turn_max_tokens)), env.turn_max_tokens, budget)
+            t0 = time.perf_counter()
+            out = await self.server_manager.generate(request_id=request_id, prompt_ids=runtime_ids,
+                                                     sampling_params=params, priority=priority)
+            gen_s += time.perf_counter() - t0
+            turns_done += 1
+            if out.num_preempted is not None:
+                preempted = (preempted or 0) + int(out.num_preempted)
+            _merge_versions(extra_fields, out.extra_fields)
+            if out.log_probs and logprobs is None:
+                logprobs = [0.0] * len(response_mask)
+            merge, response_mask, logprobs = await self.ct_merge_assistant_token(
+                runtime_ids, out.token_ids, response_mask, logprobs,
+                assistant_logprobs=out.log_probs if out.log_probs else None)
+            runtime_ids = merge.token_ids
+            last_text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+            if turn == plan.turns - 1:
+                break
+            if len(response_mask) >= self.response_length:
+                truncated = True
+                break
+            # the tool: no request in vLLM while it runs
+            t0 = time.perf_counter()
+            await asyncio.sleep(plan.latencies_s[turn])
+            tool_s += time.perf_counter() - t0
+            tool_calls += 1
+            if plan.failures[turn]:
+                if env.on_tool_failure == "fail_request":
+                    raise ToolFailure(f"tool call {turn} of task {task_key(kwargs)} sample {sample_index()} failed")
+                tool_failed = True
+                break
+            messages.append({"role": "assistant", "content": last_text})
+            previous = list(messages)
+            messages.append({"role": "tool", "content": observation(last_text, plan.turns - 1 - turn)})
+            merge, mask, lp = await self.ct_merge_context_msg(previous, messages, runtime_ids, response_mask, logprobs)
+            if len(mask) >= self.response_length:  # as verl's ToolAgentLoop: a context that does not fit ends it
+                truncated = True
+                break
+            runtime_ids, response_mask, logprobs = merge.token_ids, mask, lp
+            tool_messages += 1
+
+        response_ids = runtime_ids[prompt_len:]
+        assert len(response_ids) == len(response_mask), (len(response_ids), len(response_mask))
+        extra_fields.update({
+            "turn_scores": [], "tool_rewards": [],
+            "reward_extra_info": {"mt_turns": turns_done, "mt_tool_calls": tool_calls,
+                                  "mt_tool_failed": tool_failed, "mt_truncated": truncated,
+                                  "mt_tool_wait_s": round(tool_s, 6)},
+        })
+        return AgentLoopOutput(
+            prompt_ids=runtime_ids[:prompt_len],
+            response_ids=response_ids[: self.response_length],
+            response_mask=response_mask[: self.response_length],
+            response_logprobs=logprobs[: self.response_length] if logprobs else None,
+            reward_score=reward(last_text, ground_truth, tool_failed),
+            num_turns=1 + turns_done + tool_messages,  # user + assistant + tool messages, as verl counts
+            metrics={"generate_sequences": gen_s, "tool_calls": tool_s,
+                     "num_preempted": preempted if preempted is not None else -1},
+            extra_fields=extra_fields,
+        )
+
+
+def _merge_versions(acc: dict, turn: dict) -> None:
+    """The first turn's extra fields, with min_global_steps / max_global_steps over all turns."""
+    if not acc:
+        acc.update(turn)
+        return
+    for key, pick in (("min_global_steps", min), ("max_global_steps", max)):
+        new = turn.get(key)
+        if new is None:
+            continue
+        old = acc.get(key)
+        acc[key] = new if old is None else pick(old, new)
