@@ -18,6 +18,8 @@ GPU = ["rolloutpipe.platform=gpu", "trainer.device=cuda"]
 NCCL = "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"
 REBUILD = "++actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.nccl.rebuild_group=true"
 NCCL_ENGINE = "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=verl_pipe.platform.nccl_engine"
+MT = ["actor_rollout_ref.rollout.agent.default_agent_loop=verl_pipe_multiturn",
+      "actor_rollout_ref.rollout.agent.agent_loop_config_path=pkg://verl_pipe.recipes/lib/multiturn_agent_loops.yaml"]
 
 ROLLOUTPIPE_BAD = [
     (["rolloutpipe.mode=turbo"], "rolloutpipe.mode", "sync, cgp"),
@@ -70,6 +72,16 @@ ROLLOUTPIPE_BAD = [
     (["rolloutpipe.nccl_sync.setup_s=-5"], "rolloutpipe.nccl_sync.setup_s", "a number of seconds > 0"),
     (["rolloutpipe.request_timeout_s=soon"], "rolloutpipe.request_timeout_s", "seconds > 0"),
     (["rolloutpipe.weight_sync_timeout_s=-1"], "rolloutpipe.weight_sync_timeout_s", "seconds > 0"),
+    (["++rolloutpipe.multiturn=3"], "rolloutpipe.multiturn", "null (single-turn) or a mapping"),
+    ([*MT, "++rolloutpipe.multiturn.turns.median=0.5"], "rolloutpipe.multiturn", "turns.median must be >= 1"),
+    ([*MT, "++rolloutpipe.multiturn.turnz=3"], "rolloutpipe.multiturn", "unknown key(s) turnz"),
+    ([*MT, "++rolloutpipe.multiturn.on_tool_failure=retry"], "rolloutpipe.multiturn", "zero_reward, fail_request"),
+    ([*MT, "++rolloutpipe.multiturn.tool_failure_p=2"], "rolloutpipe.multiturn", "tool_failure_p must be in [0, 1]"),
+    (["++rolloutpipe.multiturn.seed=0"], "rolloutpipe.multiturn", "default_agent_loop is 'single_turn_agent'"),
+    ([MT[0], "++rolloutpipe.multiturn.seed=0"], "rolloutpipe.multiturn", "agent_loop_config_path is null"),
+    ([*MT, "++rolloutpipe.multiturn.seed=0", WL + "{kind: equal, length: 8}"], "rolloutpipe.multiturn",
+     "rolloutpipe.workload=null"),
+    ([MT[0]], "actor_rollout_ref.rollout.agent.default_agent_loop", "rolloutpipe.multiturn is null"),
     ([WL + "lognormal"], "rolloutpipe.workload", "null or a mapping"),
     ([WL + "{kind: gamma}"], "rolloutpipe.workload.kind", "lognormal, equal"),
     ([WL + "{kind: lognormal, median: 8, sigma: 1, rho: 0.5, cap: 4096}"], "rolloutpipe.workload.cap",
@@ -179,6 +191,7 @@ VERL_BAD = [
 
 GOOD = [
     [],
+    [*MT, "++rolloutpipe.multiturn.seed=1", "++rolloutpipe.multiturn.turns.median=3"],  # the rest: defaults
     [CGP, "rolloutpipe.cgp.granularity=group", "actor_rollout_ref.rollout.n=8"],
     [CGP, "rolloutpipe.fgd.enable=true", "rolloutpipe.fgd.window=32", "rolloutpipe.fgd.frontier_groups=6"],
     [CGP, "rolloutpipe.fgd.enable=true", "rolloutpipe.fgd.window=auto"],

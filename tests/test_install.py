@@ -47,6 +47,8 @@ def installed(tmp_path_factory) -> Path:
     for data in ("verl_pipe/conf/rolloutpipe_trainer.yaml", "verl_pipe/conf/bench/default.yaml",
                  "verl_pipe/conf/sim/cluster_grid.yaml", "verl_pipe/recipes/qwen3_1p7b_gsm8k_4x4.yaml",
                  "verl_pipe/recipes/run_qwen3_1p7b_gsm8k_4x4.sh", "verl_pipe/recipes/lib/fetch_model.sh",
+                 "verl_pipe/recipes/lib/multiturn_agent_loops.yaml",
+                 "verl_pipe/recipes/tiny_cpu_multiturn_cgp_fgd.yaml",
                  "hydra_plugins/verl_pipe_searchpath/verl_pipe_searchpath.py"):
         assert data in names, f"the wheel lacks {data}"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)

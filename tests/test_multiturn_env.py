@@ -107,7 +107,8 @@ def test_reward_checks_the_final_answer():
 
 
 def test_config_from_a_mapping_names_unknown_keys():
-    cfg = EnvConfig.from_dict({"seed": 1, "turns": {"median": 3}, "tool_failure_p": 0, "on_tool_failure": "fail_request"})
+    cfg = EnvConfig.from_dict({"seed": 1, "turns": {"median": 3}, "tool_failure_p": 0,
+                               "on_tool_failure": "fail_request"})
     assert cfg.turns == TailSpec(median=3, sigma=0.8, rho=0.7, cap=6) and cfg.tool_failure_p == 0.0
     assert EnvConfig.from_dict(None) == EnvConfig()
     for bad, word in [({"turn": 3}, "turn"), ({"turns": {"mean": 3}}, "mean"), ({"on_tool_failure": "retry"}, "retry"),

@@ -23,7 +23,8 @@ GPU_CLUSTERS = {
     "qwen3_1p7b_dapo_math_4x4": (1, 8),
     "multinode_ray_cluster": (2, 8),
 }
-TINY = ["tiny_cpu", "tiny_cpu_cgp_fgd", "tiny_cpu_extension_example", "tiny_cpu_reinforce_pp_baseline"]
+TINY = ["tiny_cpu", "tiny_cpu_cgp_fgd", "tiny_cpu_extension_example", "tiny_cpu_multiturn_cgp_fgd",
+        "tiny_cpu_reinforce_pp_baseline"]
 # Plain-dict nodes whose keys are free (passed on as keyword arguments), not verl dataclass fields.
 FREE_KEYS = ("ray_kwargs.ray_init.", "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.")
 
@@ -161,6 +162,37 @@ def test_tiny_cpu_is_the_embedded_default(configs, base):
 def test_tiny_cgp_fgd_is_pipelined_with_a_long_tail(configs):
     rp = configs["tiny_cpu_cgp_fgd"].rolloutpipe
     assert rp.mode == "cgp" and rp.fgd.enable and rp.workload.kind == "lognormal"
+
+
+def test_tiny_multiturn_selects_the_agent_loop_and_its_environment(configs):
+    """The multi-turn recipe: CGP + FGD, verl's agent-loop file names our loop (what verl's AgentLoopWorker reads),
+    the launcher resolves its pkg:// path, and the environment's settings parse."""
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+    from verl_pipe.assets.multiturn_env import EnvConfig
+    from verl_pipe.main_grpo import resolve_pkg_path
+    from verl_pipe.rollout.multiturn import AGENT_NAME, MultiTurnEnvAgentLoop, env_config
+
+    cfg = configs["tiny_cpu_multiturn_cgp_fgd"]
+    rp, rollout = cfg.rolloutpipe, cfg.actor_rollout_ref.rollout
+    assert rp.mode == "cgp" and rp.fgd.enable and rp.workload is None
+    assert rollout.agent.default_agent_loop == AGENT_NAME
+    assert rollout.max_model_len >= cfg.data.max_prompt_length + cfg.data.max_response_length
+    env = env_config(cfg)
+    assert env == EnvConfig.from_dict(OmegaConf.to_container(rp.multiturn)) and env.turns.cap > 1
+    assert env.turn_max_tokens <= cfg.data.max_response_length
+    entries = OmegaConf.load(resolve_pkg_path(rollout.agent.agent_loop_config_path))
+    assert [e.name for e in entries] == [AGENT_NAME]
+    assert entries[0]["_target_"] == f"{MultiTurnEnvAgentLoop.__module__}.{MultiTurnEnvAgentLoop.__qualname__}"
+    assert _agent_loop_registry[AGENT_NAME]["_target_"] == entries[0]["_target_"]
+
+
+def test_single_turn_recipes_keep_verls_agent_loop(configs):
+    for name, cfg in configs.items():
+        if name != "tiny_cpu_multiturn_cgp_fgd":
+            assert cfg.rolloutpipe.multiturn is None
+            assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "single_turn_agent"
+            assert cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path is None
 
 
 @pytest.mark.parametrize("script", sorted(RECIPE_DIR.glob("*.sh")), ids=lambda p: p.name)

@@ -180,6 +180,38 @@ def _check_workload(value, key: str, config: DictConfig) -> None:
             _check_value(rules[k], value.get(k), f"{key}.{k}")
 
 
+MULTITURN_AGENT = "verl_pipe_multiturn"  # verl_pipe.rollout.multiturn.AGENT_NAME (not imported here: it imports verl)
+
+
+def _check_multiturn(value, key: str, config: DictConfig) -> None:
+    """rolloutpipe.multiturn: null (single-turn) or the toy environment's settings
+    (verl_pipe.assets.multiturn_env.EnvConfig), with the multi-turn agent loop selected."""
+    if value is None:
+        return
+    if not isinstance(value, DictConfig):
+        raise _err(key, f"got {value!r}; allowed: null (single-turn) or a mapping such as {{seed: 0, "
+                        "turns: {median: 2, sigma: 0.8, rho: 0.7, cap: 4}, latency_s: {median: 0.05, sigma: 1.0, "
+                        "rho: 0.7, cap: 2.0}, turn_max_tokens: 16, tool_failure_p: 0.0, on_tool_failure: zero_reward}")
+    from verl_pipe.assets.multiturn_env import EnvConfig
+
+    try:
+        EnvConfig.from_dict(OmegaConf.to_container(value, resolve=True))
+    except (TypeError, ValueError) as e:
+        raise _err(key, str(e)) from None
+    agent = OmegaConf.select(config, "actor_rollout_ref.rollout.agent.default_agent_loop")
+    if agent != MULTITURN_AGENT:
+        raise _err(key, f"is set but actor_rollout_ref.rollout.agent.default_agent_loop is {agent!r}; set it to "
+                        f"{MULTITURN_AGENT} (and agent_loop_config_path to "
+                        "pkg://verl_pipe.recipes/lib/multiturn_agent_loops.yaml), or rolloutpipe.multiturn=null")
+    if not OmegaConf.select(config, "actor_rollout_ref.rollout.agent.agent_loop_config_path"):
+        raise _err(key, "is set but actor_rollout_ref.rollout.agent.agent_loop_config_path is null: verl's own "
+                        "agent-loop workers (validation) find the agent loop only through that file; set it to "
+                        "pkg://verl_pipe.recipes/lib/multiturn_agent_loops.yaml")
+    if OmegaConf.select(config, "rolloutpipe.workload") is not None:
+        raise _err(key, "and rolloutpipe.workload are both set: the workload fixes single-turn response lengths, the "
+                        "multi-turn environment draws its own turns and tool latencies; set rolloutpipe.workload=null")
+
+
 # Every key under rolloutpipe: a Rule, a nested table, INTERNAL, or a function (value, key, config).
 ROLLOUTPIPE: dict[str, Any] = {
     "mode": choice(*MODES),
@@ -231,6 +263,7 @@ ROLLOUTPIPE: dict[str, Any] = {
         "setup_s": Rule("a number of seconds > 0", lambda v: _is_number(v) and v > 0),
     },
     "workload": _check_workload,
+    "multiturn": _check_multiturn,
     "fault": {
         "replica_restart": BOOLEAN,
         "on_request_failure": choice(*ON_REQUEST_FAILURE),
@@ -488,6 +521,10 @@ def _validate_rollout(config: DictConfig) -> None:
     if rp.fgd.enable and rollout.get("scheduling_policy", "fcfs") != "priority":
         raise _err("actor_rollout_ref.rollout.scheduling_policy",
                    "frontier-group dispatch sends per-request priorities; set it to 'priority'")
+    if rollout.agent.get("default_agent_loop") == MULTITURN_AGENT and rp.get("multiturn") is None:
+        raise _err("actor_rollout_ref.rollout.agent.default_agent_loop",
+                   f"is {MULTITURN_AGENT} but rolloutpipe.multiturn is null; set rolloutpipe.multiturn to the "
+                   "environment's settings (a mapping, {} for the defaults: docs/multiturn.md)")
     if (rp.platform == "cpu" or rp.fgd.enable) and rollout.name != "vllm":
         raise _err("actor_rollout_ref.rollout.name",
                    f"got {rollout.name!r}; allowed: vllm (" + ("the CPU build is vLLM's" if rp.platform == "cpu"

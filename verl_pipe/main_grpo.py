@@ -45,6 +45,11 @@ def prepare_config(config: DictConfig) -> DictConfig:
         # the step trains the first train_batch_size trainable groups and aborts the rest.
         if int(rp.oversample) > 0:
             config.data.gen_batch_size = int(config.data.train_batch_size) + int(rp.oversample)
+        # verl finds an agent-loop file only by an absolute or working-directory-relative path: a pkg:// one (the
+        # multi-turn recipe's) becomes the installed file's absolute path, so every process finds it.
+        agent = config.actor_rollout_ref.rollout.agent
+        if str(agent.get("agent_loop_config_path") or "").startswith("pkg://"):
+            agent.agent_loop_config_path = resolve_pkg_path(agent.agent_loop_config_path)
         # verl's one-step-off wiring reads the top-level rollout pool size.
         config.rollout = {"nnodes": config.actor_rollout_ref.rollout.nnodes,
                           "n_gpus_per_node": config.actor_rollout_ref.rollout.n_gpus_per_node}
@@ -53,6 +58,17 @@ def prepare_config(config: DictConfig) -> DictConfig:
 
     clean_datasets(config)
     return config
+
+
+def resolve_pkg_path(path: str) -> str:
+    """``pkg://package.name/rel/path`` -> the absolute path of that file of the installed package."""
+    from importlib.resources import files
+
+    package, _, rel = path[len("pkg://"):].partition("/")
+    resolved = Path(str(files(package).joinpath(rel)))
+    if not resolved.is_file():
+        raise FileNotFoundError(f"{path}: no file {rel!r} in package {package} ({resolved})")
+    return str(resolved)
 
 
 def _tiny_model(assets, rp) -> Path:

@@ -106,7 +106,8 @@ class EnvConfig:
                 tail_keys = {f.name for f in fields(TailSpec)}
                 bad = sorted(set(sub) - tail_keys)
                 if bad:
-                    raise ValueError(f"{name}: unknown key(s) {', '.join(bad)}; allowed: {', '.join(sorted(tail_keys))}")
+                    raise ValueError(f"{name}: unknown key(s) {', '.join(bad)}; "
+                                     f"allowed: {', '.join(sorted(tail_keys))}")
                 base = getattr(defaults, name)
                 spec[name] = TailSpec(**{k: float(sub.get(k, getattr(base, k))) for k in tail_keys})
         if "tool_failure_p" in spec:
