@@ -219,3 +219,23 @@ def test_verl_pads_the_output_with_tool_tokens_masked(tokenizer):
     assert batch.batch["rm_scores"][0].sum() == 1.0
     assert batch.non_tensor_batch["mt_turns"].tolist() == [3] and batch.meta_info["reward_extra_keys"]
     assert batch.non_tensor_batch["__num_turns__"].tolist() == [6]
+
+
+def test_verls_agent_loop_file_entry_builds_the_loop(tokenizer):
+    """What a verl AgentLoopWorker does with the recipe's agent-loop file: the {name, _target_} entry goes through
+    Hydra's instantiate (PipeAgentLoopWorker._agent_loop, verl's own path), which passes `name` on as a keyword."""
+    from verl_pipe.main_grpo import resolve_pkg_path
+    from verl_pipe.rollout.agent_worker import PipeAgentLoopWorker
+
+    (entry,) = OmegaConf.load(resolve_pkg_path("pkg://verl_pipe.recipes/lib/multiturn_agent_loops.yaml"))
+    assert entry.name == AGENT_NAME
+    w = object.__new__(PipeAgentLoopWorker)
+    w.config, w.llm_client, w.tokenizer, w.processor = config(), FakeServer(tokenizer), tokenizer, None
+    w.hf_model_type, w.dataset_cls, w.tools = "qwen3", None, []
+
+    async def go():
+        loop = w._agent_loop(entry)
+        return loop, await loop.run({}, **row())
+
+    loop, out = asyncio.run(go())
+    assert type(loop) is MultiTurnEnvAgentLoop and out.reward_score == 1.0
