@@ -2,13 +2,15 @@
 
     python -m verl_pipe.plan --config-name qwen3_1p7b_gsm8k_4x4 [overrides...] \\
         --lengths lognormal:median=700,sigma=0.8,rho=0.7 --hardware h200 [--out plan.json] [--chart plan.png]
-    python -m verl_pipe.plan --config-name ... --lengths RUN_DIR --calibrate RUN_DIR
+    python -m verl_pipe.plan --config-name ... --lengths RUN_DIR --calibrate RUN_DIR [--calibrate-verl PEER.json]
+    python -m verl_pipe.plan ... --calibrate docs/bench/trainer_gap_quick_steps_2026-12-01.json.gz:bench
     python -m verl_pipe.plan --validate [--update-doc docs/plan.md]   # predictions vs every bench JSON
 
 The config is composed as ``python -m verl_pipe.main_grpo --config-name NAME overrides...`` composes it. Lengths:
 a spec, verl's rollout dump, our steps.jsonl / Chrome traces, or ``FILE.parquet:COLUMN`` (verl_pipe/plan/lengths.py).
-Costs: a hardware profile (h200 measured, h100/a100 from public figures) or ``--calibrate RUN_DIR`` (a short real
-run's rolloutpipe.trace_dir). docs/plan.md explains the output.
+Costs: a hardware profile (h200 measured, h100/a100 from public figures) or ``--calibrate RUN`` (a short real
+run's rolloutpipe.trace_dir, or a bench steps file; verl's trainer fitted on verl's own steps where they are there).
+docs/plan.md explains the output.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def build(args) -> tuple:
         rc = calibrate_run(args.calibrate, micro_rows=shape.micro_rows, max_num_seqs=shape.max_num_seqs,
                            max_num_batched_tokens=shape.max_num_batched_tokens,
                            train_gpus=args.calibrated_train_gpus or shape.train_gpus,
-                           prompt_len=args.prompt_len)
+                           prompt_len=args.prompt_len, verl_source=args.calibrate_verl)
         costs = CalibratedCosts(rc)
         hw_info = {"calibrated_from": str(args.calibrate), **rc.summary()}
         own = rc.self_check["per_mode"]
@@ -66,8 +68,19 @@ def build(args) -> tuple:
             prior = errors.get(mode, {})
             errors[mode] = {**prior, "max_rel_error": max(e["max_rel_error"], prior.get("max_rel_error", 0.0)),
                             "basis": "bench validation and this run's own fit"}
-        notes.append("verl's modes are costed with this run's trainer fit (verl's own trainer measured ~10% faster "
-                     "per update on CPU, docs/peer.md)")
+        if rc.verl is not None:
+            v = rc.verl.summary(rc.cal.trainer)
+            notes.append(f"verl's modes are costed with verl's own trainer, fitted on {v['steps']} verl steps of "
+                         f"{v['source']}: update {v['update_s_per_1k_padded_tokens']:.3g} s per 1k padded tokens "
+                         f"(ours {v['ours_update_s_per_1k_padded_tokens']:.3g}), old log-prob "
+                         f"{v['logprob_s_per_1k_padded_tokens']:.3g} "
+                         f"(ours {v['ours_logprob_s_per_1k_padded_tokens']:.3g})"
+                         + ("; per-call costs ours (one mini-batch count: not separable)"
+                            if v["intercepts"] == "ours" else ""))
+        else:
+            notes.append("no verl steps in this calibration: verl's modes are costed with our trainer's fit (the same "
+                         "worker and cost per padded token, docs/trainer_gap.md; verl's rows arrive in completion "
+                         "order, ours sorted by length); give verl's own steps with --calibrate-verl FILE")
         label = f"calibrated on {args.calibrate}"
     else:
         if shape.cpu:
@@ -91,7 +104,7 @@ def build(args) -> tuple:
     return inp, inputs
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m verl_pipe.plan", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, as main_grpo takes them")
@@ -99,7 +112,12 @@ def main(argv=None) -> int:
     ap.add_argument("--lengths", help="a length spec, a verl rollout dump, steps.jsonl / run dir, a Chrome trace, "
                                       "or FILE.parquet:COLUMN")
     ap.add_argument("--hardware", default="h200", help="h200 (measured), h100, a100 (public figures)")
-    ap.add_argument("--calibrate", metavar="RUN_DIR", help="fit the costs on a real run's steps.jsonl + traces")
+    ap.add_argument("--calibrate", metavar="RUN",
+                    help="fit the costs on a real run: its trace_dir (steps.jsonl + traces) or a bench steps file "
+                         "(FILE[:SIZE], verl's peer in it)")
+    ap.add_argument("--calibrate-verl", metavar="FILE",
+                    help="fit verl's trainer on verl's own steps (a bench steps file or a verl_pipe.bench.peer --out "
+                         "JSON) when --calibrate's run has none")
     ap.add_argument("--calibrated-train-gpus", type=int, help="trainer GPUs of the calibration run (default: config's)")
     ap.add_argument("--prompt-len", type=int, help="mean prompt tokens (default: from the lengths source, else 300)")
     ap.add_argument("--tokenizer", help="tokenizer to count tokens of a verl rollout dump's text")
@@ -114,6 +132,21 @@ def main(argv=None) -> int:
     ap.add_argument("--validate", action="store_true", help="predict every bench JSON in docs/bench and compare")
     ap.add_argument("--bench-dir", default="docs/bench", help="--validate: where the bench JSONs are")
     ap.add_argument("--update-doc", help="--validate: rewrite the validation table in this markdown file")
+    return ap
+
+
+def run_plan(argv: list[str]) -> dict:
+    """The plan a command line would print, as its JSON (``--out``) dict: for callers that plan several configs
+    in one process (``verl_pipe.plan.public``)."""
+    from verl_pipe.plan.predict import plan
+
+    t0 = time.perf_counter()
+    inp, inputs = build(parser().parse_args(argv))
+    return {"inputs": inputs, "plan": plan(inp), "elapsed_s": time.perf_counter() - t0}
+
+
+def main(argv=None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     try:

@@ -29,25 +29,60 @@ class Fig:
 @dataclass(frozen=True)
 class ModelShape:
     name: str
-    params: float  # all parameters (embeddings included): the bytes the rollout reads per decode step
-    non_embedding_params: float  # N in the FLOP model
-    layers: int
-    hidden: int
+    params: float  # all parameters (embeddings included): the bytes a dense model's decode step reads, and what
+    #                the trainer holds (fp32 weights, Adam, theta_k) and the weight sync sends
+    non_embedding_params: float  # N in the FLOP model (a mixture of experts: the parameters active per token)
+    layers: int  # layers with softmax attention (a KV cache and L^2 attention FLOPs)
+    hidden: int  # the attention width (query heads x head_dim) of the attention FLOP model
     kv_heads: int
     head_dim: int
     src: str = ""
+    # A mixture of experts (0 experts: dense). A decode step reads the dense part and the routed experts its batch
+    # touches: of E experts, k per token, a batch of b touches E * (1 - (1 - k/E)^b) of them per layer [D].
+    experts: int = 0
+    experts_per_token: int = 0
+    routed_expert_params: float = 0.0  # all routed experts, all layers
+    state_bytes_per_seq: float = 0.0  # linear-attention (recurrent) state per sequence, read and written per step
 
     @property
     def kv_bytes_per_token(self) -> float:  # K and V, bf16
         return 2 * self.layers * self.kv_heads * self.head_dim * 2
 
 
-# Public configs (HF model cards / config.json); sim_sources.md §3 derives the KV bytes of both.
+@dataclass(frozen=True)
+class MoEEngineParams(EngineParams):
+    """Decode of a mixture-of-experts model (``ModelShape.experts``): a step of ``b`` running sequences reads the
+    dense weights and the routed experts the batch touches, not every expert. ``weight_bytes`` stays the whole
+    model (what a full batch reads) for what else reads it."""
+
+    dense_bytes: float = 0.0
+    expert_bytes: float = 0.0
+    experts: int = 1
+    experts_per_token: int = 1
+
+    def weight_read_bytes(self, batch: int) -> float:
+        touched = 1.0 - (1.0 - self.experts_per_token / self.experts) ** max(1, batch)
+        return self.dense_bytes + self.expert_bytes * touched
+
+    def step_time(self, batch: int, ctx_sum: float, prefill_tokens: float = 0.0) -> float:
+        return (self.t0_s + self.per_seq_s * batch + (self.weight_read_bytes(batch) + ctx_sum * self.kv_bytes_per_token)
+                / self.bw_eff_Bps + prefill_tokens * self.prefill_flops_per_token / self.prefill_flops_per_s)
+
+
+# Public configs (HF model cards / config.json); sim_sources.md §3 derives the KV bytes of the dense ones and §10
+# every figure of the mixture of experts, each tagged published / derived / assumed there.
 MODELS = {
     "qwen3-1.7b": ModelShape("Qwen3-1.7B", 2.03e9, 1.72e9, 28, 2048, 8, 128,
                              "docs/sim_sources.md §3: 2.03B params, 28 layers, 8 KV heads, head_dim 128"),
     "qwen3-4b": ModelShape("Qwen3-4B", 4.02e9, 3.6e9, 36, 2560, 8, 128,
                            "docs/sim_sources.md §3: KV 147,456 B/token = 36 layers x 8 KV heads x 128"),
+    # 35B total, 3B active [published]; 256 routed experts, 8 per token [published]; 10 softmax-attention layers
+    # of 40 (3:1 Gated DeltaNet) [published]; 2 KV heads x 256, 16 query heads [assumed: Qwen3-Next's]; routed
+    # experts 33.0B of the 35B [derived from total, active and 8/256]; DeltaNet state 30 MB/sequence [assumed]
+    "qwen3.5-35b-a3b": ModelShape("Qwen3.5-35B-A3B", 35e9, 3e9, 10, 16 * 256, 2, 256,
+                                  "docs/sim_sources.md §10 (published / derived / assumed per figure)",
+                                  experts=256, experts_per_token=8, routed_expert_params=32e9 / (1 - 8 / 256),
+                                  state_bytes_per_seq=30e6),
 }
 
 
@@ -110,11 +145,18 @@ class Hardware:
             raise ValueError(f"actor_rollout_ref.rollout.gpu_memory_utilization={gpu_memory_utilization}: "
                              f"{m.name}'s bf16 weights ({weights / GB:.1f} GB) leave no KV cache on a "
                              f"{self.mem_bytes.v / GB:.0f} GB {self.name}")
-        return EngineParams(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                            kv_capacity_tokens=int(pool / m.kv_bytes_per_token), kv_bytes_per_token=m.kv_bytes_per_token,
-                            weight_bytes=weights, t0_s=self.decode_t0_s.v, bw_eff_Bps=self.bw_eff.v * self.hbm_Bps.v,
-                            prefill_flops_per_token=2 * m.non_embedding_params,
-                            prefill_flops_per_s=self.prefill_mfu.v * self.bf16_flops.v)
+        bw = self.bw_eff.v * self.hbm_Bps.v
+        kw = dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                  kv_capacity_tokens=int(pool / m.kv_bytes_per_token), kv_bytes_per_token=m.kv_bytes_per_token,
+                  weight_bytes=weights, t0_s=self.decode_t0_s.v, bw_eff_Bps=bw,
+                  per_seq_s=2 * m.state_bytes_per_seq / bw,  # a recurrent state is read and written each step
+                  prefill_flops_per_token=2 * m.non_embedding_params,
+                  prefill_flops_per_s=self.prefill_mfu.v * self.bf16_flops.v)
+        if not m.experts:
+            return EngineParams(**kw)
+        experts = 2 * m.routed_expert_params
+        return MoEEngineParams(**kw, dense_bytes=weights - experts, expert_bytes=experts, experts=m.experts,
+                               experts_per_token=m.experts_per_token)
 
     def theta_k_figures(self, m: ModelShape, checkpoint_on_failure: bool = True) -> dict:
         """``sim.trainer.placement_costs``' input for this model: fp32 master weights and Adam's m and v."""

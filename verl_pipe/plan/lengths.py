@@ -7,6 +7,7 @@ Sources (``--lengths``):
   mapping ``{kind: lognormal, ...}``;
 - verl's rollout dumps (``trainer.rollout_data_dir``: one ``<step>.jsonl`` per step, one record per response with
   ``input``, ``output``, ``step``; written by ``RayPPOTrainer._write_generations``) — a file or a folder of them;
+- a bench's per-step file (``*_steps_*.json[.gz]``, ``FILE:SIZE`` for one model size: every measured step's groups);
 - our step records (``rolloutpipe.trace_dir``: ``steps.jsonl``, or a folder holding it) and Chrome traces
   (``step_NNNNN.json``);
 - a parquet column (``FILE.parquet:COLUMN``): token counts, one row per response (with ``--group-column``, or
@@ -205,6 +206,16 @@ def _parquet(path: Path, column: str, group_column: str | None, n: int) -> list[
 def load(arg: str, *, n: int, tokenizer: str | None = None, chars_per_token: float | None = None,
          group_column: str | None = None) -> Lengths:
     """``--lengths ARG`` -> Lengths. ``n``: the config's responses per prompt (used to group parquet rows)."""
+    from verl_pipe.plan.calibrate import is_steps_file, split_source, steps_file
+
+    spath, size = split_source(arg)
+    if is_steps_file(spath):  # a bench's per-step file: the groups each measured step generated
+        got = steps_file(spath, size)
+        steps = got["ours"] + got["peer"]
+        groups = [list(map(int, g)) for s in steps for g in s["lengths"] if g]
+        prompt = sum(s["prompt_len"] for s in steps) / len(steps)
+        return Lengths(source=f"bench steps {arg} ({len(steps)} steps, {len(groups)} groups, "
+                              f"{sum(map(len, groups))} responses)", groups=groups, prompt_len=prompt)
     m = re.match(r"^(.*\.parquet):([^/]+)$", arg)
     path = Path(m.group(1) if m else arg).expanduser()
     if not path.exists():

@@ -54,6 +54,11 @@ class ProfileCosts:
                                max_tokens_per_microbatch=shape.max_tokens_per_microbatch, use_ref=shape.use_ref,
                                placement=placement)
 
+    def verl_trainer(self, shape: Shape, placement: str) -> TrainerParams:
+        """verl's trainer: the same FLOP model (the same worker), its pi_old copies priced as verl makes them
+        (pageable ``save_model_to_cpu``, ``Hardware.trainer``'s verl_swap_*)."""
+        return self.trainer(shape, placement)
+
     def weight_sync_s(self, shape: Shape) -> float:
         return weight_sync_s(self.model, shape.one_node)[0]
 
@@ -83,6 +88,14 @@ class CalibratedCosts:
 
     def trainer(self, shape: Shape, placement: str) -> TrainerParams:
         t = self.rc.cal.trainer.params
+        return t.with_(flops_per_s_per_gpu=t.flops_per_s_per_gpu * shape.train_gpus / self.rc.train_gpus)
+
+    def verl_trainer(self, shape: Shape, placement: str) -> TrainerParams:
+        """verl's own trainer fitted on verl's spans (``plan.calibrate.fit_verl_trainer``) where the calibration had
+        verl's steps; else our trainer's fit (said in the plan's notes)."""
+        if self.rc.verl is None:
+            return self.trainer(shape, placement)
+        t = self.rc.verl.params
         return t.with_(flops_per_s_per_gpu=t.flops_per_s_per_gpu * shape.train_gpus / self.rc.train_gpus)
 
     def weight_sync_s(self, shape: Shape) -> float:
@@ -191,6 +204,7 @@ def simulate_shape(shape: Shape, ro: Rollouts, seeds, *, windows=WINDOWS, placem
     out: dict[str, list[dict]] = {}
     gpu, costs = shape.groups_per_unit, ro.costs
     trainer = costs.trainer(shape, placement or costs.default_placement(shape))
+    verl = costs.verl_trainer(shape, placement or costs.default_placement(shape))
     ws = costs.weight_sync_s(shape)
     wins = resolved_windows(shape, windows)
     for seed in seeds:
@@ -212,9 +226,9 @@ def simulate_shape(shape: Shape, ro: Rollouts, seeds, *, windows=WINDOWS, placem
                 for gran in shape.granularities:
                     add(f"cgp_fgd[{label}][{gran}]", timeline_for(fg, wl, trainer, "cgp_fgd", gpu, ws, gran).metrics())
         if "verl_separate_async" in rows:
-            add("verl_separate_async", timeline_for(fc, wl, trainer, "verl_separate_async", gpu, ws).metrics())
+            add("verl_separate_async", timeline_for(fc, wl, verl, "verl_separate_async", gpu, ws).metrics())
         if "verl_one_step_off" in rows:
-            add("verl_one_step_off", one_step_off(fc, wl, trainer, gpu, ws))
+            add("verl_one_step_off", one_step_off(fc, wl, verl, gpu, ws))
     return out
 
 
@@ -296,7 +310,8 @@ def plan(inp: PlanInputs) -> dict:
     splits = []
     total = shape.rollout_gpus + shape.train_gpus
     if inp.sweep_splits and total > 2:
-        for r_gpus in range(1, total):
+        step = max(1, total // 8)  # at most ~8 other splits: a 32-GPU plan moves the boundary 4 GPUs at a time
+        for r_gpus in sorted(set(range(step, total, step)) | {shape.rollout_gpus}):
             s = shape.with_split(r_gpus, total - r_gpus)
             r = simulate_shape(s, ro, inp.seeds if r_gpus == shape.rollout_gpus else inp.sweep_seeds,
                                windows=(best_window,) if rec["fgd"] else (),
@@ -340,8 +355,12 @@ def overrides_for(rec: dict, shape: Shape) -> list[str]:
             out.append(f"rolloutpipe.theta_k.store={rec['theta_k_store']}")
     sp = rec.get("best_sync_split") if rec["mode"] == "sync" else rec.get("split")
     if sp and sp["rollout_gpus"] != shape.rollout_gpus:
-        out += [f"actor_rollout_ref.rollout.n_gpus_per_node={sp['rollout_gpus']}",
-                f"trainer.n_gpus_per_node={sp['train_gpus']}"]
+        for key, gpus, nodes in (("actor_rollout_ref.rollout", sp["rollout_gpus"], shape.rollout_nnodes),
+                                 ("trainer", sp["train_gpus"], shape.train_nnodes)):
+            if gpus % nodes:  # the pool no longer splits evenly over its nodes: say the total on one "node"
+                out.append(f"{key}.nnodes=1")
+                nodes = 1
+            out.append(f"{key}.n_gpus_per_node={gpus // nodes}")
     return out
 
 

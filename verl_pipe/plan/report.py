@@ -9,11 +9,13 @@ from verl_pipe.plan.predict import LABELS, ROWS
 
 
 def _err(e: dict) -> str:
-    """Absolute seconds in-run (calibrated on the run predicted), and the saving vs sync across runs (points)."""
+    """Absolute seconds in-run (calibrated on the run predicted) and held out (a round or a config the calibration
+    did not see), and the saving vs sync across runs (points)."""
     if "max_rel_error" not in e:
         return e.get("note", "not validated")
-    pp = e.get("vs_sync_max_err_pp")
-    return f"±{100 * e['max_rel_error']:.0f}% s" + (f", ±{pp:.0f} pt vs sync" if pp is not None else "")
+    pp, held = e.get("vs_sync_max_err_pp"), e.get("held_out_max_rel_error")
+    return (f"±{100 * e['max_rel_error']:.0f}% s" + (f" (held out ±{100 * held:.0f}%)" if held is not None else "")
+            + (f", ±{pp:.0f} pt vs sync" if pp is not None else ""))
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:

@@ -44,6 +44,8 @@ class Shape:
     model_path: str
     estimator: str
     cpu: bool
+    rollout_nnodes: int = 1
+    train_nnodes: int = 1
 
     @property
     def units(self) -> int:
@@ -115,7 +117,8 @@ def shape_of(cfg) -> Shape:
         theta_k_store=str(_get(cfg, "rolloutpipe.theta_k.store", "auto")), dispatch_order=str(order),
         dispatch_window=_get(cfg, "rolloutpipe.dispatch.window"),
         one_node=int(_get(cfg, "trainer.nnodes", 1)) == 1 and int(_get(cfg, f"{roll}.nnodes", 1)) == 1,
-        model_path=str(_get(cfg, "actor_rollout_ref.model.path", "")), estimator=est, cpu=cpu)
+        model_path=str(_get(cfg, "actor_rollout_ref.model.path", "")), estimator=est, cpu=cpu,
+        rollout_nnodes=int(_get(cfg, f"{roll}.nnodes", 1)), train_nnodes=int(_get(cfg, "trainer.nnodes", 1)))
 
 
 def compose_run(config_name: str | None, overrides: list[str]):

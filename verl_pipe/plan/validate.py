@@ -1,16 +1,19 @@
 """The planner against every measured run in docs/bench: ``python -m verl_pipe.plan --validate [--update-doc FILE]``.
 
 Each bench JSON carries the costs the bench fitted on its own steps (``sim_validation.calibration``, per model
-size) and the measured figures per setting and mode. The per-step files were not kept, so a calibration cannot be
-refitted here; what can be done, and is:
+size) and the measured figures per setting and mode. Where the run's per-step file was kept beside it
+(``NAME_steps_DATE.json.gz`` for ``NAME_DATE.json``), the planner refits from the steps themselves. What is done:
 
-- in-run: the JSON's own calibration predicts its own settings (the planner's ``--calibrate`` case);
-- cross-run: every other JSON of the same model size (another day, another run) predicts them; this is the
-  honest figure for a user whose calibration run is not the run being predicted. Leave-one-setting-out inside a
-  run needs the per-step files; the bench computed it when it ran (``holdout_max_rel_error``), quoted as is;
-- verl's peer ``as ours`` (our trainer's fitted costs on verl's schedule) and ``as verl``: the trainer's cost
-  scaled to verl's own measured busy time in *another* run of the same size, so the prediction is not fitted to
-  the figure it predicts; one-step-off likewise.
+- in-run: the run's own calibration predicts its own settings (the planner's ``--calibrate`` case);
+- held out (per-step files kept): each measured round predicted by a calibration on the run's other rounds
+  (a workload the fit never saw), and each kept run's peer setting predicted from *another* kept run of another
+  shape (``cross_config``: the planner used on a config that was not the calibration's);
+- cross-run: every other JSON of the same model size (another day, another run) predicts them;
+- verl's peer costed as verl: in-run, its trainer fitted on its own spans (``calibrate.fit_verl_trainer``) where
+  the per-step file was kept, else scaled to its own measured trainer busy time (the spans' total); held out, fitted
+  on the other rounds' spans; cross-run, scaled as in another run. With our trainer's costs (the "29% miss" of
+  the 2026-11-30 run) it is shown beside, not used. One-step-off: verl's trainer as fitted on the same run's
+  on-policy peer (never on the one-step-off run itself).
 
 Pure except reading the JSONs and writing the outputs.
 """
@@ -23,9 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from verl_pipe.bench.calib import PaddedWorkload, StepShape, simulate_like
+from verl_pipe.bench.calib import PaddedWorkload, StepShape, calibrate, simulate_like
 from verl_pipe.bench.settings import workload_for
 from verl_pipe.bench.sim_windows import engine_from_summary, trainer_from_summary
+from verl_pipe.plan.calibrate import fit_verl_trainer, steps_file
 from verl_pipe.plan.predict import one_step_off
 from verl_pipe.sim.simulate import rollout_for_mode
 from verl_pipe.variants import OURS, PEERS, variant
@@ -33,16 +37,40 @@ from verl_pipe.variants import OURS, PEERS, variant
 BEGIN, END = "<!-- plan-validation:begin -->", "<!-- plan-validation:end -->"
 
 
+def _why_skipped(p: Path, d) -> str:
+    if not isinstance(d, dict):
+        return "not a bench result"
+    if "soak" in p.name:
+        return "a soak: one mode's memory and step time over a long run"
+    if "worker_log" in d:
+        return "span tables of docs/trainer_gap.md, not a bench result"
+    if "learn" in p.name or "curves" in d:
+        return "a learning-curve run: accuracy, not step time"
+    return "no per-mode settings with a calibration"
+
+
+def steps_path(bench_dir, name: str) -> Path | None:
+    """The per-step file kept beside ``NAME_DATE.json``: ``NAME_steps_DATE.json.gz`` (or ``.json``)."""
+    m = re.match(r"^(.*)_(\d{4}-\d{2}-\d{2})\.json$", name)
+    if not m:
+        return None
+    for ext in (".json.gz", ".json"):
+        p = Path(bench_dir) / f"{m.group(1)}_steps_{m.group(2)}{ext}"
+        if p.is_file():
+            return p
+    return None
+
+
 def load_runs(bench_dir) -> tuple[list[dict], list[dict]]:
-    """The bench JSONs with settings and a calibration, and the skipped files with why."""
+    """The bench JSONs with settings and a calibration (with their kept per-step file, if any), and the skipped
+    files with why."""
     runs, skipped = [], []
     for p in sorted(Path(bench_dir).glob("*.json")):
         d = json.loads(p.read_text())
-        if "settings" not in d or "calibration" not in d.get("sim_validation", {}):
-            skipped.append({"file": p.name, "why": "no per-mode settings or calibration (a soak: memory and step "
-                                                   "time of one mode over a long run)"})
+        if not isinstance(d, dict) or "settings" not in d or "calibration" not in d.get("sim_validation", {}):
+            skipped.append({"file": p.name, "why": _why_skipped(p, d)})
             continue
-        runs.append({"file": p.name, "data": d})
+        runs.append({"file": p.name, "data": d, "steps_path": steps_path(bench_dir, p.name)})
     return runs, skipped
 
 
@@ -122,13 +150,128 @@ def _reductions(rows: list[dict]) -> None:
             r["cross_vs_sync_max_abs_err_pp"] = float(np.max(np.abs(errs)))
 
 
+def _overrides(run: dict, size: str) -> list[str]:
+    return list(((run["data"]["config"].get("stacks") or {}).get(size) or {}).get("overrides", []))
+
+
+def _override(run: dict, size: str, key: str, default=None):
+    got = [o.split("=", 1)[1] for o in _overrides(run, size) if o.startswith(key + "=")]
+    return got[-1] if got else default
+
+
+def _model_of(run: dict, size: str) -> str:
+    """The model a stack ran: its ``rolloutpipe.tiny_assets.size`` override, else the size's own name."""
+    return _override(run, size, "rolloutpipe.tiny_assets.size", size)
+
+
+def _agg(acc: dict, key, pred: float, meas: float) -> None:
+    d = acc.setdefault(key, {"pred": [], "meas": []})
+    d["pred"].append(pred)
+    d["meas"].append(meas)
+
+
+def _errors(acc: dict) -> dict:
+    return {k: float(np.mean(d["pred"])) / float(np.mean(d["meas"])) - 1 for k, d in acc.items()}
+
+
+def kept_steps(run: dict) -> dict[str, dict]:
+    """Per model size of a run whose per-step file was kept: its steps (``plan.calibrate.steps_file``)."""
+    out = {}
+    if run.get("steps_path") is None:
+        return out
+    for size in sorted({s["model_size"] for s in run["data"]["settings"]}):
+        got = steps_file(run["steps_path"], size)
+        if got["ours"] and got["shape"] is not None:
+            out[size] = got
+    return out
+
+
+def in_run_verl(got: dict) -> dict:
+    """verl's peer steps predicted with its trainer fitted on all of them (the ``--calibrate`` case), and with our
+    trainer's costs, per setting: {setting: {"as_verl": err, "as_ours": err, "fit": VerlFit summary}}."""
+    cal = calibrate(got["ours"], got["shape"])
+    vf = fit_verl_trainer(got["peer"], cal.trainer)
+    eng = cal.engine_for("verl_separate_async")
+    out = {}
+    for setting in sorted({p["setting"] for p in got["peer"]}):
+        steps = [p for p in got["peer"] if p["setting"] == setting]
+        acc: dict = {}
+        for p in steps:
+            meas = float(p["metrics"]["rollout_to_train_end_s"])
+            for key, tr in (("as_verl", vf.params), ("as_ours", cal.trainer.params)):
+                _agg(acc, key, simulate_like(p, "verl_separate_async", "minibatch", eng, tr, got["shape"])[
+                    "rollout_to_train_end_s"], meas)
+        out[setting] = {**_errors(acc), "fit": vf.summary(cal.trainer)}
+    return out
+
+
+def held_out_rounds(got: dict) -> dict[tuple[str, str], float]:
+    """Each measured round predicted by a calibration on the run's other rounds (our modes; verl's trainer on its
+    other rounds' spans): {(setting, mode): relative error of the mean}."""
+    ours, peer, shape = got["ours"], got["peer"], got["shape"]
+    rounds = sorted({s["round"] for s in ours})
+    acc: dict = {}
+    if len(rounds) < 2:
+        return {}
+    for r in rounds:
+        cal = calibrate([s for s in ours if s["round"] != r], shape)
+        for s in (s for s in ours if s["round"] == r):
+            m = simulate_like(s, s["mode"], s["granularity"], cal.engine_for(s["mode"]), cal.trainer.params, shape)
+            _agg(acc, (s["setting"], s["mode"]), m["rollout_to_train_end_s"], s["metrics"]["rollout_to_train_end_s"])
+        train, test = [p for p in peer if p["round"] != r], [p for p in peer if p["round"] == r]
+        if train and test:
+            vf = fit_verl_trainer(train, cal.trainer)
+            for p in test:
+                m = simulate_like(p, "verl_separate_async", "minibatch", cal.engine_for("verl_separate_async"),
+                                  vf.params, shape)
+                _agg(acc, (p["setting"], p["mode"]), m["rollout_to_train_end_s"],
+                     p["metrics"]["rollout_to_train_end_s"])
+    return _errors(acc)
+
+
+def cross_config(kept: list[tuple[dict, str, dict]]) -> list[dict]:
+    """The planner on a config it was not calibrated on: every kept run's stack with verl's peer, predicted by the
+    calibration (ours and verl's) of another kept run's such stack, of the same model and row order. The
+    predicted stack keeps its own shape (batch, unit size, engine slots); only the costs come from the other run."""
+    out = []
+    prim = [(run, size, got) for run, size, got in kept if got["peer"]]
+    for run_a, size_a, a in prim:
+        cal = calibrate(a["ours"], a["shape"])
+        vf = fit_verl_trainer(a["peer"], cal.trainer)
+        for run_b, size_b, b in prim:
+            if run_b is run_a or _model_of(run_a, size_a) != _model_of(run_b, size_b) or (
+                    _override(run_a, size_a, "rolloutpipe.micro_batch_order", "length")
+                    != _override(run_b, size_b, "rolloutpipe.micro_batch_order", "length")):
+                continue
+            sh = b["shape"]
+            acc: dict = {}
+            for st in b["ours"] + b["peer"]:
+                mode = st["mode"]
+                eng = cal.engine_for(mode).with_(max_num_seqs=sh.max_num_seqs, kv_capacity_tokens=sh.kv_capacity_tokens,
+                                                 max_num_batched_tokens=sh.max_num_batched_tokens)
+                tr = vf.params if mode in PEERS else cal.trainer.params
+                m = simulate_like(st, mode, st["granularity"] if mode in OURS else "minibatch", eng, tr, sh)
+                _agg(acc, (st["setting"], mode), m["rollout_to_train_end_s"], st["metrics"]["rollout_to_train_end_s"])
+            for (setting, mode), err in _errors(acc).items():
+                out.append({"calibrated_on": f"{run_a['file']}:{size_a}", "file": run_b["file"], "size": size_b,
+                            "setting": setting, "mode": mode, "err": err,
+                            "measured_s": float(np.mean(acc[(setting, mode)]["meas"])),
+                            "predicted_s": float(np.mean(acc[(setting, mode)]["pred"]))})
+    return out
+
+
 def validate(bench_dir) -> dict:
     runs, skipped = load_runs(bench_dir)
     scales = verl_scales(runs)
-    rows = []
+    rows, kept = [], []
     for run in runs:
         cals = run["data"]["sim_validation"]["calibration"]
         others = [(o["file"], o["data"]["sim_validation"]["calibration"]) for o in runs if o is not run]
+        steps = kept_steps(run)
+        kept += [(run, size, got) for size, got in steps.items()]
+        held = {k: v for got in steps.values() for k, v in held_out_rounds(got).items()}
+        peer_fit = {(size, setting): v for size, got in steps.items() if got["peer"]
+                    for setting, v in in_run_verl(got).items()}
         for s in run["data"]["settings"]:
             size = s["model_size"]
             for mode, entry in s["modes"].items():
@@ -137,18 +280,31 @@ def validate(bench_dir) -> dict:
                 meas = float(entry["rollout_to_train_end_s"])
                 row = {"file": run["file"], "setting": s["name"], "model_size": size, "mode": mode,
                        "runs": int(entry.get("runs", 1)), "measured_s": meas}
-                # verl's trainer from another run's measured peer (never this run's: that would fit the answer)
+                # verl's trainer from another run's measured peer (cross-run: never this run's)
                 foreign = [v for (f, sz), v in scales.items() if sz == size and f != run["file"]]
                 vs = float(np.mean(foreign)) if foreign else None
-                row["in_run_s"] = _predict(run, s, mode, entry, cals[size])
-                row["in_run_err"] = row["in_run_s"] / meas - 1
                 if mode in PEERS:
-                    row["basis"] = "our trainer's costs"
-                    if vs is not None:
-                        row["as_verl_s"] = _predict(run, s, mode, entry, cals[size], vs)
-                        row["as_verl_err"] = row["as_verl_s"] / meas - 1
-                        row["verl_scale"] = vs
-                cross = [(f, _predict(run, s, mode, entry, c[size], vs or 1.0 if mode in PEERS else 1.0))
+                    row["as_ours_err"] = _predict(run, s, mode, entry, cals[size]) / meas - 1
+                    own = peer_fit.get((size, s["name"])) if mode == "verl_separate_async" else None
+                    if own is not None:  # its trainer fitted on its own spans (per-step file kept)
+                        row["in_run_err"], row["as_ours_err"] = own["as_verl"], own["as_ours"]
+                        row["in_run_s"] = meas * (1 + own["as_verl"])
+                        row["basis"], row["verl_fit"] = "its own spans, per step", own["fit"]
+                    elif (run["file"], size) in scales:  # scaled to its (or its on-policy sibling's) measured busy
+                        row["in_run_s"] = _predict(run, s, mode, entry, cals[size], scales[(run["file"], size)])
+                        row["in_run_err"] = row["in_run_s"] / meas - 1
+                        row["basis"] = ("its own trainer busy total" if mode == "verl_separate_async"
+                                        else "the on-policy peer's trainer busy total, same run")
+                        row["verl_scale"] = scales[(run["file"], size)]
+                    else:
+                        row["in_run_s"] = _predict(run, s, mode, entry, cals[size])
+                        row["in_run_err"], row["basis"] = row["in_run_s"] / meas - 1, "our trainer's costs"
+                else:
+                    row["in_run_s"] = _predict(run, s, mode, entry, cals[size])
+                    row["in_run_err"] = row["in_run_s"] / meas - 1
+                if (s["name"], mode) in held:
+                    row["held_out_err"] = held[(s["name"], mode)]
+                cross = [(f, _predict(run, s, mode, entry, c[size], (vs or 1.0) if mode in PEERS else 1.0))
                          for f, c in others if size in c]
                 if cross:
                     errs = [p / meas - 1 for _, p in cross]
@@ -157,28 +313,37 @@ def validate(bench_dir) -> dict:
                     row["cross_max_abs_err"] = float(np.max(np.abs(errs)))
                 rows.append(row)
     _reductions(rows)
+    xconf = cross_config(kept)
     per_mode: dict[str, dict] = {}
     for r in rows:
-        pm = per_mode.setdefault(r["mode"], {"in_run": [], "cross": [], "as_verl": [], "vs_sync_pp": []})
+        pm = per_mode.setdefault(r["mode"], {"in_run": [], "held_out": [], "cross_config": [], "cross": [],
+                                             "as_ours": [], "vs_sync_pp": []})
         if "in_run_vs_sync_err_pp" in r:
             pm["vs_sync_pp"].append(max(abs(r["in_run_vs_sync_err_pp"]), r.get("cross_vs_sync_max_abs_err_pp", 0.0)))
         pm["in_run"].append(abs(r["in_run_err"]))
+        if "held_out_err" in r:
+            pm["held_out"].append(abs(r["held_out_err"]))
         if "cross_mean_abs_err" in r:
             pm["cross"].append(r["cross_mean_abs_err"])
-        if "as_verl_err" in r:
-            pm["as_verl"].append(abs(r["as_verl_err"]))
+        if "as_ours_err" in r:
+            pm["as_ours"].append(abs(r["as_ours_err"]))
+    for x in xconf:
+        per_mode.setdefault(x["mode"], {"in_run": [], "held_out": [], "cross_config": [], "cross": [],
+                                        "as_ours": [], "vs_sync_pp": []})["cross_config"].append(abs(x["err"]))
     summary, expected = {}, {}
     for mode, pm in per_mode.items():
         summary[mode] = {k: {"max": max(v), "mean": float(np.mean(v)), "n": len(v)} for k, v in pm.items() if v}
-        key = "as_verl" if pm["as_verl"] else "cross" if pm["cross"] else "in_run"
-        basis = {"as_verl": "verl's trainer from another run", "cross": "CPU bench, another run's calibration",
-                 "in_run": "CPU bench, in-run"}[key]
+        held = pm["held_out"] + pm["cross_config"]
         expected[mode.replace("verl_separate_async_1off", "verl_one_step_off")] = {
             "max_rel_error": max(pm["in_run"]), "basis": "CPU bench, in-run",
-            "cross_max_rel_error": max(pm[key]), "cross_basis": basis,
+            "held_out_max_rel_error": max(held) if held else None,
+            "held_out_basis": "CPU bench: a round or a config the calibration did not see",
+            "cross_max_rel_error": max(pm["cross"]) if pm["cross"] else None,
+            "cross_basis": "CPU bench, another day's run",
             "vs_sync_max_err_pp": max(pm["vs_sync_pp"]) if pm["vs_sync_pp"] else None}
     holdout = {r["file"]: r["data"]["sim_validation"].get("holdout_max_rel_error") for r in runs}
     return {"rows": rows, "per_mode": summary, "expected_error": expected, "skipped": skipped,
+            "cross_config": xconf, "kept_steps": {r["file"]: str(r["steps_path"]) for r in runs if r["steps_path"]},
             "bench_holdout_max_rel_error": holdout, "verl_scales": {f"{f}:{s}": v for (f, s), v in scales.items()},
             "command": "python -m verl_pipe.plan --validate --update-doc docs/plan.md"}
 
@@ -191,25 +356,54 @@ def _pct(x) -> str:
     return "–" if x is None else f"{100 * x:+.1f}%"
 
 
+def _abs(pm: dict, k: str) -> str:
+    return f"{100 * pm[k]['max']:.1f}% ({100 * pm[k]['mean']:.1f}%)" if k in pm else "–"
+
+
 def markdown(v: dict) -> str:
-    lines = ["| run | setting | mode | measured s | in-run | cross-run (mean abs, max abs) | verl as verl | "
+    lines = ["| run | setting | mode | measured s | in-run | held out (round) | cross-run (mean abs, max abs) | "
              "measured vs sync | its error in-run / cross-run max |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in v["rows"]:
         cross = (f"{100 * r['cross_mean_abs_err']:.1f}%, {100 * r['cross_max_abs_err']:.1f}%"
                  if "cross_mean_abs_err" in r else "–")
         lines.append(f"| {r['file'].removesuffix('.json')} | {r['setting']} | {r['mode']} | {r['measured_s']:.2f} | "
-                     f"{_pct(r['in_run_err'])} | {cross} | {_pct(r.get('as_verl_err'))} | {_pp(r, 'measured_vs_sync_pct')}"
-                     f" | {_pp(r, 'in_run_vs_sync_err_pp')} / {_pp(r, 'cross_vs_sync_max_abs_err_pp')} |")
-    lines += ["", "Per mode (absolute relative error of rollout→train end):", "",
-              "| mode | in-run max (mean) | cross-run max (mean) | verl as verl max (mean) | saving vs sync, max "
-              "error (points) | settings |",
-              "|---|---|---|---|---|---|"]
+                     f"{_pct(r['in_run_err'])} | {_pct(r.get('held_out_err'))} | {cross} | "
+                     f"{_pp(r, 'measured_vs_sync_pct')} | {_pp(r, 'in_run_vs_sync_err_pp')} / "
+                     f"{_pp(r, 'cross_vs_sync_max_abs_err_pp')} |")
+    lines += ["", "verl's peer: with our trainer's costs, and calibrated as verl (in-run above):", "",
+              "| run | setting | mode | measured s | our trainer's costs | verl's own, in-run | "
+              "verl's trainer fitted on | verl / ours, update s per 1k padded tokens |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in v["rows"]:
+        if "as_ours_err" not in r:
+            continue
+        fit = r.get("verl_fit")
+        ratio = (f"{fit['update_s_per_1k_padded_tokens']:.3f} / {fit['ours_update_s_per_1k_padded_tokens']:.3f}"
+                 if fit else (f"busy x{r['verl_scale']:.2f} ours" if "verl_scale" in r else "–"))
+        lines.append(f"| {r['file'].removesuffix('.json')} | {r['setting']} | {r['mode']} | {r['measured_s']:.2f} | "
+                     f"{_pct(r['as_ours_err'])} | {_pct(r['in_run_err'])} | {r.get('basis', '–')} | {ratio} |")
+    if v["cross_config"]:
+        lines += ["", "A config the calibration did not see: each kept per-step run predicted with another kept run's "
+                      "calibration (ours and verl's), its own shape:", "",
+                  "| calibrated on | predicted run | setting | mode | measured s | predicted s | error |",
+                  "|---|---|---|---|---|---|---|"]
+        for x in v["cross_config"]:
+            lines.append(f"| {x['calibrated_on'].replace('.json', '')} | "
+                         f"{x['file'].removesuffix('.json')}:{x['size']} | {x['setting']} | {x['mode']} | "
+                         f"{x['measured_s']:.2f} | {x['predicted_s']:.2f} | {_pct(x['err'])} |")
+    lines += ["", "Per mode (absolute relative error of rollout→train end, max (mean)):", "",
+              "| mode | in-run | held out: round | held out: config | cross-run | verl with our trainer's costs | "
+              "saving vs sync, max error (points) | settings |",
+              "|---|---|---|---|---|---|---|---|"]
     for mode, pm in v["per_mode"].items():
-        f = lambda k: f"{100 * pm[k]['max']:.1f}% ({100 * pm[k]['mean']:.1f}%)" if k in pm else "–"  # noqa: E731
         pp = f"{pm['vs_sync_pp']['max']:.1f}" if "vs_sync_pp" in pm else "–"
-        lines.append(f"| {mode} | {f('in_run')} | {f('cross')} | {f('as_verl')} | {pp} | {pm['in_run']['n']} |")
-    lines += ["", "Skipped: " + "; ".join(f"`{s['file']}` ({s['why']})" for s in v["skipped"]),
+        n = pm["in_run"]["n"] if "in_run" in pm else 0
+        lines.append(f"| {mode} | {_abs(pm, 'in_run')} | {_abs(pm, 'held_out')} | {_abs(pm, 'cross_config')} | "
+                     f"{_abs(pm, 'cross')} | {_abs(pm, 'as_ours')} | {pp} | {n} |")
+    lines += ["", "Per-step files kept (held-out columns): " + (", ".join(
+                  f"`{Path(p).name}`" for p in v["kept_steps"].values()) or "none") + ".",
+              "", "Skipped: " + "; ".join(f"`{s['file']}` ({s['why']})" for s in v["skipped"]),
               "", "The bench's own leave-one-setting-out figure, computed when it ran (max relative error): "
               + ", ".join(f"`{f}` {('%.1f%%' % (100 * h)) if h is not None else '– (one setting)'}"
                           for f, h in v["bench_holdout_max_rel_error"].items()) + ".",
