@@ -4,7 +4,7 @@ Off unless ``VERL_PIPE_WORKER_LOG`` names a file (the bench's ``--worker-log``, 
 every worker of our modes and of verl's peer inherits it). Each call appends one JSON line: the call's name, its
 start and end inside the worker (``time.time()``), and the rows' sequence lengths in the order the worker got them,
 with the micro-batch size, so the padding the engine computes over (verl_pipe/micro_batches.py) is known per call.
-``summarize`` turns a file into per-call-kind totals.
+``python -m verl_pipe.bench.trainer_gap`` matches the records to a bench run's trainer spans.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import os
 import time
 from contextlib import contextmanager
 
-from verl_pipe.micro_batches import padded_tokens
 
 ENV = "VERL_PIPE_WORKER_LOG"
 
@@ -43,24 +42,6 @@ def call(name: str, data, micro_batch_size: int | None):
                   "micro_batch_size": micro_batch_size}
         with open(path, "a") as f:
             f.write(json.dumps(record) + "\n")
-
-
-def summarize(records: list[dict]) -> dict[str, dict]:
-    """Per call kind: calls, seconds inside the worker, rows, real tokens and padded tokens (as the rows came, and
-    what the same calls would pad sorted by length, in one DP share)."""
-    out: dict[str, dict] = {}
-    for r in records:
-        s = out.setdefault(r["call"], {"calls": 0, "seconds": 0.0, "rows": 0, "tokens": 0, "padded_tokens": 0,
-                                       "padded_tokens_if_sorted": 0})
-        s["calls"] += 1
-        s["seconds"] += r["end"] - r["start"]
-        lengths, mb = r.get("lengths"), r.get("micro_batch_size")
-        if lengths and mb:
-            s["rows"] += len(lengths)
-            s["tokens"] += sum(lengths)
-            s["padded_tokens"] += padded_tokens(lengths, int(mb))
-            s["padded_tokens_if_sorted"] += padded_tokens(sorted(lengths, reverse=True), int(mb))
-    return out
 
 
 def open_text(path: str):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import time
-from pathlib import Path
+from verl_pipe.plan.validate import update_doc
 
 BEGIN, END = "<!-- plan-public:begin -->", "<!-- plan-public:end -->"
 
@@ -128,14 +128,6 @@ def render() -> str:
     return "\n".join(out)
 
 
-def update_doc(path, text: str) -> None:
-    doc = Path(path).read_text()
-    if BEGIN not in doc or END not in doc:
-        raise ValueError(f"--update-doc {path}: no {BEGIN} ... {END} block to replace")
-    head, rest = doc.split(BEGIN, 1)
-    Path(path).write_text(head + BEGIN + "\n" + text + "\n" + END + rest.split(END, 1)[1])
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m verl_pipe.plan.public", description=__doc__.split("\n\n")[0])
     ap.add_argument("--update-doc", help="rewrite the public-figures block of this markdown file")
@@ -143,7 +135,7 @@ def main(argv=None) -> int:
     text = render()
     print(text)
     if args.update_doc:
-        update_doc(args.update_doc, text)
+        update_doc(args.update_doc, text, BEGIN, END)
     return 0
 
 

@@ -411,12 +411,13 @@ def markdown(v: dict) -> str:
     return "\n".join(lines)
 
 
-def update_doc(path, table: str) -> None:
+def update_doc(path, table: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replaces the block between the ``begin`` and ``end`` markers of the markdown file ``path`` with ``table``."""
     text = Path(path).read_text()
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"--update-doc {path}: no {BEGIN} ... {END} block to replace")
-    head, rest = text.split(BEGIN, 1)
-    Path(path).write_text(head + BEGIN + "\n" + table + "\n" + END + rest.split(END, 1)[1])
+    if begin not in text or end not in text:
+        raise ValueError(f"--update-doc {path}: no {begin} ... {end} block to replace")
+    head, rest = text.split(begin, 1)
+    Path(path).write_text(head + begin + "\n" + table + "\n" + end + rest.split(end, 1)[1])
 
 
 def main_validate(bench_dir, doc, validation_path, out=None) -> int:
