@@ -46,6 +46,7 @@ ROLLOUTPIPE_BAD = [
     (["rolloutpipe.trace_dir=7"], "rolloutpipe.trace_dir", "null or a path"),
     (["rolloutpipe.cgp.granularity=token"], "rolloutpipe.cgp.granularity", "minibatch, group"),
     (["rolloutpipe.cgp.coalesce_log_probs=sometimes"], "rolloutpipe.cgp.coalesce_log_probs", "true or false"),
+    (["rolloutpipe.cgp.unit_fill=arrival"], "rolloutpipe.cgp.unit_fill", "dispatch"),
     (["rolloutpipe.micro_batch_order=random"], "rolloutpipe.micro_batch_order", "length"),
     (["rolloutpipe.theta_k.store=host"], "rolloutpipe.theta_k.store", "one of device, pinned, auto"),
     (["rolloutpipe.theta_k.store=true"], "rolloutpipe.theta_k.store", "one of device, pinned, auto"),

@@ -75,3 +75,19 @@ def test_run_overrides_compose(mode):
     assert cfg.trainer.total_training_steps == 30 and cfg.trainer.test_freq == 10 and cfg.data.seed == 2
     assert cfg.rolloutpipe.mode == ("sync" if mode == "sync" else "cgp")
     assert cfg.rolloutpipe.fgd.enable == (mode == "cgp_fgd")
+
+
+def test_reference_runs_are_checked(tmp_path):
+    import json
+
+    from verl_pipe.bench.learn import reference_runs
+
+    ref = tmp_path / "ref.json"
+    ref.write_text(json.dumps({"steps": 100, "val_every": 10, "runs": [
+        {"mode": "sync", "seed": 0, "steps": []}, {"mode": "cgp", "seed": 0, "steps": []}]}))
+    runs = reference_runs(str(ref), 100, [0], 10)
+    assert [(r["mode"], r["seed"], r["reference"]) for r in runs] == [("sync", 0, str(ref))]
+    with pytest.raises(SystemExit, match="no sync run for seeds \\[1\\]"):
+        reference_runs(str(ref), 100, [0, 1], 10)
+    with pytest.raises(SystemExit, match="its steps is 100"):
+        reference_runs(str(ref), 20, [0], 10)

@@ -26,6 +26,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from verl_pipe import estimators
 from verl_pipe.micro_batches import ORDERS as MICRO_BATCH_ORDERS
+from verl_pipe.release import UNIT_FILLS
 from verl_pipe.variants import GRANULARITIES, TRAINER_MODES as MODES
 PLATFORMS = ("cpu", "gpu")
 ON_REQUEST_FAILURE = ("fail", "drop_group")
@@ -235,7 +236,7 @@ ROLLOUTPIPE: dict[str, Any] = {
         },
     },
     "trace_dir": PATH_OR_NULL,
-    "cgp": {"granularity": choice(*GRANULARITIES), "coalesce_log_probs": BOOLEAN},
+    "cgp": {"granularity": choice(*GRANULARITIES), "coalesce_log_probs": BOOLEAN, "unit_fill": choice(*UNIT_FILLS)},
     "micro_batch_order": choice(*MICRO_BATCH_ORDERS),
     "theta_k": {
         "store": choice(*THETA_K_PLACEMENTS),

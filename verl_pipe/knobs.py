@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from verl_pipe.frontier import AdaptiveWindow, resolve_window
+from verl_pipe.release import check_fill
 from verl_pipe.variants import GRANULARITIES, TRAINER_MODES, name_of
 
 
@@ -27,6 +28,9 @@ class StepKnobs:
     # window FGD would use, recorded with FGD off too
     fgd_window: int | AdaptiveWindow | None = None
     coalesce_log_probs: bool = True  # rolloutpipe.cgp.coalesce_log_probs
+    # rolloutpipe.cgp.unit_fill: the order groups reach the trainer's FIFO (verl_pipe/release.py): dispatch (units
+    # are sync's mini-batches) or completion
+    unit_fill: str = "dispatch"
     baseline_order: str = "group_major"  # the dispatch without FGD (rolloutpipe.dispatch.order, resolved)
     baseline_window: int | None = None  # rolloutpipe.dispatch.window
     workload: dict | None = None  # rolloutpipe.workload: a controlled response-length workload
@@ -41,6 +45,7 @@ class StepKnobs:
             raise ValueError(f"mode: got {self.mode!r}; allowed: {', '.join(TRAINER_MODES)}")
         if self.granularity not in GRANULARITIES:
             raise ValueError(f"granularity: got {self.granularity!r}; allowed: {', '.join(GRANULARITIES)}")
+        check_fill(self.unit_fill)
         if self.workload is not None:  # the knobs' own copy: a caller's later edit does not reach a step
             object.__setattr__(self, "workload", copy.deepcopy(dict(self.workload)))
 
@@ -51,7 +56,8 @@ class StepKnobs:
         """The knobs as the step's record keeps them (JSON): functions as whether one was given."""
         return {"variant": name_of(self.mode, self.granularity, self.fgd), "mode": self.mode,
                 "granularity": self.granularity, "fgd": self.fgd, "fgd_window": window_label(self.fgd_window),
-                "coalesce_log_probs": self.coalesce_log_probs, "baseline_order": self.baseline_order,
+                "coalesce_log_probs": self.coalesce_log_probs, "unit_fill": self.unit_fill,
+                "baseline_order": self.baseline_order,
                 "baseline_window": self.baseline_window, "workload": copy.deepcopy(self.workload),
                 "sampling_overrides": self.sampling_overrides is not None, "unit_order": self.unit_order is not None}
 
@@ -80,6 +86,7 @@ def configured(config) -> dict:
     workload = rp.get("workload")
     return dict(mode=str(rp.mode), granularity=str(rp.cgp.granularity), fgd=bool(rp.fgd.enable),
                 fgd_window=rp.fgd.window, coalesce_log_probs=bool(rp.cgp.coalesce_log_probs),
+                unit_fill=str(rp.cgp.get("unit_fill", "dispatch")),
                 baseline_order=rp.dispatch.order or verl_dispatch_order(config), baseline_window=rp.dispatch.window,
                 workload=OmegaConf.to_container(workload, resolve=True) if workload else None)
 

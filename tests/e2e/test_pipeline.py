@@ -99,8 +99,10 @@ def test_cgp_minibatch_streams_units_while_rollout_runs(pipe, tmp_path):
     with open_dict(rp):
         rp.trace_dir = str(tmp_path / "traces")
     try:
-        rec = pipe.step(mode="cgp", granularity="minibatch", workload=LONGTAIL)
+        # the paper's completion fill: units take the groups that complete first (the dispatch fill has its own test)
+        rec = pipe.step(mode="cgp", granularity="minibatch", workload=LONGTAIL, unit_fill="completion")
     finally:
+        pipe.change(unit_fill="dispatch")  # knobs stay set for later steps: back to the default
         with open_dict(rp):
             rp.trace_dir = None
     trace = json.loads(next((tmp_path / "traces").glob("step_*.json")).read_text())
@@ -124,7 +126,10 @@ def test_cgp_minibatch_streams_units_while_rollout_runs(pipe, tmp_path):
 
 
 def test_cgp_group_granularity_step(pipe):
-    rec = pipe.step(mode="cgp", granularity="group", workload=LONGTAIL)
+    try:
+        rec = pipe.step(mode="cgp", granularity="group", workload=LONGTAIL, unit_fill="completion")
+    finally:
+        pipe.change(unit_fill="dispatch")
     tm = rec["timeline"]
     _check_timeline(tm)
     assert sorted(rec["trained_groups"]) == list(range(GROUPS))
@@ -132,6 +137,22 @@ def test_cgp_group_granularity_step(pipe):
     assert tm["first_unit_start_s"] < tm["rollout_end_s"]
     kinds = {s["kind"] for s in pipe.trainer.timelines[-1].to_dict()["train_spans"]}
     assert {"forward_backward", "optimizer_step"} <= kinds
+
+
+def test_dispatch_fill_trains_sync_mini_batches_while_the_rollout_runs(pipe):
+    """rolloutpipe.cgp.unit_fill=dispatch (the default) with FGD, its window two groups' requests per replica (as when
+    max_num_seqs binds): the units are sync's mini-batches (groups 0-3, then 4-7, whatever the completion order), and
+    the first one trains while later groups still generate."""
+    rec = pipe.step(mode="cgp", granularity="minibatch", fgd=True, fgd_window=2 * N, workload=LONGTAIL,
+                    unit_fill="dispatch")
+    tm = rec["timeline"]
+    _check_timeline(tm)
+    assert rec["knobs"]["unit_fill"] == "dispatch"
+    assert rec["trained_groups"] == list(range(GROUPS)), "trained in dispatch order, each group once"
+    units = pipe.trainer.timelines[-1].to_dict()["units_ready"]
+    half = GROUPS // 2
+    assert [sorted(u["groups"]) for u in units] == [list(range(half)), list(range(half, GROUPS))]
+    assert tm["first_unit_start_s"] < tm["rollout_end_s"], "the first unit trained while the rollout ran"
 
 
 @pytest.mark.parametrize("store", ["device", "pinned"])

@@ -397,7 +397,8 @@ def simulate_like(step: dict, mode: str, granularity: str, engine: EngineParams,
     window = fgd_window if variant(mode).fgd else shape.baseline_window
     tl = simulate_step(wl, engine, trainer, mode, shape.num_replicas, window=window,
                        groups_per_unit=shape.groups_per_unit, order=shape.baseline_order, granularity=granularity,
-                       weight_sync_s=float(step.get("weight_sync_s", 0.0)), client_s_per_request=client_s_per_request)
+                       weight_sync_s=float(step.get("weight_sync_s", 0.0)), client_s_per_request=client_s_per_request,
+                       unit_fill=step.get("unit_fill", "completion"))  # steps recorded before the knob: completion
     return tl.metrics()
 
 

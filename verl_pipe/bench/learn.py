@@ -79,7 +79,8 @@ def run_one(mode: str, seed: int, steps: int, val_every: int, overrides: list[st
             if "val_acc" in rows[-1]:
                 log(f"[learn] {mode} seed {seed} step {rows[-1]['step']}: val acc {rows[-1]['val_acc']:.3f} "
                     f"({wall:.0f} s of training)")
-        return {"mode": mode, "seed": seed, "startup_s": session.startup_s, "val_before": val0, "steps": rows}
+        return {"mode": mode, "seed": seed, "startup_s": session.startup_s, "val_before": val0, "steps": rows,
+                "unit_fill": session.knobs.unit_fill}
     finally:
         session.close()
 
@@ -260,11 +261,15 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--modes", default=",".join(LEARN_MODES))
     ap.add_argument("--val-every", type=int, default=10)
     ap.add_argument("--reanalyze", metavar="JSON", help="no runs: rebuild the comparison and charts from a saved JSON")
+    ap.add_argument("--reference", metavar="JSON",
+                    help="take the sync runs from this earlier learning JSON (same steps, seeds and validation "
+                         "cadence) instead of running them again")
     args, overrides = ap.parse_known_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in LEARN_MODES]
-    if unknown or "sync" not in modes:
-        ap.error(f"--modes: {unknown or 'sync is missing'}; allowed: {', '.join(LEARN_MODES)} (sync is the reference)")
+    if unknown or ("sync" not in modes and not args.reference):
+        ap.error(f"--modes: {unknown or 'sync is missing'}; allowed: {', '.join(LEARN_MODES)} (sync is the reference; "
+                 f"or give --reference)")
     if args.steps < 1 or args.val_every < 1:
         ap.error("--steps and --val-every must be >= 1")
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -275,15 +280,19 @@ def cli(argv: list[str]) -> int:
     else:
         from verl_pipe.bench.provenance import env_info
 
-        runs = []
+        runs = reference_runs(args.reference, args.steps, seeds, args.val_every) if args.reference else []
+        modes = (["sync"] if args.reference else []) + [m for m in modes if not (args.reference and m == "sync")]
         out = Path(args.out)
         for seed in seeds:  # seeds outermost: a slow phase of the machine hits every mode of a seed alike
             for mode in modes:
+                if any(r["mode"] == mode and r["seed"] == seed for r in runs):
+                    continue  # from --reference
                 runs.append(run_one(mode, seed, args.steps, args.val_every, overrides))
                 partial = out.with_name(out.stem + "_partial.json")
                 partial.write_text(json.dumps({"runs": runs}))  # a crash keeps what ran
         result = {"steps": args.steps, "seeds": seeds, "modes": modes, "val_every": args.val_every,
-                  "overrides": overrides, "val_size": _val_size(overrides), "env": env_info(), "runs": runs}
+                  "overrides": overrides, "val_size": _val_size(overrides), "env": env_info(), "runs": runs,
+                  "reference": args.reference}
     result["comparison"] = compare(result["runs"])
     print(format_report(result))
     if args.charts:
@@ -295,6 +304,20 @@ def cli(argv: list[str]) -> int:
     Path(args.out).with_name(Path(args.out).stem + "_partial.json").unlink(missing_ok=True)  # the whole JSON holds it
     print(f"[learn] wrote {args.out}")
     return 0
+
+
+def reference_runs(path: str, steps: int, seeds: list[int], val_every: int) -> list[dict]:
+    """The sync runs of an earlier learning JSON, checked to be comparable (steps, seeds, validation cadence)."""
+    with open(path) as f:
+        ref = json.load(f)
+    for key, want in (("steps", steps), ("val_every", val_every)):
+        if ref.get(key) != want:
+            raise SystemExit(f"--reference {path}: its {key} is {ref.get(key)!r}, this run's {want!r}")
+    runs = [dict(r, reference=path) for r in ref.get("runs", []) if r["mode"] == "sync" and r["seed"] in seeds]
+    missing = sorted(set(seeds) - {r["seed"] for r in runs})
+    if missing:
+        raise SystemExit(f"--reference {path}: no sync run for seeds {missing}")
+    return runs
 
 
 def _val_size(overrides: list[str]) -> int | None:

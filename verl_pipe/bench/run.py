@@ -236,6 +236,7 @@ class BenchRunner:
         from verl_pipe.step_record import learning_metrics
 
         return {"metrics": m, "timeline": tl.to_dict(), "fgd_window": rec["knobs"]["fgd_window"],  # as the step ran
+                "unit_fill": rec["knobs"].get("unit_fill", "completion"),
                 "learning": learning_metrics(rec["metrics"]),
                 "prompt_len": float(rec["metrics"].get("prompt_length/mean", 0.0)),
                 "trained_groups": len(rec.get("trained_groups", [])), "wall_window": [wall_start, wall_start + wall]}

@@ -62,6 +62,9 @@ class StepRequest:
     # After max_retries: "fail" the step, or "drop_group" (the next group, e.g. an oversampled one, replaces it).
     on_request_failure: str = "fail"
     weight_version: int = 0  # θ_k: what a restarted replica must be loaded with
+    # Called in the rollout thread with (group index, how it ended: rollout_core.GROUP_ENDS) once the rollout has
+    # settled a group, after on_group for a handed-over one (the dispatch-order unit fill, verl_pipe/release.py).
+    on_group_ended: Callable[[int, str], None] | None = None
 
 
 @dataclass
@@ -276,6 +279,8 @@ class _StepRun:
                     logger.warning("dropping group %d of step %d: its next group takes its place", act.group,
                                    self.req.step)
                 self.timeline.group_done(act.group, act.trainable)
+                if self.req.on_group_ended is not None:
+                    self.req.on_group_ended(act.group, act.how)
             elif isinstance(act, Restart):
                 restart = asyncio.to_thread(self.rollout.supervisor.restart, act.replica, self.req.weight_version)
                 self.restarting[self.completions.add(asyncio.create_task(restart))] = (act.replica, time.perf_counter())

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from verl_pipe.frontier import AdaptiveWindow, FCFSPolicy, FrontierPolicy, Request, resolve_window
+from verl_pipe.release import check_fill, dispatch_release_times
 from verl_pipe.rollout_core import Cancel, GroupEnded, HandOver, RolloutCore, Take
 from verl_pipe.sim.engine import EngineParams, Replica, Seq
 from verl_pipe.sim.trainer import MODES, TrainerParams, schedule
@@ -34,6 +35,17 @@ class RolloutResult:
     completions: list[tuple[float, int]]  # trained groups (time, group), completion order
     rollout_end: float
     stats: dict = field(default_factory=dict)
+
+    @property
+    def ended(self) -> dict[int, float]:
+        """When each group ended (trained or not); a group absent ended with the rollout (aborted)."""
+        return {kw["group"]: kw["t"] for m, kw in self.log if m == "group_done"}
+
+    def arrivals(self, unit_fill: str) -> list[tuple[float, int]]:
+        """(time, group) of the trained groups as the trainer's FIFO receives them (rolloutpipe.cgp.unit_fill)."""
+        if check_fill(unit_fill) == "completion":
+            return self.completions
+        return dispatch_release_times(self.completions, self.ended, self.rollout_end)
 
     def record_into(self, tl: StepTimeline) -> None:
         for method, kw in self.log:
@@ -268,10 +280,11 @@ def rollout_for_mode(mode: str, workload: Workload, engine: EngineParams, num_re
 
 def timeline_for(rollout: RolloutResult, workload: Workload, trainer: TrainerParams, mode: str,
                  groups_per_unit: int, weight_sync_s: float, granularity: str = "minibatch",
-                 step: int = 0) -> StepTimeline:
-    """Schedule the trainer on a finished rollout and record everything into a fresh StepTimeline."""
-    plan = schedule(mode, rollout.completions, workload.seq_lens, trainer, groups_per_unit, rollout.rollout_end,
-                    granularity)
+                 step: int = 0, unit_fill: str = "completion") -> StepTimeline:
+    """Schedule the trainer on a finished rollout and record everything into a fresh StepTimeline.
+    ``unit_fill``: how our modes' FIFO is filled (verl_pipe/release.py; verl's peer always in completion order)."""
+    arrivals = rollout.arrivals(unit_fill if variant(mode).ours else "completion")
+    plan = schedule(mode, arrivals, workload.seq_lens, trainer, groups_per_unit, rollout.rollout_end, granularity)
     tl = StepTimeline(step, groups_per_unit, clock=lambda: 0.0)  # every event carries its simulated time
     rollout.record_into(tl)
     for u, groups, ready in plan.units:
@@ -287,14 +300,16 @@ def simulate_step(workload: Workload, engine_params: EngineParams, trainer_param
                   num_replicas: int, window: int | None = None, frontier: dict | None = None, seed: int = 0,
                   *, groups_per_unit: int = 32, order: str = "group_major", granularity: str = "minibatch",
                   weight_sync_s: float = 0.5, target_groups: int | None = None,
-                  trainable_prob: float = 1.0, client_s_per_request: float = 0.0) -> StepTimeline:
+                  trainable_prob: float = 1.0, client_s_per_request: float = 0.0,
+                  unit_fill: str = "completion") -> StepTimeline:
     """One step in ``mode`` (sync, cgp, cgp_group, cgp_fgd, verl_separate_async) -> its StepTimeline.
 
     ``window``: per-replica client admission window (None: submit everything at once; for cgp_fgd also
     "adaptive" / "auto" as ``rolloutpipe.fgd.window`` spells them). ``client_s_per_request``: the driver's
     serial time per request (``simulate_rollout``). ``frontier``:
     FrontierPolicy kwargs for cgp_fgd; ``granularity`` ("minibatch" | "group") is its trainer granularity.
-    ``seed`` draws which groups are trainable when ``trainable_prob`` < 1 (DAPO-style filtering).
+    ``seed`` draws which groups are trainable when ``trainable_prob`` < 1 (DAPO-style filtering). ``unit_fill``:
+    rolloutpipe.cgp.unit_fill (the simulator's default is the paper's completion fill).
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
@@ -303,4 +318,5 @@ def simulate_step(workload: Workload, engine_params: EngineParams, trainer_param
         target_groups = workload.num_groups
     rollout = rollout_for_mode(mode, workload, engine_params, num_replicas, groups_per_unit, window, order,
                                frontier, target_groups or workload.num_groups, trainable, client_s_per_request)
-    return timeline_for(rollout, workload, trainer_params, mode, groups_per_unit, weight_sync_s, granularity)
+    return timeline_for(rollout, workload, trainer_params, mode, groups_per_unit, weight_sync_s, granularity,
+                        unit_fill=unit_fill)
