@@ -31,12 +31,22 @@ SHAPE = Shape(num_groups=16, n=8, groups_per_unit=4, rollout_gpus=2, train_gpus=
               use_ref=True, padded=False, granularities=("minibatch", "group"), configured_mode="cgp",
               configured_granularity="minibatch", fgd_enabled=True, fgd_window=None, theta_k_store="auto",
               dispatch_order="interleave:8", dispatch_window=None, one_node=True, model_path="Qwen3-1.7B",
-              estimator="grpo", cpu=False)
+              estimator="grpo", cpu=False, unit_fill="completion")
 
 
 def _plan(shape=SHAPE, spec="lognormal:median=1500,sigma=1.0,rho=0.7,cap=4096", **kw):
     costs = ProfileCosts(profile("h200"), MODELS["qwen3-1.7b"])
     return plan(PlanInputs(shape, costs, L.load(spec, n=shape.n), 300, seeds=(0, 1), **kw))
+
+
+def test_plan_predicts_the_dispatch_fill_no_faster_than_completion():
+    """unit_fill=dispatch waits for the groups dispatched first: never sooner than the completion fill, never later
+    than sync on the same rollout (here every request fits in the engines at once, so it gains little)."""
+    comp = _plan()["modes"]
+    disp = _plan(shape=replace(SHAPE, unit_fill="dispatch"))["modes"]
+    for k in ("cgp", "cgp_group"):
+        assert comp[k]["rollout_to_train_end_s"] <= disp[k]["rollout_to_train_end_s"] + 1e-9
+        assert disp[k]["rollout_to_train_end_s"] <= disp["sync"]["rollout_to_train_end_s"] * 1.01
 
 
 def test_plan_fixed_input():

@@ -219,12 +219,13 @@ def simulate_shape(shape: Shape, ro: Rollouts, seeds, *, windows=WINDOWS, placem
         for name in ("cgp", "cgp_group"):  # CGP at each granularity the estimator allows (verl_pipe/variants.py)
             gran = variant(name).granularity
             if name in rows and gran in shape.granularities:
-                add(name, timeline_for(fc, wl, trainer, name, gpu, ws, gran).metrics())
+                add(name, timeline_for(fc, wl, trainer, name, gpu, ws, gran, unit_fill=shape.unit_fill).metrics())
         if "cgp_fgd" in rows:
             for label, w in wins.items():
                 fg = ro.get(shape, seed, "fgd", w)
                 for gran in shape.granularities:
-                    add(f"cgp_fgd[{label}][{gran}]", timeline_for(fg, wl, trainer, "cgp_fgd", gpu, ws, gran).metrics())
+                    add(f"cgp_fgd[{label}][{gran}]",
+                        timeline_for(fg, wl, trainer, "cgp_fgd", gpu, ws, gran, unit_fill=shape.unit_fill).metrics())
         if "verl_separate_async" in rows:
             add("verl_separate_async", timeline_for(fc, wl, verl, "verl_separate_async", gpu, ws).metrics())
         if "verl_one_step_off" in rows:
@@ -256,6 +257,9 @@ def _fgd_label(key: str) -> tuple[str, str]:
 
 
 def plan(inp: PlanInputs) -> dict:
+    """The plan for ``inp``: every mode's simulated figures (``modes``), the recommended configuration with its
+    overrides, FGD's windows, θ_k's placements, the rollout/trainer splits (``inp.sweep_splits``) and the verdict
+    (sync is recommended when the best saving is inside the expected error)."""
     t_start = time.perf_counter()
     shape, costs = inp.shape, inp.costs
     ro = Rollouts(costs, inp.lengths, inp.prompt_len)
@@ -266,26 +270,7 @@ def plan(inp: PlanInputs) -> dict:
     fgd_keys = [k for k in means if k.startswith("cgp_fgd[")]
     pipelined = [k for k in ("cgp", "cgp_group") if k in means] + fgd_keys
     best = min(pipelined, key=lambda k: means[k]["rollout_to_train_end_s"])
-    # the cgp + fgd row: the configured window (rolloutpipe.fgd.window) at its better granularity
-    cw = _label_for(shape, shape.fgd_window, windows)
-    fgd_row = min((k for k in fgd_keys if k.startswith(f"cgp_fgd[{cw}]")),
-                  key=lambda k: means[k]["rollout_to_train_end_s"])
-    err = inp.expected_error or {}
-    modes = {}
-    for row in ROWS:
-        key = fgd_row if row == "cgp_fgd" else row
-        if key not in means:
-            modes[row] = {"skipped": f"algorithm.adv_estimator={shape.estimator} trains only at "
-                                     f"{', '.join(shape.granularities)} granularity"}
-            continue
-        m = dict(means[key])
-        m["reduction_vs_sync_pct"] = 100 * (1 - m["rollout_to_train_end_s"] / sync["rollout_to_train_end_s"])
-        m["step_reduction_vs_sync_pct"] = 100 * (1 - m["step_time_s"] / sync["step_time_s"])
-        if row == "cgp_fgd":
-            m["fgd_window"], m["granularity"] = _fgd_label(key)
-        m["expected_error"] = err.get(row, {"note": "not validated"})
-        modes[row] = m
-
+    modes = _mode_rows(means, shape, _label_for(shape, shape.fgd_window, windows), inp.expected_error or {})
     windows = [{"window": _fgd_label(k)[0], "granularity": _fgd_label(k)[1],
                 **{f: means[k][f] for f in ("rollout_to_train_end_s", "step_time_s", "first_unit_ready_s",
                                             "rollout_end_s")}} for k in fgd_keys]
@@ -307,29 +292,8 @@ def plan(inp: PlanInputs) -> dict:
     default_pl = costs.default_placement(shape)
     rec["theta_k_store"] = default_pl if default_pl in costs.placements else costs.placements[0]
 
-    splits = []
     total = shape.rollout_gpus + shape.train_gpus
-    if inp.sweep_splits and total > 2:
-        step = max(1, total // 8)  # at most ~8 other splits: a 32-GPU plan moves the boundary 4 GPUs at a time
-        for r_gpus in sorted(set(range(step, total, step)) | {shape.rollout_gpus}):
-            s = shape.with_split(r_gpus, total - r_gpus)
-            r = simulate_shape(s, ro, inp.seeds if r_gpus == shape.rollout_gpus else inp.sweep_seeds,
-                               windows=(best_window,) if rec["fgd"] else (),
-                               rows=("sync", "cgp_fgd") if rec["fgd"] else ("sync", "cgp", "cgp_group"))
-            k = best if best in r else next(k for k in r if k != "sync")
-            sm, pm = _mean(r["sync"]), _mean(r[k])
-            splits.append({"rollout_gpus": r_gpus, "train_gpus": total - r_gpus,
-                           "sync_step_s": sm["step_time_s"], "recommended_step_s": pm["step_time_s"],
-                           "recommended_r2t_end_s": pm["rollout_to_train_end_s"],
-                           "sync_r2t_end_s": sm["rollout_to_train_end_s"]})
-        top = min(splits, key=lambda x: x["recommended_step_s"])
-        rec["split"] = {"rollout_gpus": top["rollout_gpus"], "train_gpus": top["train_gpus"],
-                        "step_time_s": top["recommended_step_s"],
-                        "vs_configured_pct": 100 * (top["recommended_step_s"] / next(
-                            x["recommended_step_s"] for x in splits if x["rollout_gpus"] == shape.rollout_gpus) - 1)}
-        best_sync = min(splits, key=lambda x: x["sync_step_s"])
-        rec["best_sync_split"] = {"rollout_gpus": best_sync["rollout_gpus"], "train_gpus": best_sync["train_gpus"],
-                                  "step_time_s": best_sync["sync_step_s"]}
+    splits = _split_sweep(inp, ro, best, best_window, rec) if inp.sweep_splits and total > 2 else []
     verdict = verdict_for(sync, rec["saving_vs_sync_pct"], inp.lengths, shape)
     if not verdict["helps"]:  # a saving inside the error is no reason to run the more complex schedule
         rec["best_pipelined"] = {k: rec[k] for k in ("granularity", "fgd", "fgd_window", "saving_vs_sync_pct")}
@@ -340,6 +304,60 @@ def plan(inp: PlanInputs) -> dict:
             "theta_k_placements": placements, "splits": splits, "verdict": verdict,
             "sync_train_to_rollout_ratio": sync["trainer_busy_s"] / sync["rollout_end_s"],
             "seeds": list(inp.seeds), "elapsed_s": time.perf_counter() - t_start}
+
+
+def _mode_rows(means: dict[str, dict], shape: Shape, configured_window: str, err: dict) -> dict[str, dict]:
+    """One row per mode of ROWS: its mean figures, its reductions vs sync and the expected error validated for it;
+    the cgp + fgd row is the configured window (``configured_window``, rolloutpipe.fgd.window's label) at its
+    better granularity; a mode the estimator cannot train says why it was skipped."""
+    sync = means["sync"]
+    fgd_row = min((k for k in means if k.startswith(f"cgp_fgd[{configured_window}]")),
+                  key=lambda k: means[k]["rollout_to_train_end_s"])
+    modes = {}
+    for row in ROWS:
+        key = fgd_row if row == "cgp_fgd" else row
+        if key not in means:
+            modes[row] = {"skipped": f"algorithm.adv_estimator={shape.estimator} trains only at "
+                                     f"{', '.join(shape.granularities)} granularity"}
+            continue
+        m = dict(means[key])
+        m["reduction_vs_sync_pct"] = 100 * (1 - m["rollout_to_train_end_s"] / sync["rollout_to_train_end_s"])
+        m["step_reduction_vs_sync_pct"] = 100 * (1 - m["step_time_s"] / sync["step_time_s"])
+        if row == "cgp_fgd":
+            m["fgd_window"], m["granularity"] = _fgd_label(key)
+        m["expected_error"] = err.get(row, {"note": "not validated"})
+        modes[row] = m
+    return modes
+
+
+def _split_sweep(inp: PlanInputs, ro: Rollouts, best: str, best_window, rec: dict) -> list[dict]:
+    """Sync and the recommended mode (``best``, at ``best_window``) at other rollout/trainer GPU splits of the same
+    total (at most ~8 besides the configured one); writes the fastest split (``split``) and sync's
+    (``best_sync_split``) into ``rec``. Returns one row per split."""
+    shape = inp.shape
+    total = shape.rollout_gpus + shape.train_gpus
+    splits = []
+    step = max(1, total // 8)  # at most ~8 other splits: a 32-GPU plan moves the boundary 4 GPUs at a time
+    for r_gpus in sorted(set(range(step, total, step)) | {shape.rollout_gpus}):
+        s = shape.with_split(r_gpus, total - r_gpus)
+        r = simulate_shape(s, ro, inp.seeds if r_gpus == shape.rollout_gpus else inp.sweep_seeds,
+                           windows=(best_window,) if rec["fgd"] else (),
+                           rows=("sync", "cgp_fgd") if rec["fgd"] else ("sync", "cgp", "cgp_group"))
+        k = best if best in r else next(k for k in r if k != "sync")
+        sm, pm = _mean(r["sync"]), _mean(r[k])
+        splits.append({"rollout_gpus": r_gpus, "train_gpus": total - r_gpus,
+                       "sync_step_s": sm["step_time_s"], "recommended_step_s": pm["step_time_s"],
+                       "recommended_r2t_end_s": pm["rollout_to_train_end_s"],
+                       "sync_r2t_end_s": sm["rollout_to_train_end_s"]})
+    top = min(splits, key=lambda x: x["recommended_step_s"])
+    rec["split"] = {"rollout_gpus": top["rollout_gpus"], "train_gpus": top["train_gpus"],
+                    "step_time_s": top["recommended_step_s"],
+                    "vs_configured_pct": 100 * (top["recommended_step_s"] / next(
+                        x["recommended_step_s"] for x in splits if x["rollout_gpus"] == shape.rollout_gpus) - 1)}
+    best_sync = min(splits, key=lambda x: x["sync_step_s"])
+    rec["best_sync_split"] = {"rollout_gpus": best_sync["rollout_gpus"], "train_gpus": best_sync["train_gpus"],
+                              "step_time_s": best_sync["sync_step_s"]}
+    return splits
 
 
 def overrides_for(rec: dict, shape: Shape) -> list[str]:

@@ -46,6 +46,7 @@ class Shape:
     cpu: bool
     rollout_nnodes: int = 1
     train_nnodes: int = 1
+    unit_fill: str = "dispatch"  # rolloutpipe.cgp.unit_fill (verl_pipe/release.py)
 
     @property
     def units(self) -> int:
@@ -118,7 +119,8 @@ def shape_of(cfg) -> Shape:
         dispatch_window=_get(cfg, "rolloutpipe.dispatch.window"),
         one_node=int(_get(cfg, "trainer.nnodes", 1)) == 1 and int(_get(cfg, f"{roll}.nnodes", 1)) == 1,
         model_path=str(_get(cfg, "actor_rollout_ref.model.path", "")), estimator=est, cpu=cpu,
-        rollout_nnodes=int(_get(cfg, f"{roll}.nnodes", 1)), train_nnodes=int(_get(cfg, "trainer.nnodes", 1)))
+        rollout_nnodes=int(_get(cfg, f"{roll}.nnodes", 1)), train_nnodes=int(_get(cfg, "trainer.nnodes", 1)),
+        unit_fill=str(_get(cfg, "rolloutpipe.cgp.unit_fill", "dispatch")))
 
 
 def compose_run(config_name: str | None, overrides: list[str]):
