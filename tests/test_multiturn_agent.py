@@ -239,3 +239,28 @@ def test_verls_agent_loop_file_entry_builds_the_loop(tokenizer):
 
     loop, out = asyncio.run(go())
     assert type(loop) is MultiTurnEnvAgentLoop and out.reward_score == 1.0
+
+
+def test_step_summary_turns_tail_and_failures():
+    """The step's multi-turn metrics and stdout line, from the trained batch's per-response facts."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from verl_pipe.rollout.multiturn import step_summary
+
+    assert step_summary(SimpleNamespace(non_tensor_batch={"uid": np.array(["a"])})) is None  # single-turn
+    nt = {"uid": np.array(["a", "a", "b", "b"], dtype=object), "mt_turns": np.array([1, 2, 2, 4]),
+          "mt_tool_calls": np.array([0, 1, 1, 3]), "mt_tool_failed": np.array([False, False, True, False]),
+          "mt_truncated": np.array([False, False, False, True]),
+          "mt_tool_wait_s": np.array([0.0, 0.1, 0.2, 1.5]), "mt_gen_s": np.array([0.5, 0.9, 0.8, 2.5])}
+    m, line = step_summary(SimpleNamespace(non_tensor_batch=nt))
+    p = "rolloutpipe/multiturn/"
+    assert m[p + "turns_mean"] == 2.25 and m[p + "turns_max"] == 4 and m[p + "tool_calls"] == 5
+    assert {k: v for k, v in m.items() if "turns_hist" in k} == {p + "turns_hist/1": 1, p + "turns_hist/2": 2,
+                                                                 p + "turns_hist/4": 1}
+    assert m[p + "tool_wait_s_max"] == 1.5 and m[p + "trajectory_s_max"] == 4.0
+    assert m[p + "trajectory_s_p50"] == pytest.approx(1.0) and m[p + "tail_ratio"] == pytest.approx(4.0)
+    assert m[p + "group_s_max"] == 4.0 and m[p + "group_s_p50"] == pytest.approx((1.0 + 4.0) / 2)
+    assert m[p + "tool_failures"] == 1 and m[p + "truncated"] == 1
+    assert "max 4 [1:1 2:2 4:1]" in line and "tool failures 1" in line and "(tail x4.0)" in line

@@ -96,11 +96,22 @@ def record_step(seam, history: StepHistory, *, step: int, knobs: StepKnobs, outc
     metrics, tm = seam.metrics, timeline.metrics()
     metrics.update(rollout_metrics(tm, rollout_result, len(outcome.trained), health))
     metrics.update(skip_metrics(seam.config))  # records the launcher's data check skipped
+    multiturn = None
     if outcome.batch is not None:
         # verl's own step metrics (data, timing_s/*, throughput, variance proxy) on the trained groups.
         seam.collect_verl_metrics(outcome.batch)
+        if "mt_turns" in (getattr(outcome.batch, "non_tensor_batch", None) or {}):  # multi-turn (docs/multiturn.md)
+            from verl_pipe.rollout.multiturn import step_summary
+
+            multiturn = step_summary(outcome.batch)
+            metrics.update(multiturn[0])
     metrics["timing_s/step"] = step_s
     record = step_record(step, data_index, [g.index for g in outcome.trained], tm, knobs.record())
+    from verl_pipe.node_roles import pool_nodes
+
+    nodes = pool_nodes(getattr(seam, "_trainer", None))  # {"trainer": [...], "rollout": [...]}: Ray node ids
+    if nodes:
+        record["nodes"] = nodes
     history.timelines.append(timeline)  # bounded (KEEP_TIMELINES)
     history.steps_run += 1
     history.rewards.append(float(metrics.get("critic/score/mean", float("nan"))))
@@ -109,6 +120,8 @@ def record_step(seam, history: StepHistory, *, step: int, knobs: StepKnobs, outc
     if trace_dir:
         write_trace(trace_dir, timeline, record, metrics)
     print(summary_line(step, knobs.mode, metrics, tm), flush=True)
+    if multiturn is not None:
+        print(f"[verl_pipe] step {step} multi-turn: {multiturn[1]}", flush=True)
     return record
 
 

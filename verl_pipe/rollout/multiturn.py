@@ -18,7 +18,7 @@ One trajectory, as verl's ToolAgentLoop builds one:
   vLLM and holds no engine slot;
 - the reward is the environment's (``AgentLoopOutput.reward_score``; verl's reward loop is then skipped for it, as
   for an agent loop that computes its own score), with the episode's facts in ``reward_extra_info``
-  (``mt_turns``, ``mt_tool_calls``, ``mt_tool_failed``, ``mt_truncated``, ``mt_tool_wait_s``);
+  (``mt_turns``, ``mt_tool_calls``, ``mt_tool_failed``, ``mt_truncated``, ``mt_tool_wait_s``, ``mt_gen_s``);
 - ``min_global_steps`` / ``max_global_steps`` span every turn, so the trainer's weight-version check of a group
   covers all turns of all its trajectories.
 
@@ -146,7 +146,7 @@ class MultiTurnEnvAgentLoop(AgentLoopBase):
             "turn_scores": [], "tool_rewards": [],
             "reward_extra_info": {"mt_turns": turns_done, "mt_tool_calls": tool_calls,
                                   "mt_tool_failed": tool_failed, "mt_truncated": truncated,
-                                  "mt_tool_wait_s": round(tool_s, 6)},
+                                  "mt_tool_wait_s": round(tool_s, 6), "mt_gen_s": round(gen_s, 6)},
         })
         return AgentLoopOutput(
             prompt_ids=runtime_ids[:prompt_len],
@@ -172,3 +172,53 @@ def _merge_versions(acc: dict, turn: dict) -> None:
             continue
         old = acc.get(key)
         acc[key] = new if old is None else pick(old, new)
+
+
+# ---------------------------------------------------------------------------------------------- a step's summary
+
+MT_KEYS = ("mt_turns", "mt_tool_calls", "mt_tool_failed", "mt_truncated", "mt_tool_wait_s", "mt_gen_s")
+
+
+def step_summary(batch) -> tuple[dict, str] | None:
+    """The step's multi-turn metrics and its line for stdout, from the trained batch's per-response episode facts
+    (None for a batch without them: single-turn). Covers the trained trajectories only (a late or aborted group's
+    are not in the batch).
+
+    ``rolloutpipe/multiturn/``: ``turns_mean``, ``turns_p50``, ``turns_max`` (model turns per trajectory),
+    ``turns_hist/<t>`` (trajectories with t turns), ``tool_calls``, ``tool_wait_s_mean`` / ``_max`` (seconds a
+    trajectory waited on its tool, summed over its calls), ``trajectory_s_p50`` / ``_p90`` / ``_max`` (its model turns'
+    ``generate`` time, engine queueing included, plus its tool waits), ``tail_ratio`` (max / p50 of that), the same
+    per group: ``group_s_max`` / ``group_s_p50`` (a group is as long as its longest trajectory), ``tool_failures``,
+    ``truncated``."""
+    import numpy as np
+
+    nt = batch.non_tensor_batch
+    if "mt_turns" not in nt:
+        return None
+    turns = np.asarray(nt["mt_turns"], dtype=np.int64)
+    wait = np.asarray(nt["mt_tool_wait_s"], dtype=np.float64)
+    gen = np.asarray(nt["mt_gen_s"], dtype=np.float64) if "mt_gen_s" in nt else np.zeros_like(wait)
+    traj = gen + wait
+    failed = int(np.asarray(nt["mt_tool_failed"], dtype=bool).sum())
+    truncated = int(np.asarray(nt["mt_truncated"], dtype=bool).sum())
+    uids = nt.get("uid")
+    group_s = (np.array([traj[uids == u].max() for u in dict.fromkeys(uids.tolist())]) if uids is not None
+               else traj)
+    p50 = float(np.percentile(traj, 50))
+    hist = {int(t): int(c) for t, c in zip(*np.unique(turns, return_counts=True))}
+    pre = "rolloutpipe/multiturn/"
+    m = {f"{pre}turns_mean": float(turns.mean()), f"{pre}turns_p50": float(np.percentile(turns, 50)),
+         f"{pre}turns_max": int(turns.max()), f"{pre}tool_calls": int(np.asarray(nt["mt_tool_calls"]).sum()),
+         f"{pre}tool_wait_s_mean": float(wait.mean()), f"{pre}tool_wait_s_max": float(wait.max()),
+         f"{pre}trajectory_s_p50": p50, f"{pre}trajectory_s_p90": float(np.percentile(traj, 90)),
+         f"{pre}trajectory_s_max": float(traj.max()), f"{pre}tail_ratio": float(traj.max() / p50) if p50 > 0 else 0.0,
+         f"{pre}group_s_p50": float(np.percentile(group_s, 50)), f"{pre}group_s_max": float(group_s.max()),
+         f"{pre}tool_failures": failed, f"{pre}truncated": truncated}
+    m.update({f"{pre}turns_hist/{t}": c for t, c in hist.items()})
+    line = (f"turns/trajectory mean {m[pre + 'turns_mean']:.2f} max {m[pre + 'turns_max']} "
+            f"[{' '.join(f'{t}:{c}' for t, c in hist.items())}] | tool calls {m[pre + 'tool_calls']}, "
+            f"wait/trajectory mean {m[pre + 'tool_wait_s_mean']:.3f}s max {m[pre + 'tool_wait_s_max']:.3f}s | "
+            f"trajectory p50 {p50:.2f}s p90 {m[pre + 'trajectory_s_p90']:.2f}s max {m[pre + 'trajectory_s_max']:.2f}s "
+            f"(tail x{m[pre + 'tail_ratio']:.1f}) | group p50 {m[pre + 'group_s_p50']:.2f}s "
+            f"max {m[pre + 'group_s_max']:.2f}s | tool failures {failed} | truncated {truncated}")
+    return m, line
