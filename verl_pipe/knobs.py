@@ -28,9 +28,9 @@ class StepKnobs:
     # window FGD would use, recorded with FGD off too
     fgd_window: int | AdaptiveWindow | None = None
     coalesce_log_probs: bool = True  # rolloutpipe.cgp.coalesce_log_probs
-    # rolloutpipe.cgp.unit_fill: the order groups reach the trainer's FIFO (verl_pipe/release.py): dispatch (units
-    # are sync's mini-batches) or completion
-    unit_fill: str = "dispatch"
+    # rolloutpipe.cgp.unit_fill: the order groups reach the trainer's FIFO (verl_pipe/release.py): completion (the
+    # paper's) or dispatch (units are sync's mini-batches)
+    unit_fill: str = "completion"
     baseline_order: str = "group_major"  # the dispatch without FGD (rolloutpipe.dispatch.order, resolved)
     baseline_window: int | None = None  # rolloutpipe.dispatch.window
     workload: dict | None = None  # rolloutpipe.workload: a controlled response-length workload
@@ -86,7 +86,7 @@ def configured(config) -> dict:
     workload = rp.get("workload")
     return dict(mode=str(rp.mode), granularity=str(rp.cgp.granularity), fgd=bool(rp.fgd.enable),
                 fgd_window=rp.fgd.window, coalesce_log_probs=bool(rp.cgp.coalesce_log_probs),
-                unit_fill=str(rp.cgp.get("unit_fill", "dispatch")),
+                unit_fill=str(rp.cgp.get("unit_fill", "completion")),
                 baseline_order=rp.dispatch.order or verl_dispatch_order(config), baseline_window=rp.dispatch.window,
                 workload=OmegaConf.to_container(workload, resolve=True) if workload else None)
 

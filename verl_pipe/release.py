@@ -3,15 +3,15 @@
 Pure Python, no verl, Ray or torch, shared by the real trainer (``RolloutPipeTrainer._start_rollout``) and the
 simulator (``verl_pipe.sim.trainer.schedule``).
 
-- ``dispatch`` (the default): the trainer's FIFO receives the step's trainable groups in dispatch order (the order
+- ``dispatch``: the trainer's FIFO receives the step's trainable groups in dispatch order (the order
   of the prompts in the batch, as verl's synchronous trainer sees them). A group that completes early waits here
   until every group dispatched before it has ended (trained, found untrainable, dropped, late or aborted). Each
   unit then holds the same groups as sync's PPO mini-batch at the same position, so with the same samples CGP
   makes the same optimizer steps as sync: exactly the synchronous baseline's math, whatever the completion
   order. The unit still trains while later groups generate; FGD admits groups in dispatch order, so the groups
   the next unit needs are the ones the engine runs first.
-- ``completion`` (the RolloutPipe paper's CGP, and verl's own streaming trainer, whose rows leave TransferQueue
-  as they complete): a unit takes the groups that complete first. Units are ready sooner where groups finish out
+- ``completion`` (the default; the RolloutPipe paper's CGP, and verl's own streaming trainer, whose rows leave
+  TransferQueue as they complete): a unit takes the groups that complete first. Units are ready sooner where groups finish out
   of order, but a unit holds groups of similar response length (the short ones first), not sync's mini-batch:
   the same samples and weights, different optimizer steps when a step has more than one unit (docs/learning.md
   has what that did to the learning curves).

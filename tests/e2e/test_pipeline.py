@@ -99,10 +99,9 @@ def test_cgp_minibatch_streams_units_while_rollout_runs(pipe, tmp_path):
     with open_dict(rp):
         rp.trace_dir = str(tmp_path / "traces")
     try:
-        # the paper's completion fill: units take the groups that complete first (the dispatch fill has its own test)
+        # the default completion fill: units take the groups that complete first (the dispatch fill: its own test)
         rec = pipe.step(mode="cgp", granularity="minibatch", workload=LONGTAIL, unit_fill="completion")
     finally:
-        pipe.change(unit_fill="dispatch")  # knobs stay set for later steps: back to the default
         with open_dict(rp):
             rp.trace_dir = None
     trace = json.loads(next((tmp_path / "traces").glob("step_*.json")).read_text())
@@ -126,10 +125,7 @@ def test_cgp_minibatch_streams_units_while_rollout_runs(pipe, tmp_path):
 
 
 def test_cgp_group_granularity_step(pipe):
-    try:
-        rec = pipe.step(mode="cgp", granularity="group", workload=LONGTAIL, unit_fill="completion")
-    finally:
-        pipe.change(unit_fill="dispatch")
+    rec = pipe.step(mode="cgp", granularity="group", workload=LONGTAIL, unit_fill="completion")
     tm = rec["timeline"]
     _check_timeline(tm)
     assert sorted(rec["trained_groups"]) == list(range(GROUPS))
@@ -140,11 +136,14 @@ def test_cgp_group_granularity_step(pipe):
 
 
 def test_dispatch_fill_trains_sync_mini_batches_while_the_rollout_runs(pipe):
-    """rolloutpipe.cgp.unit_fill=dispatch (the default) with FGD, its window two groups' requests per replica (as when
-    max_num_seqs binds): the units are sync's mini-batches (groups 0-3, then 4-7, whatever the completion order), and
-    the first one trains while later groups still generate."""
-    rec = pipe.step(mode="cgp", granularity="minibatch", fgd=True, fgd_window=2 * N, workload=LONGTAIL,
-                    unit_fill="dispatch")
+    """rolloutpipe.cgp.unit_fill=dispatch with FGD, its window two groups' requests per replica (as when max_num_seqs
+    binds): the units are sync's mini-batches (groups 0-3, then 4-7, whatever the completion order), and the first one
+    trains while later groups still generate."""
+    try:
+        rec = pipe.step(mode="cgp", granularity="minibatch", fgd=True, fgd_window=2 * N, workload=LONGTAIL,
+                        unit_fill="dispatch")
+    finally:
+        pipe.change(unit_fill="completion", fgd=False)  # knobs stay set for later steps: back to the defaults
     tm = rec["timeline"]
     _check_timeline(tm)
     assert rec["knobs"]["unit_fill"] == "dispatch"

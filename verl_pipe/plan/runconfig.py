@@ -46,7 +46,7 @@ class Shape:
     cpu: bool
     rollout_nnodes: int = 1
     train_nnodes: int = 1
-    unit_fill: str = "dispatch"  # rolloutpipe.cgp.unit_fill (verl_pipe/release.py)
+    unit_fill: str = "completion"  # rolloutpipe.cgp.unit_fill (verl_pipe/release.py)
 
     @property
     def units(self) -> int:
@@ -120,7 +120,7 @@ def shape_of(cfg) -> Shape:
         one_node=int(_get(cfg, "trainer.nnodes", 1)) == 1 and int(_get(cfg, f"{roll}.nnodes", 1)) == 1,
         model_path=str(_get(cfg, "actor_rollout_ref.model.path", "")), estimator=est, cpu=cpu,
         rollout_nnodes=int(_get(cfg, f"{roll}.nnodes", 1)), train_nnodes=int(_get(cfg, "trainer.nnodes", 1)),
-        unit_fill=str(_get(cfg, "rolloutpipe.cgp.unit_fill", "dispatch")))
+        unit_fill=str(_get(cfg, "rolloutpipe.cgp.unit_fill", "completion")))
 
 
 def compose_run(config_name: str | None, overrides: list[str]):
