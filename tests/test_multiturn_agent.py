@@ -49,6 +49,7 @@ class FakeServer:
         adm = CURRENT_ADMISSION.get()
         self.calls.append({"request_id": request_id, "prompt_ids": list(prompt_ids), "priority": priority,
                            "max_tokens": sampling_params.get("max_tokens"),
+                           "ignore_eos": sampling_params.get("ignore_eos"),
                            "replica": adm.replica if adm is not None else None})
         self.in_engine += 1
         try:
@@ -264,3 +265,14 @@ def test_step_summary_turns_tail_and_failures():
     assert m[p + "group_s_max"] == 4.0 and m[p + "group_s_p50"] == pytest.approx((1.0 + 4.0) / 2)
     assert m[p + "tool_failures"] == 1 and m[p + "truncated"] == 1
     assert "max 4 [1:1 2:2 4:1]" in line and "tool failures 1" in line and "(tail x4.0)" in line
+
+
+def test_forced_turn_lengths_reach_every_turn(tokenizer):
+    """EnvConfig.turn_tokens: each turn asks the engine for exactly its planned length, EOS ignored."""
+    forced = {"median": 5, "sigma": 0.8, "rho": 0.5, "cap": 12}
+    cfg = config(turn_tokens=forced)
+    server = FakeServer(tokenizer)
+    run(cfg, server, tokenizer, priority=0, **row())
+    plan = plan_episode(env_config(cfg), task_key(row()), 0)
+    assert [c["max_tokens"] for c in server.calls] == list(plan.turn_tokens) and len(plan.turn_tokens) == 3
+    assert all(c["ignore_eos"] for c in server.calls)

@@ -117,3 +117,28 @@ def test_config_from_a_mapping_names_unknown_keys():
                       ({"turns": {"median": 9, "cap": 6}}, "cap")]:
         with pytest.raises(ValueError, match=word):
             EnvConfig.from_dict(bad)
+
+
+def test_forced_turn_lengths_are_deterministic_group_correlated_and_leave_the_rest_unchanged():
+    spec = {"seed": 3, "turns": {"median": 3, "sigma": 0.8, "rho": 0.7, "cap": 8}, "turn_max_tokens": 64,
+            "tool_failure_p": 0.1}
+    plain = EnvConfig.from_dict(spec)
+    forced = EnvConfig.from_dict({**spec, "turn_tokens": {"median": 16, "sigma": 0.8, "rho": 0.9, "cap": 48}})
+    assert EnvConfig.from_dict({**spec, "turn_tokens": None}).turn_tokens is None
+    for task in range(50):
+        for s in range(4):
+            a, b = plan_episode(plain, task, s), plan_episode(forced, task, s)
+            assert a.turn_tokens == () and len(b.turn_tokens) == b.turns
+            assert (a.turns, a.latencies_s, a.failures) == (b.turns, b.latencies_s, b.failures)
+            assert all(1 <= t <= 48 for t in b.turn_tokens)
+            assert b == plan_episode(forced, task, s)
+    # the group latent drives lengths too: groups' mean turn length varies far more than within-group noise allows
+    means = [sum(sum(plan_episode(forced, task, s).turn_tokens) / plan_episode(forced, task, s).turns
+                 for s in range(4)) / 4 for task in range(200)]
+    assert max(means) > 2.5 * min(means)
+    capped = EnvConfig.from_dict({**spec, "turn_max_tokens": 8,
+                                  "turn_tokens": {"median": 16, "sigma": 0.0, "rho": 0.0, "cap": 48}})
+    assert set(plan_episode(capped, 1, 0).turn_tokens) == {8}
+    for bad, word in [({"median": 16}, "missing"), ({"median": 0.5, "sigma": 0, "rho": 0, "cap": 4}, "turn_tokens")]:
+        with pytest.raises(ValueError, match=word):
+            EnvConfig.from_dict({**spec, "turn_tokens": bad})

@@ -71,6 +71,10 @@ class EnvConfig:
     latency_s: TailSpec = field(default_factory=lambda: TailSpec(median=0.05, sigma=1.0, rho=0.7, cap=2.0))
     # Most tokens the model may generate in one turn (also bounded by what is left of data.max_response_length).
     turn_max_tokens: int = 16
+    # null: the model ends its turn (EOS or turn_max_tokens). Set: each turn's length is forced (ignore_eos), drawn
+    # log-normal from the same group latent, per (sample, turn), clipped to [1, cap] and to turn_max_tokens: the
+    # same work in every mode, for benchmarks (turns x tool latency x length).
+    turn_tokens: TailSpec | None = None
     # Probability that a tool call fails, drawn per (task, sample, call).
     tool_failure_p: float = 0.0
     # zero_reward: the episode ends at the failure with reward 0 (counted per response, mt_tool_failed);
@@ -83,6 +87,8 @@ class EnvConfig:
             raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
         if self.turns.median < 1:
             raise ValueError(f"turns.median must be >= 1, got {self.turns.median!r}")
+        if self.turn_tokens is not None and self.turn_tokens.median < 1:
+            raise ValueError(f"turn_tokens.median must be >= 1, got {self.turn_tokens.median!r}")
         if not (isinstance(self.turn_max_tokens, int) and self.turn_max_tokens >= 1):
             raise ValueError(f"turn_max_tokens must be an integer >= 1, got {self.turn_max_tokens!r}")
         if not 0.0 <= self.tool_failure_p <= 1.0:
@@ -100,8 +106,8 @@ class EnvConfig:
         if unknown:
             raise ValueError(f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
         defaults = cls()
-        for name in ("turns", "latency_s"):
-            if name in spec:
+        for name in ("turns", "latency_s", "turn_tokens"):
+            if name in spec and not (name == "turn_tokens" and spec[name] is None):
                 sub = dict(spec[name] or {})
                 tail_keys = {f.name for f in fields(TailSpec)}
                 bad = sorted(set(sub) - tail_keys)
@@ -109,7 +115,11 @@ class EnvConfig:
                     raise ValueError(f"{name}: unknown key(s) {', '.join(bad)}; "
                                      f"allowed: {', '.join(sorted(tail_keys))}")
                 base = getattr(defaults, name)
-                spec[name] = TailSpec(**{k: float(sub.get(k, getattr(base, k))) for k in tail_keys})
+                if base is None:  # turn_tokens: no defaults, every key given
+                    missing = sorted(tail_keys - set(sub))
+                    if missing:
+                        raise ValueError(f"{name}: missing key(s) {', '.join(missing)}")
+                spec[name] = TailSpec(**{k: float(sub[k] if k in sub else getattr(base, k)) for k in tail_keys})
         if "tool_failure_p" in spec:
             spec["tool_failure_p"] = float(spec["tool_failure_p"])
         return cls(**spec)
@@ -135,6 +145,7 @@ class EpisodePlan:
     turns: int  # model turns
     latencies_s: tuple[float, ...]  # one per tool call (turns - 1)
     failures: tuple[bool, ...]  # one per tool call
+    turn_tokens: tuple[int, ...] = ()  # one per model turn when EnvConfig.turn_tokens is set (forced lengths)
 
     @property
     def first_failure(self) -> int | None:
@@ -156,7 +167,12 @@ def plan_episode(cfg: EnvConfig, task, sample: int) -> EpisodePlan:
         call_rng = _rng(cfg.seed, task, sample, f"call{call}")
         latencies.append(cfg.latency_s.draw(z, call_rng.gauss(0.0, 1.0)))
         failures.append(call_rng.random() < cfg.tool_failure_p)
-    return EpisodePlan(turns, tuple(latencies), tuple(failures))
+    lengths = ()
+    if cfg.turn_tokens is not None:  # own streams: the turns, latencies and failures above are unchanged by it
+        lengths = tuple(int(min(max(1, round(cfg.turn_tokens.draw(z, _rng(cfg.seed, task, sample, f"turn{t}")
+                                                                     .gauss(0.0, 1.0)))),
+                                int(cfg.turn_tokens.cap), cfg.turn_max_tokens)) for t in range(turns))
+    return EpisodePlan(turns, tuple(latencies), tuple(failures), lengths)
 
 
 def calculator(text: str) -> str:

@@ -100,6 +100,9 @@ class MultiTurnEnvAgentLoop(AgentLoopBase):
                 break
             params = dict(sampling_params)
             params["max_tokens"] = min(int(params.get("max_tokens", env.turn_max_tokens)), env.turn_max_tokens, budget)
+            if plan.turn_tokens:  # forced turn lengths (EnvConfig.turn_tokens): the same work in every mode
+                params["max_tokens"] = min(plan.turn_tokens[turn], budget)
+                params["ignore_eos"] = True
             t0 = time.perf_counter()
             out = await self.server_manager.generate(request_id=request_id, prompt_ids=runtime_ids,
                                                      sampling_params=params, priority=priority)
