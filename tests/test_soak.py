@@ -55,3 +55,37 @@ def test_analyze_skips_the_warm_up_and_fits_every_kind():
 ])
 def test_process_kind(name, cmdline, kind):
     assert process_kind(name, cmdline) == kind
+
+
+def test_a_soak_result_records_its_composed_config_and_the_machine(tmp_path, monkeypatch):
+    # issue 25: every bench JSON keeps every rolloutpipe.* value as composed and the host it ran on. The live session is
+    # a stand-in here (no Ray, no vLLM); the config is composed for real.
+    import json
+
+    import verl_pipe.session as session_mod
+    from verl_pipe.bench import soak
+
+    class FakeSession:
+        startup_s = 0.0
+
+        def __init__(self, cfg):
+            self.n = 0
+
+        def step(self):
+            self.n += 1
+            return {"step": self.n, "metrics": {}}
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(session_mod, "PipeSession", FakeSession)
+    monkeypatch.setattr(soak.tempfile, "tempdir", str(tmp_path))  # run_soak's work directory
+    out = tmp_path / "soak.json"
+    assert soak.main(8, str(out), skip=2) == 0
+    d = json.loads(out.read_text())
+    stack = d["config"]
+    assert stack["rolloutpipe"]["mode"] == "cgp" and stack["rolloutpipe"]["fgd"]["enable"] is True
+    assert "window" in stack["rolloutpipe"]["fgd"]  # a default the overrides never named is recorded too
+    assert "rolloutpipe.mode=cgp" in stack["overrides"]
+    assert {"arch", "os", "kernel", "usable_cores"} <= set(d["env"]["machine"])
+    assert d["env"]["versions"]["verl"] and len(d["samples"]) == 8

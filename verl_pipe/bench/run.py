@@ -77,23 +77,28 @@ class BenchRunner:
         self.skipped_reads: dict[str, str] = {}  # figure -> why it could not be read (once per run)
         self.cpu_samples: list[dict] = []  # /proc samples of this process's tree while our stacks ran (cpu_sampler)
         self.stacks: dict[str, dict] = {}  # stack -> its composed config (provenance.stack_record)
+        self.env: dict | None = None  # the machine the steps ran on (provenance.env_info), set before a run
         self.startup_s = 0.0
 
     def dump(self) -> dict:
         """Everything the analysis needs, to rebuild the results later (``--reanalyze``)."""
         return {"shapes": {k: v.__dict__ for k, v in self.shapes.items()}, "skipped": self.skipped,
                 "granularity": self.granularity, "startup_s": self.startup_s, "steps": self.steps,
-                "cpu_samples": self.cpu_samples, "stacks": self.stacks}
+                "cpu_samples": self.cpu_samples, "stacks": self.stacks, "env": self.env}
 
     def load(self, path: str | Path) -> None:
+        """A steps file ``dump`` wrote, or a gzipped copy of one (``.gz``: how docs/bench keeps them)."""
+        import gzip
+
         from verl_pipe.bench.calib import StepShape
 
-        with open(path) as f:
+        with (gzip.open if str(path).endswith(".gz") else open)(path, "rt") as f:
             d = json.load(f)
         self.shapes = {k: StepShape(**v) for k, v in d["shapes"].items()}
         self.skipped, self.granularity, self.steps = d["skipped"], d["granularity"], d["steps"]
         self.cpu_samples = d.get("cpu_samples", [])
         self.stacks = d.get("stacks", {})  # absent in steps files written before it was recorded
+        self.env = d.get("env")  # the machine the steps ran on; absent in steps files written before it was recorded
 
     def overrides(self, stack: str) -> list[str]:
         return stack_overrides(self.cfg, stack)
@@ -643,6 +648,7 @@ def main(argv=None) -> int:
         runner.load(args.reanalyze)
         settings = [s for s in settings if any(st["setting"] == s["name"] for st in runner.steps)]
     else:
+        runner.env = env_info()  # the machine the steps run on, kept in the steps file for --reanalyze
         runner.run(settings)
     t_runs = time.perf_counter()
     out = Path(args.out)
@@ -652,7 +658,10 @@ def main(argv=None) -> int:
         with open(steps_path, "w") as f:
             json.dump(runner.dump(), f, default=_json_default)
     result = build_result(cfg, settings, runner.steps, runner.skipped, runner.granularity, runner.shapes,
-                          env_info(), peer_reason, cfg.get("sim_tr_sweep"), runner.cpu_samples, runner.stacks)
+                          runner.env or env_info(), peer_reason, cfg.get("sim_tr_sweep"), runner.cpu_samples,
+                          runner.stacks)
+    if args.reanalyze:  # what the reanalysis could not take from the steps file is this machine's, and says so
+        result["reanalysis"] = {"steps_file": str(args.reanalyze), "env_from_steps_file": runner.env is not None}
     for s in result["settings"]:
         print(format_setting(s), end="\n\n")
     sweep = format_sweep(result)
@@ -685,7 +694,7 @@ def main(argv=None) -> int:
         print("[bench] schema problems:\n  " + "\n  ".join(problems), file=sys.stderr)
     with open(out, "w") as f:
         json.dump(result, f, indent=1, default=_json_default)
-    print(f"[bench] wrote {out} and {steps_path}; elapsed {elapsed:.1f}s "
+    print(f"[bench] wrote {out}{'' if args.reanalyze else f' and {steps_path}'}; elapsed {elapsed:.1f}s "
           f"(stack start-up {runner.startup_s:.1f}s, {len(runner.steps)} measured steps)")
     return 1 if problems else 0
 

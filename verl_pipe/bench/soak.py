@@ -124,13 +124,20 @@ def sample_rss() -> dict[str, float]:
     return out
 
 
-def run_soak(steps: int, save_freq: int, overrides: list[str], log=print) -> list[dict]:
+def run_soak(steps: int, save_freq: int, overrides: list[str], log=print, provenance: dict | None = None) -> list[dict]:
+    """``steps`` CGP+FGD steps on one live session, sampled after each. ``provenance``, when given, gets the
+    composed config (``config``: provenance.stack_record) and the machine (``env``: provenance.env_info)."""
     from verl_pipe.session import PipeSession, compose
     from verl_pipe.step_record import learning_metrics
 
     work = Path(tempfile.mkdtemp(prefix="verl_pipe_soak_"))
-    cfg = compose(SOAK_OVERRIDES + [f"trainer.save_freq={save_freq}", f"trainer.default_local_dir={work / 'ckpt'}",
-                                    f"rolloutpipe.trace_dir={work / 'trace'}", *overrides])
+    composed = SOAK_OVERRIDES + [f"trainer.save_freq={save_freq}", f"trainer.default_local_dir={work / 'ckpt'}",
+                                 f"rolloutpipe.trace_dir={work / 'trace'}", *overrides]
+    cfg = compose(composed)
+    if provenance is not None:
+        from verl_pipe.bench.provenance import env_info, stack_record
+
+        provenance.update(config=stack_record(cfg, composed), env=env_info())
     session = PipeSession(cfg)
     log(f"[soak] stack up in {session.startup_s:.1f}s; checkpoints and traces in {work}")
     samples = []
@@ -165,9 +172,11 @@ def main(steps: int, out: str, save_freq: int = 10, skip: int = 5, overrides: li
         raise SystemExit(f"--soak {steps}: needs at least --skip ({skip}) + 3 steps to fit a slope; >= 40 for the report")
     os.environ.setdefault("VERL_PIPE_CACHE", str(Path(__file__).resolve().parents[2] / ".cache" / "verl_pipe"))
     t0 = time.perf_counter()
-    samples = run_soak(steps, save_freq, overrides or [])
+    made: dict = {}
+    samples = run_soak(steps, save_freq, overrides or [], provenance=made)
     result = {"steps": steps, "save_freq": save_freq, "overrides": SOAK_OVERRIDES + (overrides or []),
-              "elapsed_s": time.perf_counter() - t0, "samples": samples, "analysis": analyze(samples, skip)}
+              "elapsed_s": time.perf_counter() - t0, "samples": samples, "analysis": analyze(samples, skip),
+              **made}  # config: the composed rolloutpipe node and overrides; env: the machine
     print(format_report(result))
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w") as f:
