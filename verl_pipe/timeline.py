@@ -71,6 +71,22 @@ def _assign_lanes(intervals: list[tuple[float, float]]) -> list[int]:
     return lanes
 
 
+def _last_unit_cost(spans: list[dict], t0: float, train_end: float) -> float:
+    """The trainer's irreducible tail: the union of the last unit's spans, clipped to [t0, train_end]. With
+    per-group work (spans tagged with a group) only the last group's spans and the unit's group-less ones
+    (the optimizer step) count. 0 without unit-tagged spans."""
+    units = [s["unit"] for s in spans if s["unit"] is not None]
+    if not units:
+        return 0.0
+    last = max(units)
+    tail = [s for s in spans if s["unit"] == last]
+    groups = [s.get("group") for s in tail if s.get("group") is not None]
+    if groups:
+        last_group = groups[-1]
+        tail = [s for s in tail if s.get("group") in (None, last_group)]
+    return _union_length(((s["start"], s["end"]) for s in tail), t0, train_end)
+
+
 class StepTimeline:
     """Events of one training step (absolute clock seconds) and the metrics derived from them."""
 
@@ -199,33 +215,16 @@ class StepTimeline:
             raise ValueError(f"step {self.step}: train spans end at or before the first request")
 
         busy = _union_length(((s["start"], s["end"]) for s in spans), t0, train_end)
-        units = [s["unit"] for s in spans if s["unit"] is not None]
-        last_unit_cost = 0.0
-        if units:
-            last = max(units)
-            tail = [s for s in spans if s["unit"] == last]
-            groups = [s.get("group") for s in tail if s.get("group") is not None]
-            if groups:  # per-group work: only the last group's spans and the group-less ones are the tail
-                last_group = groups[-1]
-                tail = [s for s in tail if s.get("group") in (None, last_group)]
-            last_unit_cost = _union_length(((s["start"], s["end"]) for s in tail), t0, train_end)
+        last_unit_cost = _last_unit_cost(spans, t0, train_end)
         first_ready = self._derived_ready(ev, rollout_end)(0) - t0
         rollout_end_s = rollout_end - t0
-        # A trainer that works per group (spans tagged with a group) can start at the first
-        # trainable group, not the first full unit.
-        first_work = first_ready
-        if any(s.get("group") is not None for s in spans):
-            trainable = [g["t"] for g in self._group_completions(ev) if g["trainable"]]
-            first_work = (min(trainable) - t0) if trainable else first_ready
-        ideal = max(rollout_end_s + last_unit_cost, first_work + busy)
-
-        sync_total = sum(max(0.0, w["end"] - w["start"]) for w in ev["weight_syncs"])
+        ideal = max(rollout_end_s + last_unit_cost, self._first_work(ev, first_ready, t0) + busy)
         # A step is over when the trainer, the rollout and the weight sync are all done: a trainer that
         # finishes early (late groups untrainable) still cannot push weights into a generating rollout.
         step_end = max([train_end, rollout_end] + [w["end"] for w in ev["weight_syncs"]])
-
         completions = self._group_completions(ev)
         done_s = sorted(g["t"] - t0 for g in completions)
+        units = {s["unit"] for s in spans if s["unit"] is not None}
         return {
             "rollout_end_s": rollout_end_s,
             "train_end_s": window,
@@ -234,7 +233,7 @@ class StepTimeline:
             "trainer_wait_ratio": (window - busy) / window,
             "first_unit_ready_s": first_ready,
             "first_unit_start_s": min(s["start"] for s in spans) - t0,
-            "weight_sync_s": sync_total,
+            "weight_sync_s": sum(max(0.0, w["end"] - w["start"]) for w in ev["weight_syncs"]),
             "last_unit_cost_s": last_unit_cost,
             "ideal_lower_bound_s": ideal,
             "pipeline_efficiency": ideal / window,
@@ -244,11 +243,19 @@ class StepTimeline:
             "num_aborted": float(len(ev["aborts"])),
             "num_groups": float(len(completions)),
             "num_trainable_groups": float(sum(1 for g in completions if g["trainable"])),
-            "num_units": float(len(set(units) | {u["unit"] for u in ev["units_ready"]})),
+            "num_units": float(len(units | {u["unit"] for u in ev["units_ready"]})),
             "response_tokens": float(sum(r["num_tokens"] for r in ev["responses"])),
             "group_done_p50_s": _percentile(done_s, 0.5),
             "group_done_p90_s": _percentile(done_s, 0.9),
         }
+
+    def _first_work(self, ev: dict[str, list[dict]], first_ready: float, t0: float) -> float:
+        """When the trainer could first work, since t0: the first unit's readiness, or, for a trainer that works
+        per group (spans tagged with a group), the first trainable group's completion."""
+        if not any(s.get("group") is not None for s in ev["train_spans"]):
+            return first_ready
+        trainable = [g["t"] for g in self._group_completions(ev) if g["trainable"]]
+        return (min(trainable) - t0) if trainable else first_ready
 
     def unit_table(self) -> list[dict]:
         """Per unit: when it was ready (recorded, else derived), when the trainer worked on it, how long."""
@@ -287,14 +294,23 @@ class StepTimeline:
         if origin is None:
             origin = self._origin(ev) or 0.0
         us = lambda t: round((t - origin) * 1e6, 3)  # noqa: E731
-        out: list[dict] = []
-        threads: dict[tuple[int, int], str] = {}
-
-        for pid, name in ((1, "rollout"), (2, "trainer"), (3, "weight_sync")):
-            out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
-
-        # One bar per request, submit -> first done/abort; unfinished ones run to the last event seen.
+        out: list[dict] = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}}
+                           for pid, name in ((1, "rollout"), (2, "trainer"), (3, "weight_sync"))]
+        threads: dict[tuple[int, int], str] = {}  # (pid, tid) -> thread name, for the ones used
         latest = max([e.get("t", e.get("end", -math.inf)) for k in _EVENT_KINDS for e in ev[k]] or [origin])
+        groups_tid = self._trace_rollout(ev, us, latest, out, threads)
+        self._trace_trainer(ev, us, out, threads)
+        for (pid, tid), name in sorted(threads.items()):
+            out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+        if (1, groups_tid) in threads:  # show the group instants above the replica lanes
+            out.append({"ph": "M", "name": "thread_sort_index", "pid": 1, "tid": groups_tid,
+                        "args": {"sort_index": -1}})
+        return {"traceEvents": out, "displayTimeUnit": "ms"}
+
+    @staticmethod
+    def _request_records(ev: dict[str, list[dict]]) -> dict[str, dict]:
+        """Per request id, in submission order: its first submission (``sub``) and its first end (``end``, a
+        response's or an abort's time; None while unfinished) with that response's ``tokens`` and ``aborted``."""
         reqs: dict[str, dict] = {}
         for r in sorted(ev["requests"], key=lambda r: r["t"]):
             reqs.setdefault(r["request_id"], {"sub": r, "end": None, "tokens": None, "aborted": False})
@@ -303,8 +319,15 @@ class StepTimeline:
                 rec = reqs.get(e["request_id"])
                 if rec is not None and (rec["end"] is None or e["t"] < rec["end"]):
                     rec.update(end=e["t"], tokens=e.get("num_tokens"), aborted=kind == "aborts")
+        return reqs
+
+    def _trace_rollout(self, ev: dict[str, list[dict]], us: Callable[[float], float], latest: float,
+                       out: list[dict], threads: dict[tuple[int, int], str]) -> int:
+        """The rollout process (pid 1) into ``out``: one bar per request, submit -> first done/abort (unfinished
+        ones run to ``latest``, the last event seen), on lanes per replica, then the group instants on a thread of
+        their own; names the threads it uses in ``threads``. Returns the group instants' tid."""
         by_replica: dict[int, list[tuple[str, dict]]] = {}
-        for rid, rec in reqs.items():
+        for rid, rec in self._request_records(ev).items():
             by_replica.setdefault(rec["sub"]["replica"] or 0, []).append((rid, rec))
         placed = {}
         for replica, items in by_replica.items():
@@ -331,7 +354,11 @@ class StepTimeline:
             threads[(1, groups_tid)] = "groups"
             out.append({"ph": "i", "s": "t", "name": f"group {g['group']} done", "pid": 1, "tid": groups_tid,
                         "ts": us(g["t"]), "args": {"group": g["group"], "trainable": g["trainable"]}})
+        return groups_tid
 
+    def _trace_trainer(self, ev: dict[str, list[dict]], us: Callable[[float], float], out: list[dict],
+                       threads: dict[tuple[int, int], str]) -> None:
+        """The trainer (pid 2: spans on lanes, units' ready instants) and the weight syncs (pid 3) into ``out``."""
         # Trainer spans may overlap (e.g. concurrent log-prob work); lanes keep every bar visible.
         tspans = [(s["start"], max(s["start"], s["end"])) for s in ev["train_spans"]]
         for sp, (s, e), lane in zip(ev["train_spans"], tspans, _assign_lanes(tspans)):
@@ -346,13 +373,6 @@ class StepTimeline:
             threads[(3, 0)] = "weight_sync"
             out.append({"ph": "X", "name": "weight_sync", "pid": 3, "tid": 0, "ts": us(w["start"]),
                         "dur": max(0.0, us(w["end"]) - us(w["start"])), "args": {"step": self.step}})
-
-        for (pid, tid), name in sorted(threads.items()):
-            out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
-        if (1, groups_tid) in threads:  # show the group instants above the replica lanes
-            out.append({"ph": "M", "name": "thread_sort_index", "pid": 1, "tid": groups_tid,
-                        "args": {"sort_index": -1}})
-        return {"traceEvents": out, "displayTimeUnit": "ms"}
 
     # ---- serialization ------------------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -28,8 +28,27 @@ def draw_timeline(ax, tl: dict, max_num_seqs: int | None = None, title: str = ""
     """Rollout requests as bars on engine lanes per replica (from the engine's start of the request, see
     ``calib.engine_intervals``; the grey curve under them counts requests queued before a slot freed),
     group completions as ticks, trainer spans per unit, weight sync; x = seconds since t0."""
-    step = StepTimeline.from_dict(tl)
-    t0 = step.t0
+    t0 = StepTimeline.from_dict(tl).t0
+    yticks: list[float] = []
+    ylabels: list[str] = []
+    y = _draw_replicas(ax, tl, t0, max_num_seqs, yticks, ylabels)
+    gy = y + 0.3  # group completions
+    for g in tl["groups"]:
+        ax.plot([g["t"] - t0] * 2, [gy - 0.3, gy + 0.3], color=f"C{g['group'] % 10}" if g["trainable"] else "k",
+                linewidth=1.5)
+    yticks.append(gy)
+    ylabels.append("group done")
+    _draw_trainer(ax, tl, t0, gy + 1.2, yticks, ylabels)
+    ax.set_yticks(yticks)
+    ax.set_yticklabels(ylabels, fontsize=7)
+    ax.set_title(title, fontsize=9, loc="left")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=6, loc="lower right", ncol=3)
+
+
+def _draw_replicas(ax, tl: dict, t0: float, max_num_seqs: int | None, yticks: list, ylabels: list) -> float:
+    """Per replica, from y = 0 up: the queued-before-start curve in its own band (when any request queued) and the
+    finished requests' bars on engine lanes. Appends their ticks and labels; returns the next free y."""
     ends = {}
     for r in tl["responses"]:
         ends.setdefault(r["request_id"], r["t"] - t0)
@@ -39,12 +58,10 @@ def draw_timeline(ax, tl: dict, max_num_seqs: int | None = None, title: str = ""
     for r in sorted(tl["requests"], key=lambda r: r["t"]):
         subs.setdefault(r["request_id"], r)
     starts = {x["request_id"]: x["a"] for x in engine_intervals(tl, max_num_seqs)} if max_num_seqs else {}
-
-    y = 0.0
-    yticks, ylabels = [], []
     by_rep: dict[int, list[str]] = {}
     for rid, r in subs.items():
         by_rep.setdefault(r.get("replica") or 0, []).append(rid)
+    y = 0.0
     for rep in sorted(by_rep):
         rids = [rid for rid in by_rep[rep] if rid in ends]
         # queued-before-start count, as a step curve in its own band
@@ -71,15 +88,12 @@ def draw_timeline(ax, tl: dict, max_num_seqs: int | None = None, title: str = ""
         yticks.append(y + (nl - 1) * h / 2)
         ylabels.append(f"replica {rep}\n({nl} slots)")
         y += nl * h + 0.6
-    # group completions
-    gy = y + 0.3
-    for g in tl["groups"]:
-        ax.plot([g["t"] - t0] * 2, [gy - 0.3, gy + 0.3], color=f"C{g['group'] % 10}" if g["trainable"] else "k",
-                linewidth=1.5)
-    yticks.append(gy)
-    ylabels.append("group done")
-    # trainer spans
-    ty = gy + 1.2
+    return y
+
+
+def _draw_trainer(ax, tl: dict, t0: float, ty: float, yticks: list, ylabels: list) -> None:
+    """The trainer's spans at ``ty`` (coloured by kind, a unit's update labelled with it), the units' ready marks
+    above them and the weight syncs one row higher; appends their ticks and labels."""
     seen = set()
     for s in tl["train_spans"]:
         kind = s["kind"]
@@ -100,11 +114,6 @@ def draw_timeline(ax, tl: dict, max_num_seqs: int | None = None, title: str = ""
         seen.add("ws")
     yticks.append(ty + 1.0)
     ylabels.append("weight sync")
-    ax.set_yticks(yticks)
-    ax.set_yticklabels(ylabels, fontsize=7)
-    ax.set_title(title, fontsize=9, loc="left")
-    ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize=6, loc="lower right", ncol=3)
 
 
 def timeline_charts(steps: dict[str, dict], out_dir: Path, setting: str, max_num_seqs: int | None) -> list[Path]:

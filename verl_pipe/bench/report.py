@@ -86,52 +86,64 @@ def check_schema(result: dict) -> list[str]:
         return errs
     asked = (result.get("config") or {}).get("modes") or MODES
     for s in result["settings"]:
-        name = s.get("name", "?")
-        if not isinstance(name, str) or not name.startswith(SETTING_PREFIXES):
-            errs.append(f"setting name {name!r} must start with longtail- or notail-")
-        if not isinstance(s.get("sync_train_to_rollout_ratio"), (int, float)):
-            errs.append(f"{name}: sync_train_to_rollout_ratio missing or not a number")
-        modes = s.get("modes")
-        if not isinstance(modes, dict):
-            errs.append(f"{name}: modes missing")
-            continue
-        for mode in asked:
-            if mode not in modes:
-                errs.append(f"{name}: mode {mode!r} missing")
-        for mode, entry in modes.items():
-            if mode not in MODES + PEERS:
-                errs.append(f"{name}: unknown mode name {mode!r}")
-            if "skipped" in entry:
-                if not isinstance(entry["skipped"], str) or not entry["skipped"]:
-                    errs.append(f"{name}/{mode}: skipped needs a reason")
-                continue
-            for k in REPORTED:
-                if not isinstance(entry.get(k), (int, float)):
-                    errs.append(f"{name}/{mode}: {k} missing or not a number")
-            if not isinstance(entry.get("runs"), int) or entry["runs"] < 1:
-                errs.append(f"{name}/{mode}: runs must be an int >= 1")
-            if not isinstance(entry.get("spread"), dict):
-                errs.append(f"{name}/{mode}: spread missing")
-        if BASE in modes and "skipped" in modes[BASE]:
-            errs.append(f"{name}: the sync baseline cannot be skipped")
+        errs += _setting_errors(s, asked)
     sv = result["sim_validation"]
     if not isinstance(sv, dict) or not isinstance(sv.get("max_rel_error"), (int, float)):
         errs.append("sim_validation.max_rel_error missing or not a number")
-    env = result["env"]
+    return errs + _env_errors(result["env"])
+
+
+def _setting_errors(s: dict, asked) -> list[str]:
+    """One setting's problems: its name, its T/R, an entry for each mode ``asked`` and each entry's figures (or a
+    reason it was skipped; never the sync baseline)."""
+    errs = []
+    name = s.get("name", "?")
+    if not isinstance(name, str) or not name.startswith(SETTING_PREFIXES):
+        errs.append(f"setting name {name!r} must start with longtail- or notail-")
+    if not isinstance(s.get("sync_train_to_rollout_ratio"), (int, float)):
+        errs.append(f"{name}: sync_train_to_rollout_ratio missing or not a number")
+    modes = s.get("modes")
+    if not isinstance(modes, dict):
+        errs.append(f"{name}: modes missing")
+        return errs
+    for mode in asked:
+        if mode not in modes:
+            errs.append(f"{name}: mode {mode!r} missing")
+    for mode, entry in modes.items():
+        if mode not in MODES + PEERS:
+            errs.append(f"{name}: unknown mode name {mode!r}")
+        if "skipped" in entry:
+            if not isinstance(entry["skipped"], str) or not entry["skipped"]:
+                errs.append(f"{name}/{mode}: skipped needs a reason")
+            continue
+        for k in REPORTED:
+            if not isinstance(entry.get(k), (int, float)):
+                errs.append(f"{name}/{mode}: {k} missing or not a number")
+        if not isinstance(entry.get("runs"), int) or entry["runs"] < 1:
+            errs.append(f"{name}/{mode}: runs must be an int >= 1")
+        if not isinstance(entry.get("spread"), dict):
+            errs.append(f"{name}/{mode}: spread missing")
+    if BASE in modes and "skipped" in modes[BASE]:
+        errs.append(f"{name}: the sync baseline cannot be skipped")
+    return errs
+
+
+def _env_errors(env) -> list[str]:
+    """The environment record's problems: the CPU, the stack's versions, the CPU's flags and matmul probe."""
     if not isinstance(env, dict) or not isinstance(env.get("cpu"), str):
-        errs.append("env.cpu missing")
-    else:
-        versions = env.get("versions", {})
-        for k in ("verl", "vllm", "torch", "ray"):
-            if k not in versions:
-                errs.append(f"env.versions.{k} missing")
-        info = env.get("cpu_info")
-        probe = info.get("matmul_1thread") if isinstance(info, dict) else None
-        if not isinstance(info, dict) or not isinstance(info.get("flags"), dict):
-            errs.append("env.cpu_info.flags missing (verl_pipe.platform.cpu_info.report)")
-        elif not isinstance(probe, dict) or not all(isinstance(probe.get(k), (int, float))
-                                                    for k in ("fp32_gflops", "bf16_gflops")):
-            errs.append("env.cpu_info.matmul_1thread: fp32_gflops / bf16_gflops missing")
+        return ["env.cpu missing"]
+    errs = []
+    versions = env.get("versions", {})
+    for k in ("verl", "vllm", "torch", "ray"):
+        if k not in versions:
+            errs.append(f"env.versions.{k} missing")
+    info = env.get("cpu_info")
+    probe = info.get("matmul_1thread") if isinstance(info, dict) else None
+    if not isinstance(info, dict) or not isinstance(info.get("flags"), dict):
+        errs.append("env.cpu_info.flags missing (verl_pipe.platform.cpu_info.report)")
+    elif not isinstance(probe, dict) or not all(isinstance(probe.get(k), (int, float))
+                                                for k in ("fp32_gflops", "bf16_gflops")):
+        errs.append("env.cpu_info.matmul_1thread: fp32_gflops / bf16_gflops missing")
     return errs
 
 

@@ -261,63 +261,96 @@ def cross_config(kept: list[tuple[dict, str, dict]]) -> list[dict]:
 
 
 def validate(bench_dir) -> dict:
+    """Every run of ``bench_dir`` predicted in-run, held out, cross-run and cross-config (the module's docstring):
+    one row per run, setting and mode, the error summary per mode and the expected errors the planner quotes."""
     runs, skipped = load_runs(bench_dir)
     scales = verl_scales(runs)
     rows, kept = [], []
     for run in runs:
-        cals = run["data"]["sim_validation"]["calibration"]
-        others = [(o["file"], o["data"]["sim_validation"]["calibration"]) for o in runs if o is not run]
         steps = kept_steps(run)
         kept += [(run, size, got) for size, got in steps.items()]
-        held = {k: v for got in steps.values() for k, v in held_out_rounds(got).items()}
-        peer_fit = {(size, setting): v for size, got in steps.items() if got["peer"]
-                    for setting, v in in_run_verl(got).items()}
-        for s in run["data"]["settings"]:
-            size = s["model_size"]
-            for mode, entry in s["modes"].items():
-                if "skipped" in entry or mode not in OURS + PEERS:
-                    continue
-                meas = float(entry["rollout_to_train_end_s"])
-                row = {"file": run["file"], "setting": s["name"], "model_size": size, "mode": mode,
-                       "runs": int(entry.get("runs", 1)), "measured_s": meas}
-                # verl's trainer from another run's measured peer (cross-run: never this run's)
-                foreign = [v for (f, sz), v in scales.items() if sz == size and f != run["file"]]
-                vs = float(np.mean(foreign)) if foreign else None
-                if mode in PEERS:
-                    row["as_ours_err"] = _predict(run, s, mode, entry, cals[size]) / meas - 1
-                    own = peer_fit.get((size, s["name"])) if mode == "verl_separate_async" else None
-                    if own is not None:  # its trainer fitted on its own spans (per-step file kept)
-                        row["in_run_err"], row["as_ours_err"] = own["as_verl"], own["as_ours"]
-                        row["in_run_s"] = meas * (1 + own["as_verl"])
-                        row["basis"], row["verl_fit"] = "its own spans, per step", own["fit"]
-                    elif (run["file"], size) in scales:  # scaled to its (or its on-policy sibling's) measured busy
-                        row["in_run_s"] = _predict(run, s, mode, entry, cals[size], scales[(run["file"], size)])
-                        row["in_run_err"] = row["in_run_s"] / meas - 1
-                        row["basis"] = ("its own trainer busy total" if mode == "verl_separate_async"
-                                        else "the on-policy peer's trainer busy total, same run")
-                        row["verl_scale"] = scales[(run["file"], size)]
-                    else:
-                        row["in_run_s"] = _predict(run, s, mode, entry, cals[size])
-                        row["in_run_err"], row["basis"] = row["in_run_s"] / meas - 1, "our trainer's costs"
-                else:
-                    row["in_run_s"] = _predict(run, s, mode, entry, cals[size])
-                    row["in_run_err"] = row["in_run_s"] / meas - 1
-                if (s["name"], mode) in held:
-                    row["held_out_err"] = held[(s["name"], mode)]
-                cross = [(f, _predict(run, s, mode, entry, c[size], (vs or 1.0) if mode in PEERS else 1.0))
-                         for f, c in others if size in c]
-                if cross:
-                    errs = [p / meas - 1 for _, p in cross]
-                    row["cross_run"] = {f: p for f, p in cross}
-                    row["cross_mean_abs_err"] = float(np.mean(np.abs(errs)))
-                    row["cross_max_abs_err"] = float(np.max(np.abs(errs)))
-                rows.append(row)
+        rows += _run_rows(run, runs, scales, steps)
     _reductions(rows)
     xconf = cross_config(kept)
+    summary, expected = _error_summary(rows, xconf)
+    holdout = {r["file"]: r["data"]["sim_validation"].get("holdout_max_rel_error") for r in runs}
+    return {"rows": rows, "per_mode": summary, "expected_error": expected, "skipped": skipped,
+            "cross_config": xconf, "kept_steps": {r["file"]: str(r["steps_path"]) for r in runs if r["steps_path"]},
+            "bench_holdout_max_rel_error": holdout, "verl_scales": {f"{f}:{s}": v for (f, s), v in scales.items()},
+            "command": "python -m verl_pipe.plan --validate --update-doc docs/plan.md"}
+
+
+def _run_rows(run: dict, runs: list[dict], scales: dict, steps: dict[str, dict]) -> list[dict]:
+    """``run``'s rows, one per setting and mode (ours and verl's peers): measured, in-run, held out (from ``steps``,
+    its kept per-step file) and cross-run (every other run of ``runs`` with a calibration of the same size)."""
+    cals = run["data"]["sim_validation"]["calibration"]
+    others = [(o["file"], o["data"]["sim_validation"]["calibration"]) for o in runs if o is not run]
+    held = {k: v for got in steps.values() for k, v in held_out_rounds(got).items()}
+    peer_fit = {(size, setting): v for size, got in steps.items() if got["peer"]
+                for setting, v in in_run_verl(got).items()}
+    rows = []
+    for s in run["data"]["settings"]:
+        size = s["model_size"]
+        for mode, entry in s["modes"].items():
+            if "skipped" in entry or mode not in OURS + PEERS:
+                continue
+            meas = float(entry["rollout_to_train_end_s"])
+            row = {"file": run["file"], "setting": s["name"], "model_size": size, "mode": mode,
+                   "runs": int(entry.get("runs", 1)), "measured_s": meas}
+            if mode in PEERS:
+                own = peer_fit.get((size, s["name"])) if mode == "verl_separate_async" else None
+                _peer_in_run(row, run, s, entry, cals[size], scales, own)
+            else:
+                row["in_run_s"] = _predict(run, s, mode, entry, cals[size])
+                row["in_run_err"] = row["in_run_s"] / meas - 1
+            if (s["name"], mode) in held:
+                row["held_out_err"] = held[(s["name"], mode)]
+            # verl's trainer from another run's measured peer (cross-run: never this run's)
+            foreign = [v for (f, sz), v in scales.items() if sz == size and f != run["file"]]
+            vs = float(np.mean(foreign)) if foreign else None
+            cross = [(f, _predict(run, s, mode, entry, c[size], (vs or 1.0) if mode in PEERS else 1.0))
+                     for f, c in others if size in c]
+            if cross:
+                errs = [p / meas - 1 for _, p in cross]
+                row["cross_run"] = {f: p for f, p in cross}
+                row["cross_mean_abs_err"] = float(np.mean(np.abs(errs)))
+                row["cross_max_abs_err"] = float(np.max(np.abs(errs)))
+            rows.append(row)
+    return rows
+
+
+def _peer_in_run(row: dict, run: dict, s: dict, entry: dict, cal: dict, scales: dict, own: dict | None) -> None:
+    """A peer's in-run prediction into ``row``: with our trainer's costs (``as_ours_err``, shown beside) and as verl
+    (``in_run_*``, ``basis``): its trainer fitted on its own spans (``own``, per-step file kept), else scaled to its
+    or its on-policy sibling's measured trainer busy time (``scales``), else our trainer's costs."""
+    mode, meas, size = row["mode"], row["measured_s"], row["model_size"]
+    row["as_ours_err"] = _predict(run, s, mode, entry, cal) / meas - 1
+    if own is not None:  # its trainer fitted on its own spans (per-step file kept)
+        row["in_run_err"], row["as_ours_err"] = own["as_verl"], own["as_ours"]
+        row["in_run_s"] = meas * (1 + own["as_verl"])
+        row["basis"], row["verl_fit"] = "its own spans, per step", own["fit"]
+    elif (run["file"], size) in scales:  # scaled to its (or its on-policy sibling's) measured busy
+        row["in_run_s"] = _predict(run, s, mode, entry, cal, scales[(run["file"], size)])
+        row["in_run_err"] = row["in_run_s"] / meas - 1
+        row["basis"] = ("its own trainer busy total" if mode == "verl_separate_async"
+                        else "the on-policy peer's trainer busy total, same run")
+        row["verl_scale"] = scales[(run["file"], size)]
+    else:
+        row["in_run_s"] = _predict(run, s, mode, entry, cal)
+        row["in_run_err"], row["basis"] = row["in_run_s"] / meas - 1, "our trainer's costs"
+
+
+def _error_summary(rows: list[dict], xconf: list[dict]) -> tuple[dict, dict]:
+    """Per mode: each error kind's max, mean and count (``per_mode``), and the expected errors the planner quotes
+    (``expected_error``; verl's one-step-off peer under the planner's name for it)."""
     per_mode: dict[str, dict] = {}
+
+    def kinds(mode: str) -> dict:
+        return per_mode.setdefault(mode, {"in_run": [], "held_out": [], "cross_config": [], "cross": [],
+                                          "as_ours": [], "vs_sync_pp": []})
+
     for r in rows:
-        pm = per_mode.setdefault(r["mode"], {"in_run": [], "held_out": [], "cross_config": [], "cross": [],
-                                             "as_ours": [], "vs_sync_pp": []})
+        pm = kinds(r["mode"])
         if "in_run_vs_sync_err_pp" in r:
             pm["vs_sync_pp"].append(max(abs(r["in_run_vs_sync_err_pp"]), r.get("cross_vs_sync_max_abs_err_pp", 0.0)))
         pm["in_run"].append(abs(r["in_run_err"]))
@@ -328,8 +361,7 @@ def validate(bench_dir) -> dict:
         if "as_ours_err" in r:
             pm["as_ours"].append(abs(r["as_ours_err"]))
     for x in xconf:
-        per_mode.setdefault(x["mode"], {"in_run": [], "held_out": [], "cross_config": [], "cross": [],
-                                        "as_ours": [], "vs_sync_pp": []})["cross_config"].append(abs(x["err"]))
+        kinds(x["mode"])["cross_config"].append(abs(x["err"]))
     summary, expected = {}, {}
     for mode, pm in per_mode.items():
         summary[mode] = {k: {"max": max(v), "mean": float(np.mean(v)), "n": len(v)} for k, v in pm.items() if v}
@@ -341,11 +373,7 @@ def validate(bench_dir) -> dict:
             "cross_max_rel_error": max(pm["cross"]) if pm["cross"] else None,
             "cross_basis": "CPU bench, another day's run",
             "vs_sync_max_err_pp": max(pm["vs_sync_pp"]) if pm["vs_sync_pp"] else None}
-    holdout = {r["file"]: r["data"]["sim_validation"].get("holdout_max_rel_error") for r in runs}
-    return {"rows": rows, "per_mode": summary, "expected_error": expected, "skipped": skipped,
-            "cross_config": xconf, "kept_steps": {r["file"]: str(r["steps_path"]) for r in runs if r["steps_path"]},
-            "bench_holdout_max_rel_error": holdout, "verl_scales": {f"{f}:{s}": v for (f, s), v in scales.items()},
-            "command": "python -m verl_pipe.plan --validate --update-doc docs/plan.md"}
+    return summary, expected
 
 
 def _pp(r: dict, k: str) -> str:

@@ -78,36 +78,46 @@ def _derived(m: dict, sync: dict, rollout_gpus: int, train_gpus: int) -> dict:
     return out
 
 
-def run_setting(cfg: dict, s: dict, placements: list[str] | None = None, sweeps: bool = True) -> dict:
-    """One setting: per-mode metrics, the T/R and FGD sweeps (``sweeps``), and with ``placements`` the
-    reductions vs sync at T/R as is for each theta_k placement, on the same rollouts."""
-    b, d = cfg["batch"], cfg["dispatch"]
-    gpu_unit, modes = b["groups_per_unit"], cfg["modes"]
-    engine = EngineParams(**_typed(EngineParams, cfg["engine"]))
-    R, G = s["rollout_gpus"], s["train_gpus"]
-    wls = [from_spec(s["distribution"], b["num_groups"], b["n"], b["prompt_len"], seed) for seed in cfg["seeds"]]
+class _Setting:
+    """One setting's workloads (one per seed) and their two rollouts, stock FCFS and FGD, which every trainer mode
+    and sweep point is scheduled on."""
 
-    def fgd_rollouts(window, affinity):
+    def __init__(self, cfg: dict, s: dict):
+        self.cfg, b = cfg, cfg["batch"]
+        self.gpu_unit, self.modes = b["groups_per_unit"], cfg["modes"]
+        self.engine = EngineParams(**_typed(EngineParams, cfg["engine"]))
+        self.R, self.G = s["rollout_gpus"], s["train_gpus"]
+        self.wls = [from_spec(s["distribution"], b["num_groups"], b["n"], b["prompt_len"], seed)
+                    for seed in cfg["seeds"]]
+        d = cfg["dispatch"]
+        self.fcfs = [rollout_for_mode("cgp", wl, self.engine, self.R, self.gpu_unit, d["baseline_window"],
+                                      d["baseline_order"]) for wl in self.wls]
+        self.fgd = self.fgd_rollouts(d["fgd_window"], d["fgd_affinity"])
+
+    def fgd_rollouts(self, window, affinity) -> list:
+        d = self.cfg["dispatch"]
         kw = dict(frontier_groups=d["fgd_frontier_groups"], slack=d["fgd_slack"], affinity=affinity)
-        return [rollout_for_mode("cgp_fgd", wl, engine, R, gpu_unit, window, frontier=kw) for wl in wls]
+        return [rollout_for_mode("cgp_fgd", wl, self.engine, self.R, self.gpu_unit, window, frontier=kw)
+                for wl in self.wls]
 
-    fcfs = [rollout_for_mode("cgp", wl, engine, R, gpu_unit, d["baseline_window"], d["baseline_order"])
-            for wl in wls]
-    fgd = fgd_rollouts(d["fgd_window"], d["fgd_affinity"])
-
-    def evaluate(time_scale: float, fgd=fgd, modes=modes, placement=None) -> dict[str, list[dict]]:
-        trainer = _trainer(cfg, G, time_scale, placement)
+    def evaluate(self, time_scale: float, fgd: list | None = None, modes: list | None = None,
+                 placement: str | None = None) -> dict[str, list[dict]]:
+        """Per mode (``mode[granularity]`` for a mode that runs at either), its derived figures per seed, the
+        trainer's time scaled by ``time_scale``; ``fgd``: other FGD rollouts than the setting's."""
+        fgd, modes, cfg = self.fgd if fgd is None else fgd, self.modes if modes is None else modes, self.cfg
+        trainer = _trainer(cfg, self.G, time_scale, placement)
         per_mode: dict[str, list[dict]] = {}
-        for wl, fc, fg in zip(wls, fcfs, fgd):
-            ms = {BASE: timeline_for(fc, wl, trainer, BASE, gpu_unit, cfg["weight_sync_s"]).metrics()}
+        for wl, fc, fg in zip(self.wls, self.fcfs, fgd):
+            ms = {BASE: timeline_for(fc, wl, trainer, BASE, self.gpu_unit, cfg["weight_sync_s"]).metrics()}
             for mode in (m for m in modes if m != BASE):
                 v = variant(mode)
                 for gran in v.granularities:
                     key = f"{mode}[{gran}]" if v.granularity is None else mode
-                    tl = timeline_for(fg if v.fgd else fc, wl, trainer, mode, gpu_unit, cfg["weight_sync_s"], gran)
+                    tl = timeline_for(fg if v.fgd else fc, wl, trainer, mode, self.gpu_unit, cfg["weight_sync_s"],
+                                      gran)
                     ms[key] = tl.metrics()
             for key, m in ms.items():
-                per_mode.setdefault(key, []).append(_derived(m, ms[BASE], R, G))
+                per_mode.setdefault(key, []).append(_derived(m, ms[BASE], self.R, self.G))
         for mode in (m for m in modes if variant(m).granularity is None):  # docs/metrics.md: cgp_fgd is FGD
             v = variant(mode)  # with its best granularity
             best = min(v.granularities, key=lambda g: sum(
@@ -115,11 +125,17 @@ def run_setting(cfg: dict, s: dict, placements: list[str] | None = None, sweeps:
             per_mode[mode] = [dict(m, granularity=best) for m in per_mode[f"{mode}[{best}]"]]
         return per_mode
 
-    base = evaluate(1.0)
+
+def run_setting(cfg: dict, s: dict, placements: list[str] | None = None, sweeps: bool = True) -> dict:
+    """One setting: per-mode metrics, the T/R and FGD sweeps (``sweeps``), and with ``placements`` the
+    reductions vs sync at T/R as is for each theta_k placement, on the same rollouts."""
+    st = _Setting(cfg, s)
+    modes, wls = st.modes, st.wls
+    base = st.evaluate(1.0)
     tr = _mean(m["trainer_busy_s"] / m["rollout_end_s"] for m in base[BASE])
     cap = s["distribution"].get("cap", 1 << 30)
     result = {
-        "name": s["name"], "split": s["split"], "rollout_gpus": R, "train_gpus": G,
+        "name": s["name"], "split": s["split"], "rollout_gpus": st.R, "train_gpus": st.G,
         "distribution": s["distribution"],
         "sync_train_to_rollout_ratio": tr,
         # the configured modes first, then cgp_fgd's per-granularity variants
@@ -127,27 +143,27 @@ def run_setting(cfg: dict, s: dict, placements: list[str] | None = None, sweeps:
         "rollout": {
             "mean_response_len": _mean(wl.response_tokens / (wl.num_groups * wl.n) for wl in wls),
             "truncated_fraction": _mean(wl.truncated_fraction(cap) for wl in wls),
-            "fcfs_rollout_end_s": _mean(r.rollout_end for r in fcfs),
-            "fgd_rollout_end_s": _mean(r.rollout_end for r in fgd),
-            "fcfs_preemptions": _mean(r.stats["preemptions"] for r in fcfs),
-            "fgd_preemptions": _mean(r.stats["preemptions"] for r in fgd),
+            "fcfs_rollout_end_s": _mean(r.rollout_end for r in st.fcfs),
+            "fgd_rollout_end_s": _mean(r.rollout_end for r in st.fgd),
+            "fcfs_preemptions": _mean(r.stats["preemptions"] for r in st.fcfs),
+            "fgd_preemptions": _mean(r.stats["preemptions"] for r in st.fgd),
         },
         "tr_sweep": [],
         "fgd_sweep": [],
     }
     for pl in placements or []:
-        pm = evaluate(1.0, placement=pl)
+        pm = st.evaluate(1.0, placement=pl)
         result.setdefault("placements", {})[pl] = {k: _pick(v, _SWEEP_KEYS) for k, v in pm.items()}
     for target in cfg.get("tr_sweep", []) if sweeps else []:
         scale = target / tr
-        pm = evaluate(scale)
+        pm = st.evaluate(scale)
         result["tr_sweep"].append({
             "target_train_to_rollout": target, "time_scale": scale,
             "sync_train_to_rollout_ratio": _mean(m["trainer_busy_s"] / m["rollout_end_s"] for m in pm[BASE]),
             "modes": {k: _pick(v, _SWEEP_KEYS) for k, v in pm.items()},
         })
     for point in cfg.get("fgd_sweep", []) if sweeps else []:  # FGD's sensitivity to its window and to group affinity
-        pm = evaluate(1.0, fgd=fgd_rollouts(point["window"], point["affinity"]), modes=["cgp_fgd"])
+        pm = st.evaluate(1.0, fgd=st.fgd_rollouts(point["window"], point["affinity"]), modes=["cgp_fgd"])
         result["fgd_sweep"].append(dict(point, **_pick(pm["cgp_fgd"], _SWEEP_KEYS + (
             "first_unit_ready_s", "rollout_end_s"))))
     return result
