@@ -1,6 +1,8 @@
 """The README's and docs' marked benchmark tables match the JSONs in docs/bench they quote
 (verl_pipe/bench/readme_tables.py); a table that drifts from its JSON fails here."""
 
+import re
+
 import pytest
 
 from verl_pipe.bench import readme_tables as rt
@@ -54,3 +56,22 @@ def test_cli_check_exits_1_on_a_mismatch(tmp_path, capsys):
     assert rt.main(["--write", str(md)]) == 0
     assert rt.main(["--check", str(md)]) == 0
     assert "| sync | 64.25 s |" in md.read_text()
+
+
+def test_every_readme_table_with_measured_figures_is_marked():
+    # issue 25: the README's tables match their JSONs. A table of timings or percentages outside a marker would be
+    # checked by nothing; config and key tables (no "N s" or "N%") need no marker.
+    figure = re.compile(r"\d(?:[\d.,]*)\s?(?:s|%)(?:\W|$)")
+    unmarked, inside, table = [], False, []
+    for line in README.read_text().splitlines() + [""]:
+        if rt.MARKER.match(line):
+            inside = True
+        elif line.strip() == rt.END:
+            inside = False
+        if line.startswith("|") and not inside:
+            table.append(line)
+            continue
+        if table and any(figure.search(row) for row in table[2:]):
+            unmarked.append(table[0])
+        table = []
+    assert unmarked == [], f"README tables with figures but no `<!-- table: ... -->` marker: {unmarked}"

@@ -1,0 +1,165 @@
+"""The README's and docs' prose figures quoted from a bench JSON in docs/bench match that JSON (the tables are
+checked by tests/test_readme_tables.py). Each entry below is a short phrase of the document with its figures
+computed from the JSON it cites, rounded as the text rounds them; a figure that drifts from its JSON, or a phrase
+reworded without updating this list, fails here. Whitespace (line wrapping) is ignored."""
+
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from verl_pipe.bench.readme_tables import MINUS, change
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@lru_cache(maxsize=None)
+def bench(name: str) -> dict:
+    with open(ROOT / "docs" / "bench" / name) as f:
+        return json.load(f)
+
+
+@lru_cache(maxsize=None)
+def text(doc: str) -> str:
+    return re.sub(r"\s+", " ", (ROOT / doc).read_text())
+
+
+def setting(name: str, json_name: str) -> dict:
+    (s,) = [s for s in bench(json_name)["settings"] if s["name"] == name]
+    return s
+
+
+def mode(json_name: str, setting_name: str, m: str) -> dict:
+    return setting(setting_name, json_name)["modes"][m]
+
+
+def pct0(reduction: float) -> str:
+    """A reduction as the text writes it with no decimals: −62%."""
+    return f"{MINUS}{reduction:.0f}%" if reduction > 0 else f"+{-reduction:.0f}%"
+
+
+B30, PAPER = "bench_2026-11-30.json", "longtail-paper-lognormal-m40-s0.8-c128"
+TINY = "longtail-paper-tiny-lognormal-m48-s1.0-c512"
+COAL, SYSR, PERCALL = ("bench_paper_tiny_coalesced_2026-12-01.json", "ab_paper_tiny_system_cores_rollout_2026-12-01.json",
+                       "ab_paper_tiny_percall_2026-12-01.json")
+QUICK, AB = "trainer_gap_quick_2026-12-01.json", "ab_paper_2026-12-01.json"
+
+
+def _fgd(suffix: str) -> dict:
+    return mode(B30, PAPER + suffix, "cgp_fgd")
+
+
+def _vs_verl_quick(setting_name: str, m: str) -> float:
+    """How much shorter than verl's on-policy peer (of the length-sorted setting) a mode's step was, in %."""
+    verl = mode(QUICK, "longtail-quick", "verl_separate_async")["rollout_to_train_end_s"]
+    return 100 * (1 - mode(QUICK, setting_name, m)["rollout_to_train_end_s"] / verl)
+
+
+def _per_run(m: str) -> str:
+    runs = mode(AB, PAPER, m)["per_run"]
+    return " / ".join(f"{r['rollout_to_train_end_s']:.1f}" for r in runs)
+
+
+def _ours_max_sim_error(json_name: str) -> float:
+    per = bench(json_name)["sim_validation"]["per_mode"]
+    return 100 * max(v["max_rel_error"] for k, v in per.items() if not k.startswith("verl"))
+
+
+def _cost(json_name: str, m: str, kind: str, phase: str) -> str:
+    return f"{mode(json_name, TINY, m)['trainer_s_per_1k_padded_tokens'][kind][phase]:.3f}"
+
+
+FIGURES = {
+    # README: the paper regime's FGD window sweep and its targets (bench_2026-11-30.json)
+    "README window sweep": ("README.md", lambda: (
+        f"window 32 (one unit) {change(_fgd('-w32')['reduction_vs_sync_pct'])} vs its sync, 64 "
+        f"(`auto`) {change(_fgd('')['reduction_vs_sync_pct'])}, 256 (everything) "
+        f"{change(_fgd('-w256')['reduction_vs_sync_pct'])} (slower than its sync); the rollout takes "
+        + " / ".join(f"{_fgd(x)['rollout_end_s']:.1f}" for x in ("-w32", "", "-w256")) + " s")),
+    "README window sweep, first unit": ("README.md", lambda: (
+        "first unit ready " + " / ".join(f"{_fgd(x)['first_unit_ready_s']:.1f}" for x in ("-w32", "", "-w256")) + " s")),
+    "README no-tail control": ("README.md", lambda: (
+        "(`notail-paper-equal-L48`): " + " to ".join(
+            change(r) for r in sorted(mode(B30, "notail-paper-equal-L48", m)["reduction_vs_sync_pct"]
+                                      for m in ("cgp", "cgp_group", "cgp_fgd"))[::2]) + ", no cost")),
+    "README paper regime T/R": ("README.md", lambda: f"(sync T/R = {setting(PAPER, B30)['sync_train_to_rollout_ratio']:.1f}, "),
+    "README balanced T/R": ("README.md", lambda: (
+        f"sync T/R = {setting('longtail-lognormal-m160-s0.4-c256', B30)['sync_train_to_rollout_ratio']:.2f}")),
+    "README paper regime targets": ("README.md", lambda: (
+        f"`targets`: {change(bench(B30)['targets']['reduction_vs_sync_pct']['value'])} vs the "
+        f"{MINUS}{bench(B30)['targets']['reduction_vs_sync_pct']['target']}% target for cgp_fgd, wait "
+        f"{pct0(bench(B30)['targets']['wait_reduction_vs_sync_pct']['value'])} vs "
+        f"{MINUS}{bench(B30)['targets']['wait_reduction_vs_sync_pct']['target']:.0f}%")),
+    # README: the trainer gap on the quick long tail (trainer_gap_quick_2026-12-01.json)
+    "README trainer gap, quick": ("README.md", lambda: (
+        f"the best mode is {max(_vs_verl_quick('longtail-quick', m) for m in ('cgp', 'cgp_group', 'cgp_fgd')):.1f}% "
+        f"ahead of verl's on-policy trainer (cgp {_vs_verl_quick('longtail-quick', 'cgp'):.1f}%), where in the old "
+        f"order cgp led by {_vs_verl_quick('longtail-quick-arrival', 'cgp'):.1f}% and sync trailed by "
+        f"{-_vs_verl_quick('longtail-quick-arrival', 'sync'):.1f}%")),
+    # README: the span-by-span A/B (ab_paper_2026-12-01.json, per round)
+    "README A/B rounds": ("README.md", lambda: (
+        f"sync {_per_run('sync')} s, cgp {_per_run('cgp')} s, verl on-policy {_per_run('verl_separate_async')} s")),
+    "README A/B rollout": ("README.md", lambda: "sync rollout " + "–".join(
+        f"{f(r['rollout_end_s'] for r in mode(AB, PAPER, 'sync')['per_run']):.1f}" for f in (min, max)) + " s"),
+    # README: paper_tiny (bench_paper_tiny_2026-12-01.json and the coalesced rerun)
+    "README paper_tiny time": ("README.md", lambda: (
+        f"~6 min: {bench('bench_paper_tiny_2026-12-01.json')['elapsed_s']['total']:.0f} s")),
+    "README paper_tiny T/R": ("README.md", lambda: f"Sync T/R {setting(TINY, COAL)['sync_train_to_rollout_ratio']:.2f}"),
+    "README paper_tiny targets": ("README.md", lambda: (
+        f"**met** ({change(bench(COAL)['targets']['reduction_vs_verl_separate_async_pct']['value'])} for cgp+fgd); "
+        f"efficiency ≥ 0.95: met; {MINUS}{bench(COAL)['targets']['reduction_vs_sync_pct']['target']}% vs sync and "
+        f"{MINUS}{bench(COAL)['targets']['wait_reduction_vs_sync_pct']['target']:.0f}% wait: **not met** "
+        f"({change(bench(COAL)['targets']['reduction_vs_sync_pct']['value'])}, "
+        f"{pct0(bench(COAL)['targets']['wait_reduction_vs_sync_pct']['value'])})")),
+    "README paper_tiny first unit": ("README.md", lambda: (
+        f"ready earlier ({mode(COAL, TINY, 'cgp_fgd')['first_unit_ready_s']:.2f} s vs "
+        f"{mode(COAL, TINY, 'cgp')['first_unit_ready_s']:.2f} s for cgp)")),
+    "README paper_tiny simulator": ("README.md", lambda: (
+        f"reproduces every mode within {_ours_max_sim_error(COAL):.1f}%, verl's peer within "
+        f"{100 * bench(COAL)['sim_validation']['per_mode']['verl_separate_async']['max_rel_error']:.1f}%")),
+    # README: system_cores=rollout (ab_paper_tiny_system_cores_rollout_2026-12-01.json) against `all` (coalesced run)
+    "README system_cores costs": ("README.md", lambda: (
+        f"(update {_cost(SYSR, 'cgp', 'update', 'during_rollout')} / {_cost(SYSR, 'cgp', 'update', 'after_rollout')} s, "
+        f"log-prob {_cost(SYSR, 'cgp', 'old_log_prob', 'during_rollout')} / "
+        f"{_cost(SYSR, 'cgp', 'old_log_prob', 'after_rollout')} s per 1k padded tokens")),
+    "README system_cores result": ("README.md", lambda: (
+        f"cgp gains {change(mode(SYSR, TINY, 'cgp')['reduction_vs_sync_pct'])} vs sync, but the rollout itself takes "
+        f"twice as long ({mode(SYSR, TINY, 'sync')['rollout_end_s']:.1f} s vs {mode(COAL, TINY, 'sync')['rollout_end_s']:.1f} s), "
+        f"so every mode is slower in absolute terms (sync {mode(SYSR, TINY, 'sync')['rollout_to_train_end_s']:.1f} s, "
+        f"cgp {mode(SYSR, TINY, 'cgp')['rollout_to_train_end_s']:.1f} s)")),
+    "README per-call A/B": ("README.md", lambda: (
+        f"(cgp {mode(PERCALL, TINY, 'cgp')['rollout_to_train_end_s']:.2f} s vs "
+        f"{mode(COAL, TINY, 'cgp')['rollout_to_train_end_s']:.2f} s)")),
+    # docs/cpu.md: the same system_cores A/B
+    "cpu.md system_cores": ("docs/cpu.md", lambda: (
+        f"(cgp's updates {_cost(SYSR, 'cgp', 'update', 'during_rollout')} s per 1,000 padded tokens during the rollout "
+        f"vs {_cost(SYSR, 'cgp', 'update', 'after_rollout')} s after it, against "
+        f"{_cost(COAL, 'cgp', 'update', 'during_rollout')} vs {_cost(COAL, 'cgp', 'update', 'after_rollout')} s with "
+        f"`all`), so cgp gained {change(mode(SYSR, TINY, 'cgp')['reduction_vs_sync_pct'])} vs sync instead of "
+        f"{change(mode(COAL, TINY, 'cgp')['reduction_vs_sync_pct'])}; but the rollout took twice as long (sync "
+        f"{mode(SYSR, TINY, 'sync')['rollout_end_s']:.2f} s vs {mode(COAL, TINY, 'sync')['rollout_end_s']:.2f} s) and "
+        f"every mode got slower (rollout→train end sync {mode(SYSR, TINY, 'sync')['rollout_to_train_end_s']:.1f} s vs "
+        f"{mode(COAL, TINY, 'sync')['rollout_to_train_end_s']:.1f} s, cgp "
+        f"{mode(SYSR, TINY, 'cgp')['rollout_to_train_end_s']:.1f} s vs {mode(COAL, TINY, 'cgp')['rollout_to_train_end_s']:.1f} s)")),
+    # docs/fgd.md: the window sweep's rollout times
+    "fgd.md window sweep": ("docs/fgd.md", lambda: (
+        f"the rollout took {_fgd('-w32')['rollout_end_s']:.1f} s with a window of 32 (one unit), "
+        f"{_fgd('')['rollout_end_s']:.1f} s with `auto` (64) and {_fgd('-w256')['rollout_end_s']:.1f} s with 256 "
+        f"(everything), while the first unit was ready at "
+        + " / ".join(f"{_fgd(x)['first_unit_ready_s']:.1f}" for x in ("-w32", "", "-w256")) + " s")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FIGURES))
+def test_a_quoted_figure_matches_its_json(name):
+    doc, phrase = FIGURES[name]
+    expected = re.sub(r"\s+", " ", phrase())
+    assert expected in text(doc), f"{doc}: expected the phrase (figures from the JSON)\n  {expected}"
+
+
+def test_a_drifted_figure_fails():
+    doc, phrase = FIGURES["README window sweep"]
+    assert phrase() in text(doc)
+    assert phrase().replace("+0.2%", "+0.3%") not in text(doc)
