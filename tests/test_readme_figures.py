@@ -71,6 +71,24 @@ def _cost(json_name: str, m: str, kind: str, phase: str) -> str:
     return f"{mode(json_name, TINY, m)['trainer_s_per_1k_padded_tokens'][kind][phase]:.3f}"
 
 
+def _span(setting_name: str, m: str, kind: str) -> dict:
+    (row,) = [r for r in bench("trainer_gap_paper_spans_2026-12-01.json")["rows"]
+              if r["setting"] == setting_name and r["mode"] == m]
+    return row[kind]
+
+
+def _padding(setting_name: str, m: str, kind: str) -> float:
+    """Padded tokens over real tokens, in % above 100."""
+    span = _span(setting_name, m, kind)
+    return 100 * (span["padded_tokens"] / span["tokens"] - 1)
+
+
+def _less_padding(kind: str) -> float:
+    """How many fewer padded tokens verl's peer computed than cgp for the same rows, in %."""
+    ours = _span("longtail-paper", "cgp", kind)["padded_tokens"]
+    return 100 * (1 - _span("longtail-paper", "verl_separate_async", kind)["padded_tokens"] / ours)
+
+
 FIGURES = {
     # README: the paper regime's FGD window sweep and its targets (bench_2026-11-30.json)
     "README window sweep": ("README.md", lambda: (
@@ -98,6 +116,14 @@ FIGURES = {
         f"ahead of verl's on-policy trainer (cgp {_vs_verl_quick('longtail-quick', 'cgp'):.1f}%), where in the old "
         f"order cgp led by {_vs_verl_quick('longtail-quick-arrival', 'cgp'):.1f}% and sync trailed by "
         f"{-_vs_verl_quick('longtail-quick-arrival', 'sync'):.1f}%")),
+    # README: the trainer gap's padding on the paper shape (trainer_gap_paper_spans_2026-12-01.json: sync's arrival-order
+    # update against verl's peer, and the old log-probs, still in arrival order)
+    "README trainer gap, padding": ("README.md", lambda: (
+        f"response (+{_padding('longtail-paper-arrival', 'sync', 'update'):.0f}% over the real tokens on the paper "
+        f"shape), while verl's rows come out of TransferQueue in completion order, close to length order "
+        f"(+{_padding('longtail-paper', 'verl_separate_async', 'update'):.0f}%)")),
+    "README trainer gap, old log-probs": ("README.md", lambda: (
+        f"(verl's pad {_less_padding('old_log_prob'):.0f}% less there)")),
     # README: the span-by-span A/B (ab_paper_2026-12-01.json, per round)
     "README A/B rounds": ("README.md", lambda: (
         f"sync {_per_run('sync')} s, cgp {_per_run('cgp')} s, verl on-policy {_per_run('verl_separate_async')} s")),
