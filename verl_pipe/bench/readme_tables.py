@@ -146,11 +146,19 @@ def trainer_gap(result: dict) -> list[str]:
         for m, e in _ran(s, MODES):
             vs_peer = 100.0 * (1.0 - e["rollout_to_train_end_s"] / peer["rollout_to_train_end_s"])
             rows.append([labels[m], order, seconds(e["rollout_to_train_end_s"]), change(vs_peer),
-                         seconds(e["trainer_busy_s"]), f"{e['trainer_wait_ratio']:.3f}"])
+                         seconds(e["trainer_busy_s"]), f"{e['trainer_wait_ratio']:.3f}", _efficiencies(e)])
     rows.append([PEER_LABELS["verl_separate_async"], "completion", seconds(peer["rollout_to_train_end_s"]), BASELINE,
-                 seconds(peer["trainer_busy_s"]), f"{peer['trainer_wait_ratio']:.3f}"])
-    return _table(["mode", "update rows", "rollout→train end", "vs verl on-policy", "trainer busy", "trainer wait"],
-                  rows)
+                 seconds(peer["trainer_busy_s"]), f"{peer['trainer_wait_ratio']:.3f}", _efficiencies(peer)])
+    return _table(["mode", "update rows", "rollout→train end", "vs verl on-policy", "trainer busy", "trainer wait",
+                   "efficiency: own / uncontended"], rows)
+
+
+def _efficiencies(e: dict) -> str:
+    """``pipeline_efficiency`` (against the bound built from the mode's own trainer time) beside
+    ``uncontended_efficiency`` (the trainer's work charged at sync's after-rollout rates, bench/uncontended.py);
+    the latter is absent for verl's peer and for results that predate it."""
+    unc = e.get("uncontended_efficiency")
+    return f"{e['pipeline_efficiency']:.2f} / " + (BASELINE if unc is None else f"{unc:.2f}")
 
 
 def trainer_spans(result: dict) -> list[str]:
