@@ -4,12 +4,15 @@
         --lengths lognormal:median=700,sigma=0.8,rho=0.7 --hardware h200 [--out plan.json] [--chart plan.png]
     python -m verl_pipe.plan --config-name ... --lengths RUN_DIR --calibrate RUN_DIR [--calibrate-verl PEER.json]
     python -m verl_pipe.plan ... --calibrate docs/bench/trainer_gap_quick_steps_2026-12-01.json.gz:bench
+    python -m verl_pipe.plan --config-name ... --lengths SPEC --calibrate VERL_LOG --hardware h200  # verl's own log
     python -m verl_pipe.plan --validate [--update-doc docs/plan.md]   # predictions vs every bench JSON
 
 The config is composed as ``python -m verl_pipe.main_grpo --config-name NAME overrides...`` composes it. Lengths:
 a spec, verl's rollout dump, our steps.jsonl / Chrome traces, or ``FILE.parquet:COLUMN`` (verl_pipe/plan/lengths.py).
 Costs: a hardware profile (h200 measured, h100/a100 from public figures) or ``--calibrate RUN`` (a short real
-run's rolloutpipe.trace_dir, or a bench steps file; verl's trainer fitted on verl's own steps where they are there).
+run's rolloutpipe.trace_dir, or a bench steps file; verl's trainer fitted on verl's own steps where they are there;
+or a plain verl run's console / file-logger log: the profile's costs scaled to its timing_s/* figures,
+verl_pipe/plan/verl_log.py).
 docs/plan.md explains the output.
 """
 
@@ -54,7 +57,13 @@ def build(args) -> tuple:
     else:
         prompt_len, src = min(300, shape.max_prompt_length), "assumed; set --prompt-len"
     errors = expected_errors()
-    if args.calibrate:
+    from verl_pipe.plan import verl_log
+
+    if args.calibrate_verl_log or (args.calibrate and verl_log.is_verl_log(args.calibrate)):  # a plain verl run's log
+        if args.calibrate and args.calibrate_verl_log:
+            raise ValueError("--calibrate and --calibrate-verl-log: give one (--calibrate takes a verl log too)")
+        costs, hw_info, label = verl_log.calibrated_costs(args.calibrate_verl_log or args.calibrate, args, shape, notes)
+    elif args.calibrate:
         from verl_pipe.plan.calibrate import calibrate_run
 
         rc = calibrate_run(args.calibrate, micro_rows=shape.micro_rows, max_num_seqs=shape.max_num_seqs,
@@ -114,11 +123,18 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--hardware", default="h200", help="h200 (measured), h100, a100 (public figures)")
     ap.add_argument("--calibrate", metavar="RUN",
                     help="fit the costs on a real run: its trace_dir (steps.jsonl + traces) or a bench steps file "
-                         "(FILE[:SIZE], verl's peer in it)")
+                         "(FILE[:SIZE], verl's peer in it), or a plain verl run's log (console or "
+                         "trainer.logger=['file'] JSONL, or its folder): autodetected")
+    ap.add_argument("--calibrate-verl-log", metavar="LOG",
+                    help="fit on a plain verl run's metrics log (timing_s/*, response_length/*: console output or "
+                         "the file logger's JSONL): the --hardware profile's costs scaled to what it measured")
+    ap.add_argument("--calibrated-rollout-gpus", type=int,
+                    help="verl log: rollout GPUs of the logged run (default: its GPU count from perf/*, colocated)")
     ap.add_argument("--calibrate-verl", metavar="FILE",
                     help="fit verl's trainer on verl's own steps (a bench steps file or a verl_pipe.bench.peer --out "
                          "JSON) when --calibrate's run has none")
-    ap.add_argument("--calibrated-train-gpus", type=int, help="trainer GPUs of the calibration run (default: config's)")
+    ap.add_argument("--calibrated-train-gpus", type=int, help="trainer GPUs of the calibration run (default: config's; "
+                                                              "a verl log: its GPU count from perf/*)")
     ap.add_argument("--prompt-len", type=int, help="mean prompt tokens (default: from the lengths source, else 300)")
     ap.add_argument("--tokenizer", help="tokenizer to count tokens of a verl rollout dump's text")
     ap.add_argument("--chars-per-token", type=float, help="estimate a verl dump's tokens as characters / this")

@@ -86,7 +86,8 @@ def load_run(run_dir, prompt_len: float | None = None) -> list[dict]:
     run = Path(run_dir)
     path = run / "steps.jsonl" if run.is_dir() else run
     if not path.is_file():
-        raise ValueError(f"--calibrate {run_dir}: no steps.jsonl (a run's rolloutpipe.trace_dir holds one)")
+        raise ValueError(f"--calibrate {run_dir}: no steps.jsonl (a run's rolloutpipe.trace_dir holds one), and not "
+                         "a verl log with timing_s/* metrics (a plain verl run's log: --calibrate-verl-log LOG)")
     steps = []
     for i, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():

@@ -1,0 +1,483 @@
+"""``--calibrate LOG`` on what a plain verl run leaves: its per-step metrics, not our step records.
+
+verl's trainer logs one dict of metrics per step through ``verl.utils.tracking.Tracking``:
+
+- the console logger (``trainer.logger=['console']``, ``verl.utils.logger.aggregate_logger.LocalLogger``) prints
+  ``concat_dict_to_str``: ``step:N - key:value - key:value ...`` with each value ``pprint.pformat``-ed (numpy
+  scalars appear as ``np.float64(1.5)``). From a Ray job the line carries the actor's prefix
+  (``(TaskRunner pid=123) step:1 - ...``, ANSI-coloured on a terminal);
+- the file logger (``trainer.logger=['file']``, ``FileLogger``): one JSON line per step, ``{"step": N, "data":
+  {...}}`` (orjson; NaN is written as null), at ``$VERL_FILE_LOGGER_PATH`` or
+  ``$VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl``.
+
+What a step's metrics say (``verl.trainer.ppo.metric_utils``): ``timing_s/gen`` (the rollout, the engines' sleep
+after it included), ``timing_s/old_log_prob`` (one whole-batch call), ``timing_s/update_actor`` (every mini-batch's
+forward, backward and optimizer step), ``response_length/{mean,max,clip_ratio}``, ``prompt_length/mean`` and
+``perf/{total_num_tokens,time_per_step,throughput}`` (tokens / (step seconds x GPUs): the run's GPU count). No
+per-request or per-group lengths and no per-call spans: the fit is a scale on the hardware profile's cost model per
+figure the log measures — the engine's decode speed (``timing_s/gen`` against the profile's simulated rollout of
+the assumed lengths), the trainer's cost per token (``timing_s/update_actor``) and the old-log-prob to update ratio
+(``timing_s/old_log_prob``). What the log cannot tell (the decode step's split between fixed and per-token cost,
+the KV capacity, θ_k copies, the weight sync over separate pools, an engine slowed by a busy trainer) stays the
+profile's; the plan's notes list both. Lengths are assumed: a log-normal with each step's mean and, pooled over
+steps, the σ whose expected batch maximum is the logged ``response_length/max`` (ρ 0.7 assumed, the planner's
+default); each step's draws have its logged mean, and none is longer than its logged maximum, one as long.
+
+verl's sync trainer (``main_ppo``) colocates rollout and training on the same GPUs: the run's N GPUs (from
+``perf/*``) are taken as N rollout replicas (TP 1) and N trainer GPUs unless ``--calibrated-rollout-gpus`` /
+``--calibrated-train-gpus`` say otherwise (a separated-pools run). Logs of verl's asynchronous trainers
+(one-step-off, separate_async, fully_async: their ``timing_s/gen`` waits on a rollout that overlapped the last
+step) are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+REQUIRED = ("timing_s/gen", "timing_s/update_actor", "response_length/mean", "response_length/max",
+            "prompt_length/mean")
+OPTIONAL = ("timing_s/old_log_prob", "perf/total_num_tokens", "perf/time_per_step", "perf/throughput",
+            "response_length/clip_ratio", "timing_s/update_weights", "timing_s/ref", "timing_s/step")
+# keys only verl's asynchronous trainers log: their timing_s/gen is a wait, not a rollout
+ASYNC_KEYS = ("timing_s/generate_async", "timing_s/sync_rollout_weights", "timing_s/switch_to_trainer",
+              "timing_s/switch_wait", "timing_s/switch_to_rollout", "timing_s/wait_for_enough_samples")
+ASSUMED_RHO = 0.7  # within-group correlation of log-lengths: the planner's default (docs/sim_sources.md §1b)
+MAX_FIT_STEPS = 8  # evenly spaced over the run (the fit: 3.6 s on the 128 x 16 recipe shape, 2 loaded cores)
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_LINE = re.compile(r"(?:^|[\s)\]])step:(\d+) - (.*)$")
+_NP = re.compile(r"^(?:np|numpy)\.[A-Za-z0-9_]+\((.*)\)$")
+_LOG_SUFFIXES = (".log", ".txt", ".out", ".err", ".jsonl")
+
+
+# ------------------------------------------------------------------------------------------------ reading
+
+def parse_value(text: str) -> float | None:
+    """One ``pprint.pformat`` number as verl's console logger prints it (``1.5``, ``nan``, ``np.float64(1.5)``,
+    ``True``), else None."""
+    t = text.strip()
+    m = _NP.match(t)
+    if m:
+        t = m.group(1).strip()
+    if t in ("True", "False"):
+        return float(t == "True")
+    try:
+        return float(t)
+    except ValueError:
+        return None
+
+
+def parse_console(text: str) -> dict[int, dict[str, float]]:
+    """{step: metrics} from console output; a step logged on several lines (verl logs validation metrics on a line
+    of their own) is merged."""
+    steps: dict[int, dict[str, float]] = {}
+    for raw in text.splitlines():
+        line = _ANSI.sub("", raw).rstrip()
+        m = _LINE.search(line)
+        if not m:
+            continue
+        got = steps.setdefault(int(m.group(1)), {})
+        for part in m.group(2).split(" - "):
+            key, sep, val = part.rpartition(":")
+            if sep and key.strip():
+                v = parse_value(val)
+                if v is not None:
+                    got[key.strip()] = v
+    return steps
+
+
+def parse_file_logger(text: str, where: str = "") -> dict[int, dict[str, float]]:
+    """{step: metrics} from verl's FileLogger JSONL (``{"step": N, "data": {...}}`` per line)."""
+    steps: dict[int, dict[str, float]] = {}
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: line {i} is not JSON ({e.msg})") from None
+        if not isinstance(rec, dict) or "step" not in rec or not isinstance(rec.get("data"), dict):
+            raise ValueError(f"{where}: line {i} is not verl's file logger record ({{\"step\": N, \"data\": {{...}}}})")
+        got = steps.setdefault(int(rec["step"]), {})
+        for k, v in rec["data"].items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                got[str(k)] = float(v)
+    return steps
+
+
+def _is_file_logger(text: str) -> bool:
+    for line in text.splitlines():
+        if line.strip():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                return False
+            return isinstance(rec, dict) and "step" in rec and isinstance(rec.get("data"), dict)
+    return False
+
+
+def read_file(path: Path) -> tuple[dict[int, dict[str, float]], str]:
+    """(steps, "file logger" | "console") of one file."""
+    text = path.read_text(errors="replace")
+    if _is_file_logger(text):
+        return parse_file_logger(text, str(path)), "file logger"
+    return parse_console(text), "console"
+
+
+def _candidates(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(_LOG_SUFFIXES)
+                      and p.name != "steps.jsonl")
+    return []
+
+
+def read_log(path) -> tuple[dict[int, dict[str, float]], str, Path]:
+    """(steps, kind, file) of a verl log: a file, or the folder holding one (the file with most training steps,
+    the file logger's JSONL preferred on a tie: it keeps full precision)."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise ValueError(f"--calibrate {path}: no such file or folder")
+    best = None
+    for f in _candidates(path):
+        try:
+            steps, kind = read_file(f)
+        except (ValueError, UnicodeDecodeError, OSError):
+            if path.is_file():
+                raise
+            continue
+        score = (sum(1 for m in steps.values() if any(k.startswith("timing_s/") for k in m)),
+                 kind == "file logger", len(steps))
+        if best is None or score > best[0]:
+            best = (score, steps, kind, f)
+    if best is None or not best[1]:
+        raise ValueError(f"--calibrate {path}: no verl metric lines in it (verl's console logger prints "
+                         "'step:N - key:value - ...', trainer.logger=['file'] writes {\"step\": N, \"data\": {...}} "
+                         "JSONL)")
+    return best[1], best[2], best[3]
+
+
+def is_verl_log(arg) -> bool:
+    """Whether ``--calibrate ARG`` is a verl log rather than our run (a trace_dir with steps.jsonl, a bench steps
+    file): a file or folder holding verl metric lines with ``timing_s/`` keys."""
+    path = Path(str(arg)).expanduser()
+    if not path.exists() or (path.is_dir() and (path / "steps.jsonl").exists()):
+        return False
+    if path.is_file() and (path.name == "steps.jsonl" or path.name.endswith((".json", ".json.gz"))):
+        return False
+    try:
+        steps, _, _ = read_log(path)
+    except (ValueError, OSError):
+        return False
+    return any(any(k.startswith("timing_s/") for k in m) for m in steps.values())
+
+
+# ------------------------------------------------------------------------------------------------ the fit
+
+def scale_engine(e, s: float):
+    """The engine with every decode and prefill cost ``s`` times the profile's (its step time is exactly x s)."""
+    return e.with_(t0_s=e.t0_s * s, per_seq_s=e.per_seq_s * s, bw_eff_Bps=e.bw_eff_Bps / s,
+                   prefill_flops_per_s=e.prefill_flops_per_s / s)
+
+
+def _draw(num_groups: int, n: int, mean_param: float, sigma: float, cap: int, prompt: int, seed: int):
+    from verl_pipe.workload import lognormal
+
+    return lognormal(num_groups, n, sigma=sigma, rho=ASSUMED_RHO, cap=cap, prompt_len=prompt, seed=seed,
+                     mean=max(mean_param, 1.0))
+
+
+def matched_draw(target_mean: float, num_groups: int, n: int, sigma: float, cap: int, prompt: int, seed: int):
+    """A draw (seed ``seed``) whose capped lengths average ``target_mean``: the log-normal's uncapped mean is
+    rescaled until they do (the same seed's lengths all scale together), so a draw's mean is the logged one."""
+    mp = float(target_mean)
+    for _ in range(8):
+        wl = _draw(num_groups, n, mp, sigma, cap, prompt, seed)
+        got = float(np.mean(wl.lengths))
+        if got <= 0 or abs(got / target_mean - 1) < 2e-3:
+            break
+        mp *= target_mean / got
+    return wl, mp
+
+
+def pin_max(wl, batch_max: int):
+    """The draw with its longest response set to the logged batch maximum (the rollout's tail is its longest
+    request; the log measures it)."""
+    x = np.asarray(wl.lengths)
+    g, i = np.unravel_index(int(np.argmax(x)), x.shape)
+    x[g, i] = max(1, batch_max)
+    return replace(wl, lengths=x.tolist())
+
+
+def fit_sigma(mean: float, batch_max: float, num_groups: int, n: int, cap: int, seeds=(0, 1, 2)) -> float:
+    """The σ whose draws (each of mean ``mean``, capped at ``cap``) have a batch maximum closest to ``batch_max``."""
+    best = None
+    for sigma in np.arange(0.05, 2.001, 0.05):
+        mx = np.mean([np.max(matched_draw(mean, num_groups, n, float(sigma), cap, 0, s)[0].lengths) for s in seeds])
+        err = abs(math.log(mx / batch_max))
+        if best is None or err < best[0]:
+            best = (err, float(sigma))
+    return best[1]
+
+
+@dataclass
+class LogFit:
+    """What verl's log fitted, as scales on the hardware profile's cost model."""
+
+    source: str
+    kind: str  # console | file logger
+    profile: str
+    steps: list[int]  # the steps fitted on
+    steps_in_log: int
+    rows: int  # responses per step
+    num_groups: int
+    n: int
+    rollout_gpus: int
+    train_gpus: int
+    gpus_from: str
+    prompt_len: float
+    lengths: dict  # the assumed distribution: {kind, mean (per-step mean of means), sigma, rho, cap, ...}
+    engine_scale: float  # decode/prefill step time over the profile's
+    trainer_scale: float  # update (forward, backward, optimizer step) time over the profile's
+    logprob_ratio: float  # old-log-prob per token over an update's
+    logprob_from: str  # "log" | "profile"
+    measured: dict  # means over the fitted steps of the log's figures
+    profile_predicted: dict  # the same figures by the profile, unscaled
+    self_check: dict  # per figure, the fit's error on each fitted step (max, mean abs)
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        out = asdict(self)
+        out["from_log"] = ["engine decode speed (timing_s/gen)", "trainer update cost (timing_s/update_actor)"] + (
+            ["old log-prob cost (timing_s/old_log_prob)"] if self.logprob_from == "log" else [])
+        out["from_profile"] = (["old log-prob cost"] if self.logprob_from == "profile" else []) + [
+            "decode step's fixed vs per-token split and KV capacity", "trainer cost's split over micro-batches, "
+            "calls and GPU count (MFU model)", "theta_k / pi_old copies", "weight sync", "engine beside a busy "
+            "trainer (same as alone)"]
+        out["assumed"] = ["response lengths: log-normal fitted to response_length/mean and /max, rho "
+                          f"{ASSUMED_RHO} (no per-group lengths in the log)"]
+        return out
+
+
+def _pick_steps(steps: dict[int, dict[str, float]]) -> list[int]:
+    train = sorted(s for s, m in steps.items() if "timing_s/gen" in m or "timing_s/update_actor" in m)
+    if len(train) > 1:  # the first step pays the engines' warm-up (graph capture, first compile)
+        train = train[1:]
+    if len(train) > MAX_FIT_STEPS:
+        idx = np.linspace(0, len(train) - 1, MAX_FIT_STEPS).round().astype(int)
+        train = [train[i] for i in sorted(set(idx))]
+    return train
+
+
+def _mean(xs) -> float:
+    return float(np.mean(list(xs)))
+
+
+def fit_log(path, shape, hw, model, *, rollout_gpus: int | None = None, train_gpus: int | None = None,
+            seeds=(0, 1)) -> LogFit:
+    """Fit the engine and trainer scales on verl's log at ``path``. ``shape``: the planned config's shape, whose
+    n, mini-batch, engine slots and trainer settings the log's run is taken to share (the log does not say them);
+    ``hw``/``model``: the profile the scales apply to."""
+    from verl_pipe.bench.calib import PaddedWorkload
+    from verl_pipe.sim.simulate import rollout_for_mode, timeline_for
+
+    steps, kind, file = read_log(path)
+    where = f"--calibrate {file}"
+    present = set().union(*steps.values())
+    async_keys = sorted(k for k in present if k in ASYNC_KEYS or k.startswith("fully_async/"))
+    if async_keys:
+        raise ValueError(f"{where}: a log of verl's asynchronous trainer ({', '.join(async_keys[:3])}): its "
+                         "timing_s/gen waits on a rollout that overlapped the previous step, not the rollout's time; "
+                         "calibrate on a synchronous run's log (main_ppo, or the separation trainer)")
+    used = [s for s in _pick_steps(steps) if all(k in steps[s] for k in REQUIRED)]
+    if not used:
+        train = [s for s, m in steps.items() if any(k.startswith("timing_s/") for k in m)]
+        have = set().union(*(steps[s] for s in train)) if train else present
+        missing = [k for k in REQUIRED if k not in have] or [
+            f"{k} (on the same step)" for k in REQUIRED]
+        raise ValueError(f"{where}: verl's {kind} log has {len(steps)} step record(s), {len(train)} with timing_s/* "
+                         f"keys, but none with {', '.join(missing)}; the fit needs "
+                         f"{', '.join(REQUIRED)} on each step (verl's ray_trainer logs them every step)")
+    M = [steps[s] for s in used]
+    notes: list[str] = []
+
+    # the run's shape: responses per step and GPUs from perf/*, n and the mini-batch from the planned config
+    prompt = _mean(m["prompt_length/mean"] for m in M)
+    if all("perf/total_num_tokens" in m for m in M):
+        rows = int(round(_mean(m["perf/total_num_tokens"] / (m["prompt_length/mean"] + m["response_length/mean"])
+                               for m in M)))
+    else:
+        rows = shape.num_groups * shape.n
+        notes.append(f"no perf/total_num_tokens: the log's run taken to have the config's {rows} responses per step")
+    n = shape.n
+    num_groups = max(1, int(round(rows / n)))
+    if num_groups * n != rows:
+        notes.append(f"the log's {rows} responses per step are not a multiple of the config's n={n}: fitted as "
+                     f"{num_groups} groups of {n}")
+    gpus, gpus_from = None, "the config"
+    if all(k in m for m in M for k in ("perf/total_num_tokens", "perf/throughput")):
+        per = [m["perf/total_num_tokens"] / (m.get("perf/time_per_step") or m.get("timing_s/step") or math.nan)
+               / m["perf/throughput"] for m in M if m["perf/throughput"] > 0]
+        per = [x for x in per if math.isfinite(x)]
+        if per:
+            gpus, gpus_from = max(1, int(round(float(np.median(per))))), "perf/throughput; colocated: all roll out"
+    r_gpus = rollout_gpus or gpus or shape.rollout_gpus
+    t_gpus = train_gpus or gpus or shape.train_gpus
+    if rollout_gpus or train_gpus:
+        gpus_from = "--calibrated-rollout-gpus / --calibrated-train-gpus" + (f", else {gpus_from}" if gpus else "")
+    gpu = min(shape.groups_per_unit, num_groups)
+    run_shape = replace(shape, num_groups=num_groups, groups_per_unit=gpu, rollout_gpus=r_gpus, train_gpus=t_gpus)
+
+    # the assumed lengths
+    clipped = any(m.get("response_length/clip_ratio", 0.0) > 0 for m in M)
+    top = max(m["response_length/max"] for m in M)
+    cap = int(round(top)) if clipped else int(max(shape.max_response_length, top))
+    sigma = fit_sigma(_mean(m["response_length/mean"] for m in M), _mean(m["response_length/max"] for m in M),
+                      num_groups, n, cap, seeds=tuple(range(3)))
+    lengths = {"kind": "lognormal", "mean_of_step_means": _mean(m["response_length/mean"] for m in M),
+               "mean_of_step_max": _mean(m["response_length/max"] for m in M), "sigma": sigma, "rho": ASSUMED_RHO,
+               "cap": cap, "cap_from": "response_length/max (clip_ratio > 0)" if clipped else
+               "max(data.max_response_length, the logged max)"}
+
+    # the profile's figures for each fitted step's assumed workload
+    engine = hw.engine(model, max_num_seqs=shape.max_num_seqs, max_num_batched_tokens=shape.max_num_batched_tokens,
+                       gpu_memory_utilization=shape.gpu_memory_utilization)
+    trainer = hw.trainer(model, gpus=t_gpus, recompute=shape.recompute,
+                         max_tokens_per_microbatch=shape.max_tokens_per_microbatch, use_ref=shape.use_ref,
+                         placement="device")
+    r0 = trainer.logprob_ratio
+    sim = []  # per step: (gen, update, logprob at ratio 1), means over seeds
+    for j, m in enumerate(M):
+        g = u = lp = 0.0
+        for seed in seeds:  # other draws for each step: the draws' own noise averages out over the steps
+            top = int(round(m["response_length/max"]))  # no response of the step was longer, one was as long
+            wl, _ = matched_draw(m["response_length/mean"], num_groups, n, sigma, min(cap, top),
+                                 int(round(m["prompt_length/mean"])), 1000 + 101 * j + seed)
+            wl = pin_max(wl, top)
+            if shape.padded:
+                wl = PaddedWorkload(wl.num_groups, wl.n, wl.lengths, wl.prompt_len, wl.name)
+            ro = rollout_for_mode("sync", wl, engine, r_gpus, gpu, shape.dispatch_window, shape.dispatch_order)
+            spans = timeline_for(ro, wl, trainer, "sync", gpu, 0.0).to_dict()["train_spans"]
+            g += ro.rollout_end
+            u += sum(sp["end"] - sp["start"] for sp in spans if sp["kind"] in ("update", "optimizer_step"))
+            lp += sum(sp["end"] - sp["start"] for sp in spans if sp["kind"] == "old_log_prob") / r0
+        k = len(seeds)
+        sim.append((g / k, u / k, lp / k))
+    S = np.asarray(sim)
+    gen = np.asarray([m["timing_s/gen"] for m in M])
+    upd = np.asarray([m["timing_s/update_actor"] for m in M])
+    s_eng = float(gen.sum() / S[:, 0].sum())
+    s_tr = float(upd.sum() / S[:, 1].sum())
+    has_lp = all("timing_s/old_log_prob" in m for m in M)
+    if has_lp:
+        lpm = np.asarray([m["timing_s/old_log_prob"] for m in M])
+        ratio, lp_from = float(lpm.sum() / (s_tr * S[:, 2].sum())), "log"
+    else:
+        ratio, lp_from = r0, "profile"
+        notes.append("no timing_s/old_log_prob (bypass mode, or not logged): the old-log-prob cost is the profile's "
+                     f"ratio {r0:.2f} of an update")
+
+    def errs(meas, pred) -> dict:
+        e = (np.asarray(pred) - np.asarray(meas)) / np.asarray(meas)
+        return {"max_abs_rel_error": float(np.max(np.abs(e))), "mean_abs_rel_error": float(np.mean(np.abs(e)))}
+
+    check = {"timing_s/gen": errs(gen, s_eng * S[:, 0]), "timing_s/update_actor": errs(upd, s_tr * S[:, 1])}
+    if has_lp:
+        check["timing_s/old_log_prob"] = errs(lpm, ratio * s_tr * S[:, 2])
+    measured = {k: _mean(m[k] for m in M) for k in REQUIRED + OPTIONAL if all(k in m for m in M)}
+    predicted = {"timing_s/gen": float(S[:, 0].mean()), "timing_s/update_actor": float(S[:, 1].mean()),
+                 "timing_s/old_log_prob": float(r0 * S[:, 2].mean()), "logprob_ratio": r0}
+    if shape.use_ref and "timing_s/ref" not in measured:
+        notes.append("the config computes a reference log-prob (KL loss), the log's run did not (no timing_s/ref): "
+                     "it is costed as an old-log-prob call")
+    if "timing_s/update_weights" in measured:
+        notes.append(f"the log's timing_s/update_weights ({measured['timing_s/update_weights']:.2f} s) is not used: "
+                     "the weight sync between separate pools is the profile's")
+    return LogFit(str(file), kind, hw.name, used, len(steps), rows, num_groups, n, r_gpus, t_gpus, gpus_from,
+                  prompt, lengths, s_eng, s_tr, ratio, lp_from, measured, predicted, check, notes)
+
+
+# ------------------------------------------------------------------------------------------------ the costs
+
+def log_costs_class():
+    from verl_pipe.plan.predict import ProfileCosts
+
+    class VerlLogCosts(ProfileCosts):
+        """The profile's cost model with the scales fitted on verl's log (``LogFit``): the engine's step time and
+        the trainer's update time scaled, the old-log-prob ratio replaced; copies and the weight sync the
+        profile's. verl's trainer and ours are costed alike (the same FSDP worker, docs/trainer_gap.md)."""
+
+        def __init__(self, hw, model, fit: LogFit):
+            super().__init__(hw, model)
+            self.fit, self.label = fit, f"verl log, {hw.name} profile"
+
+        def engine(self, shape, mode):
+            return scale_engine(super().engine(shape, mode), self.fit.engine_scale)
+
+        def trainer(self, shape, placement):
+            t = super().trainer(shape, placement)
+            return t.with_(time_scale=t.time_scale * self.fit.trainer_scale, logprob_ratio=self.fit.logprob_ratio)
+
+    return VerlLogCosts
+
+
+def log_notes(fit: LogFit) -> list[str]:
+    """What the plan prints about a log calibration: which costs came from the log, which from the profile, what
+    was assumed."""
+    L, chk = fit.lengths, fit.self_check
+    lp = (f"old log-prob {fit.logprob_ratio:.2f}x an update's cost per token (timing_s/old_log_prob; the profile's "
+          f"{fit.profile_predicted['logprob_ratio']:.2f})" if fit.logprob_from == "log"
+          else "old log-prob: the profile's ratio (not in the log)")
+    err = ", ".join(f"{k} {100 * v['max_abs_rel_error']:.0f}%" for k, v in chk.items())
+    return [
+        f"costs from verl's {fit.kind} log {fit.source} ({len(fit.steps)} of its {fit.steps_in_log} steps, the first "
+        f"left out as warm-up): engine decode {fit.engine_scale:.2f}x the {fit.profile} profile's step time "
+        f"(timing_s/gen {fit.measured['timing_s/gen']:.1f} s vs {fit.profile_predicted['timing_s/gen']:.1f} s "
+        f"simulated); trainer update {fit.trainer_scale:.2f}x the profile's (timing_s/update_actor "
+        f"{fit.measured['timing_s/update_actor']:.1f} s vs {fit.profile_predicted['timing_s/update_actor']:.1f} s); "
+        + lp,
+        f"costs from the {fit.profile} profile, not in verl's log: the decode step's split between fixed and "
+        "per-token cost and the KV capacity, the trainer's split over micro-batches, calls and GPUs, theta_k / pi_old "
+        "copies, the weight sync between pools; the engine beside a busy trainer is taken as fast as alone",
+        f"the log's run: {fit.rows} responses per step as {fit.num_groups} prompts x {fit.n} (n from the config), "
+        f"{fit.rollout_gpus} rollout replicas and {fit.train_gpus} trainer GPUs ({fit.gpus_from}); verl's trainer and "
+        "ours are costed with the same fit (the same FSDP worker)",
+        f"lengths ASSUMED for the fit (verl's log has no per-group lengths): log-normal with each step's "
+        f"response_length/mean (mean {L['mean_of_step_means']:.0f}), sigma {L['sigma']:.2f} fitted to "
+        f"response_length/max (mean {L['mean_of_step_max']:.0f}), rho {L['rho']} assumed, cap {L['cap']}; to plan "
+        f"with them: --lengths lognormal:mean={_uncapped_mean(fit):.0f},sigma={L['sigma']:.2f},rho={L['rho']},"
+        f"cap={L['cap']}",
+        f"the fit re-simulates the log's steps within {err} (in-sample; not validated against a held-out verl run)",
+    ] + fit.notes
+
+
+def _uncapped_mean(fit: LogFit) -> float:
+    L = fit.lengths
+    return float(np.mean([matched_draw(L["mean_of_step_means"], fit.num_groups, fit.n, L["sigma"], L["cap"], 0, s)[1]
+                          for s in range(3)]))
+
+
+def calibrated_costs(log_path, args, shape, notes: list[str]) -> tuple:
+    """(costs, hardware record, label) for ``--calibrate LOG`` / ``--calibrate-verl-log LOG``: the ``--hardware``
+    profile scaled by the log's fit; the notes say which cost came from where."""
+    from verl_pipe.plan.hardware import model_shape, profile
+    from verl_pipe.plan.runconfig import CannotModel
+
+    if shape.cpu:
+        raise CannotModel("rolloutpipe.platform=cpu / trainer.device=cpu: a verl log calibration scales a GPU "
+                          "hardware profile; plan a GPU config, or calibrate a CPU run on its own step records")
+    hw = profile(args.hardware)
+    model = model_shape(shape.model_path)
+    fit = fit_log(log_path, shape, hw, model, rollout_gpus=getattr(args, "calibrated_rollout_gpus", None),
+                  train_gpus=args.calibrated_train_gpus)
+    notes += log_notes(fit)
+    hw_info = {"calibrated_from": str(log_path), "source": "verl log", "profile": hw.name, "figures": hw.figures(),
+               "model": asdict(model), "verl_log": fit.summary()}
+    return log_costs_class()(hw, model, fit), hw_info, f"verl log {Path(fit.source).name} on the {hw.name} profile"
