@@ -3,15 +3,27 @@
     .venv/bin/python tools/driver_microbench.py [--groups 32] [--n 8] [--slots 256] [--window adaptive]
         [--repeats 5] [--materialize] [--verl-agent-loop [--tokenizer DIR]] [--profile]
 
-The driver (verl_pipe/rollout/stream.py) runs, per request: the admission policy (verl_pipe/frontier.py), the step's
-timeline (verl_pipe/timeline.py), an asyncio task and ``asyncio.wait`` over the tasks in flight; per group: the
-policy's group completion, the materialization (verl_pipe/rollout/materialize.py: verl's DataProto repeat + union,
-reward extraction, GRPO advantages) and the trainer's queue (verl_pipe/group_queue.py). Here the same loop runs
-against a fake engine that finishes the in-flight requests in a random order, one or a few per wake-up, so only
-the driver's bookkeeping is timed (the agent loop, tokenization, HTTP and reward workers are not: they need the
-live stack). Reports microseconds per request for each layer (policy alone; + timeline; the whole async loop, woken
-by asyncio.wait as the driver was and by rollout.completions as it is) and per group for the materialization;
-``--profile`` prints cProfile's top functions of the async loop.
+The driver runs, per request: the admission policy (verl_pipe/frontier.py), the step's rollout core
+(verl_pipe/rollout_core.py: every decision about a request or a group), the step's timeline (verl_pipe/timeline.py),
+an asyncio task and a wake-up (verl_pipe/rollout/stream.py's ``_StepRun``, which carries the core's actions out, and
+``StreamingRollout._one``, which builds the request's arguments); per group: the materialization
+(verl_pipe/rollout/materialize.py: verl's DataProto repeat + union, reward extraction, GRPO advantages) and the
+trainer's queue (verl_pipe/group_queue.py). The layers are timed one on top of the other, in a random completion
+order (the same for every layer):
+
+- ``policy``: the policy's calls alone, as the core makes them;
+- ``policy + core``: the same policy driven through ``RolloutCore``, its actions handled as ``_StepRun`` handles them;
+- ``+ timeline``: and the step's timeline records, as ``_StepRun`` writes them;
+- ``driver (Completions)``: the real driver, ``StreamingRollout._run_step`` (``_StepRun``, ``_one``) unchanged, over
+  a fake agent loop that awaits a future a fake engine resolves in a random order, one or a few per wake-up, and an
+  ``on_group`` that puts the group into a ``GroupQueue``;
+- ``driver (asyncio.wait)``: the same, woken by ``asyncio.wait`` over the tasks in flight (the driver's wake-up
+  before ``rollout/completions.py``), for the comparison.
+
+So only the driver's bookkeeping is timed (verl's agent loop, tokenization, HTTP and reward workers are not: they
+need the live stack; ``--verl-agent-loop`` times the parts of verl's per-request work that run without a server).
+Reports microseconds per request for each layer and per group for the materialization; ``--profile`` prints
+cProfile's top functions of the real driver's step.
 """
 
 from __future__ import annotations
@@ -23,10 +35,14 @@ import io
 import pstats
 import random
 import time
+from types import SimpleNamespace
 
-from verl_pipe.frontier import FrontierPolicy, Request, resolve_window
+import numpy as np
+
+from verl_pipe.frontier import FrontierPolicy, resolve_window
 from verl_pipe.group_queue import Group, GroupQueue
-from verl_pipe.rollout.completions import Completions
+from verl_pipe.rollout import stream  # imports verl (and ray, not started): outside every timing
+from verl_pipe.rollout_core import Cancel, GroupEnded, HandOver, RolloutCore, Submit, Take
 from verl_pipe.timeline import StepTimeline
 
 
@@ -47,104 +63,151 @@ def _random_order(inflight: list, rng: random.Random):
         yield req
 
 
-def policy_only(a, rng: random.Random) -> None:
-    """The admission policy's calls for one step, completions in a random order."""
+def policy_only(a, rng: random.Random, peak: list | None = None) -> None:
+    """The admission policy's calls for one step, as RolloutCore makes them, completions in a random order.
+    ``peak``: a list the most requests ever in flight is appended to (an untimed run)."""
     p = make_policy(a)
-    inflight = [adm.request for adm in p.admit()]
+    inflight = [(adm.request, adm.replica) for adm in p.admit()]
+    most = len(inflight)
     done = [0] * a.groups
-    for req in _random_order(inflight, rng):
-        p.on_response_done(req)
+    for req, replica in _random_order(inflight, rng):
+        p.on_response_done(req, replica)
         done[req.group] += 1
         if done[req.group] == a.n:
             p.on_group_done(req.group, True)
-        inflight += [adm.request for adm in p.admit()]
+        inflight += [(adm.request, adm.replica) for adm in p.admit()]
+        if peak is not None:
+            most = max(most, len(inflight) + 1)  # + the one just taken: in flight until this wake-up
+    if peak is not None:
+        peak.append(most)
 
 
-def policy_and_timeline(a, rng: random.Random) -> None:
-    p = make_policy(a)
-    tl = StepTimeline(0, a.unit)
-    rid = {}
+def core_loop(a, rng: random.Random, timeline: bool = False) -> None:
+    """The policy driven through the step's RolloutCore, its actions handled as stream._StepRun handles them (minus
+    the asyncio tasks): Submit, Take, HandOver (the group trainable), GroupEnded, Cancel once the batch is full.
+    ``timeline``: also the timeline records _StepRun writes for each."""
+    core = RolloutCore(make_policy(a))
+    tl = StepTimeline(0, a.unit) if timeline else None
+    inflight: list = []
 
-    def admit():
-        out = []
-        for adm in p.admit():
-            r = adm.request
-            rid[r] = f"s0-g{r.group}-r{r.index}"
-            tl.request_submitted(rid[r], r.group, replica=adm.replica)
-            out.append(r)
-        return out
-
-    inflight = admit()
-    done = [0] * a.groups
-    for req in _random_order(inflight, rng):
-        p.on_response_done(req)
-        tl.response_done(rid[req], req.group, 10)
-        done[req.group] += 1
-        if done[req.group] == a.n:
-            tl.group_done(req.group, True)
-            p.on_group_done(req.group, True)
-        inflight += admit()
-
-
-async def async_driver(a, rng: random.Random, materialize=None, completions: bool = True) -> None:
-    """stream.py's _run_step loop, its engine replaced by futures this coroutine resolves at random.
-    ``completions``: wake up through rollout.completions.Completions as stream.py does; False: through
-    asyncio.wait over the tasks in flight, as it did before."""
-    p = make_policy(a)
-    cq = Completions()
-    tl = StepTimeline(0, a.unit)
-    queue = GroupQueue(weight_version=0)
-    loop = asyncio.get_running_loop()
-    futures: dict[Request, asyncio.Future] = {}
-    unresolved: list[asyncio.Future] = []  # the fake engine's in-flight requests (its own cost kept O(1) each)
-    tasks: dict[asyncio.Task, object] = {}
-    outputs: dict[int, dict[int, object]] = {}
-
-    def rid(r: Request) -> str:
+    def rid(r) -> str:
         return f"s0-g{r.group}-r{r.index}"
 
-    async def one(adm):
-        return await futures[adm.request]
+    def do(actions) -> None:
+        for act in actions:
+            if isinstance(act, Submit):
+                adm = act.admission
+                if tl is not None:
+                    tl.request_submitted(rid(adm.request), adm.request.group, replica=adm.replica)
+                inflight.append((adm.request, adm.replica))
+            elif isinstance(act, Take):
+                if tl is not None:
+                    tl.response_done(rid(act.request), act.request.group, 10)
+            elif isinstance(act, HandOver):
+                do(core.handed_over(act.group, True))
+            elif isinstance(act, GroupEnded):
+                if tl is not None:
+                    tl.group_done(act.group, act.trainable)
+            elif isinstance(act, Cancel) and tl is not None:
+                for q in act.requests:
+                    tl.request_aborted(rid(q), q.group)
 
-    def admit() -> None:
-        for adm in p.admit():
-            tl.request_submitted(rid(adm.request), adm.request.group, replica=adm.replica)
-            futures[adm.request] = fut = loop.create_future()
-            unresolved.append(fut)
-            task = asyncio.create_task(one(adm))
-            tasks[cq.add(task) if completions else task] = adm
+    do(core.admit())
+    for req, replica in _random_order(inflight, rng):
+        do(core.response_done(req, replica))
+        if core.batch_full:
+            do(core.close())
+            break
+        do(core.admit())
+
+
+# ---------------------------------------------------------------------------------------------- the real driver
+
+
+class _Output:
+    """An agent-loop output as far as the driver reads it: ``response_mask.sum().item()``."""
+
+    def __init__(self, tokens: int):
+        self.response_mask = self
+        self._tokens = tokens
+
+    def sum(self):
+        return self
+
+    def item(self) -> int:
+        return self._tokens
+
+
+class _WaitAll:
+    """``rollout.completions.Completions``' interface over ``asyncio.wait(FIRST_COMPLETED)`` on every task added and
+    not yet returned: the driver's wake-up before Completions (O(in flight) per wake-up)."""
+
+    def __init__(self):
+        self._pending: set = set()
+
+    def add(self, task):
+        self._pending.add(task)
+        return task
+
+    async def wait(self) -> set:
+        done, self._pending = await asyncio.wait(self._pending, return_when=asyncio.FIRST_COMPLETED)
+        return done
+
+
+async def real_driver(a, rng: random.Random, materialize=None, completions: bool = True) -> None:
+    """One step of stream.StreamingRollout._run_step (``_StepRun``, ``_one``: the code the trainer runs), its agent
+    loop replaced by a future that a fake engine resolves at random, one to ``a.burst`` per event-loop pass.
+    ``completions``: wake up through rollout.completions.Completions as stream.py does; False: through
+    asyncio.wait over the tasks in flight, as it did before."""
+    loop = asyncio.get_running_loop()
+    unresolved: list[asyncio.Future] = []  # the fake engine's in-flight requests (its own cost kept O(1) each)
+
+    async def agent_loop(sampling_params, trajectory, trace=False, **kwargs):
+        fut = loop.create_future()
+        unresolved.append(fut)
+        return await fut
+
+    rollout = object.__new__(stream.StreamingRollout)  # what _run_step and _StepRun use, nothing connected
+    rollout.supervisor, rollout._tasks, rollout.default_agent = None, {}, "single_turn_agent"
+    rollout.sampling_params = dict(temperature=1.0, top_p=1.0, top_k=-1, repetition_penalty=1.0, logprobs=False)
+    rollout.worker = SimpleNamespace(_run_agent_loop=agent_loop, _postprocess=lambda outputs, validate: outputs)
+    queue = GroupQueue(weight_version=0)
+
+    def on_group(g: int, gen_out) -> bool:
+        queue.put(Group(g, materialize(g) if materialize else gen_out, 0, time.perf_counter()))
+        return True
+
+    gen_batch = SimpleNamespace(non_tensor_batch={  # a prompt row's fields, named as verl's dataset names them
+        "raw_prompt": np.array([f"What is ({g} + 3) % 10 * 2?" for g in range(a.groups)], dtype=object),
+        "data_source": np.array(["digit_math"] * a.groups, dtype=object),
+        "reward_model": np.array([{"ground_truth": "1"}] * a.groups, dtype=object),
+        "extra_info": np.array([{"index": g} for g in range(a.groups)], dtype=object),
+        "index": np.arange(a.groups), "uid": np.array([f"uid-{g}" for g in range(a.groups)], dtype=object)})
+    req = stream.StepRequest(step=0, gen_batch=gen_batch, n=a.n, policy=make_policy(a),
+                             timeline=StepTimeline(0, a.unit), on_group=on_group)
+    stop = False
 
     async def engine():
-        while not p.all_done:
+        while not stop:
             for _ in range(min(len(unresolved), rng.randint(1, a.burst))):
                 i = rng.randrange(len(unresolved))
                 unresolved[i], unresolved[-1] = unresolved[-1], unresolved[i]
-                unresolved.pop().set_result(10)
+                fut = unresolved.pop()
+                if not fut.done():  # its task was cancelled once the batch was full
+                    fut.set_result(_Output(10))
             await asyncio.sleep(0)
 
-    admit()
     eng = asyncio.create_task(engine())
-    while tasks and not p.all_done:
-        if completions:
-            done = await cq.wait()
-        else:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
-            adm = tasks.pop(task)
-            r = adm.request
-            out = task.result()
-            if not p.on_response_done(r, adm.replica):
-                continue
-            tl.response_done(rid(r), r.group, int(out))
-            outputs.setdefault(r.group, {})[r.index] = out
-            if len(outputs[r.group]) == a.n:
-                del outputs[r.group]
-                data = materialize(r.group) if materialize else None
-                queue.put(Group(r.group, data, 0, time.perf_counter()))
-                tl.group_done(r.group, True)
-                p.on_group_done(r.group, True)
-        admit()
+    if completions:
+        result = await rollout._run_step(req)
+    else:
+        run = stream._StepRun(rollout, req)
+        run.completions = _WaitAll()
+        rollout._tasks = run.tasks
+        result = await run.run()
+    stop = True
     await eng
+    assert result.groups_done == a.groups and len(queue) == a.groups, (result, len(queue))
 
 
 # ---------------------------------------------------------------------------------------------- materialize
@@ -153,7 +216,6 @@ async def async_driver(a, rng: random.Random, materialize=None, completions: boo
 def materializer(n: int, prompt_len: int = 32, response_len: int = 64):
     """verl_pipe.rollout.materialize.materialize_group on a synthetic group shaped like the agent loop's output
     (left-padded prompts, right-padded responses, a reward score at each response's last token)."""
-    import numpy as np
     import torch
     from omegaconf import OmegaConf
 
@@ -272,18 +334,22 @@ def main(argv=None) -> int:
     ap.add_argument("--burst", type=int, default=4, help="at most this many completions per engine wake-up")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--materialize", action="store_true", help="also time materialize_group per group (imports verl)")
-    ap.add_argument("--profile", action="store_true", help="cProfile of the async loop")
+    ap.add_argument("--profile", action="store_true", help="cProfile of the real driver's step")
     ap.add_argument("--verl-agent-loop", action="store_true",
                     help="also time verl's per-request agent-loop construction (imports verl)")
     ap.add_argument("--tokenizer", help="a tokenizer folder, for verl's per-request padding (e.g. the tiny assets')")
     a = ap.parse_args(argv)
     reqs = a.groups * a.n
+    peak: list[int] = []
+    policy_only(a, random.Random(0), peak)
     print(f"{a.groups} groups x {a.n} = {reqs} requests, {a.replicas} replica(s), {a.slots} slots, window "
-          f"{a.window}; best of {a.repeats}")
-    for name, fn in (("policy", lambda: policy_only(a, random.Random(0))),
-                     ("policy + timeline", lambda: policy_and_timeline(a, random.Random(0))),
-                     ("loop, asyncio.wait", lambda: asyncio.run(async_driver(a, random.Random(0), completions=False))),
-                     ("loop, Completions", lambda: asyncio.run(async_driver(a, random.Random(0))))):
+          f"{a.window} ({peak[0]} in flight at most); best of {a.repeats}")
+    rng = lambda: random.Random(0)  # noqa: E731 - every layer sees the same completion order
+    for name, fn in (("policy", lambda: policy_only(a, rng())),
+                     ("policy + core", lambda: core_loop(a, rng())),
+                     ("+ timeline", lambda: core_loop(a, rng(), timeline=True)),
+                     ("driver (asyncio.wait)", lambda: asyncio.run(real_driver(a, rng(), completions=False))),
+                     ("driver (Completions)", lambda: asyncio.run(real_driver(a, rng())))):
         print(f"  {name:<24} {1e6 * timed(fn, a.repeats) / reqs:8.1f} us per request")
     if a.materialize:
         materialize, inputs = materializer(a.n)
@@ -298,7 +364,7 @@ def main(argv=None) -> int:
     if a.profile:
         pr = cProfile.Profile()
         pr.enable()
-        asyncio.run(async_driver(a, random.Random(0)))
+        asyncio.run(real_driver(a, random.Random(0)))
         pr.disable()
         s = io.StringIO()
         pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(18)
