@@ -338,34 +338,10 @@ def build_result(cfg: dict, settings: list[dict], steps: list[dict], skipped_mod
     """
     result_settings = []
     for s in settings:
-        name = s["name"]
-        mine = [st for st in steps if st["setting"] == name]
-        if not mine:
-            continue
-        per_mode: dict[str, list[dict]] = {}
-        for st in sorted(mine, key=lambda st: st["round"]):
-            per_mode.setdefault(st["mode"], []).append(st["metrics"])
-        skip = dict(skipped_modes)
-        for mode in MODES:  # a setting may run a subset (e.g. the FGD window sweep: sync and cgp_fgd)
-            if s.get("modes") and mode not in s["modes"]:
-                skip.setdefault(mode, f"not run on this setting (its modes: {', '.join(s['modes'])})")
-        for peer in PEERS:  # a peer this setting did not run: say so (the bench config's ``peers``)
-            if peer not in per_mode and peer_reason:
-                skip.setdefault(peer, peer_reason)
-        entry = setting_entry(name, per_mode, skip, workload=dict(s["workload"]),
-                              model_size=mine[0].get("model_size", cfg.get("model_size", "bench")),
-                              role=s.get("role", "sweep"), tr_sweep=bool(s.get("tr_sweep", False)),
-                              prompt_len_mean=sum(st["prompt_len"] for st in mine) / len(mine))
-        _peer_extras(entry, mine)
-        _trainer_cost_split(entry, mine, shapes)
-        _uncontended(entry, mine, shapes)
-        if cpu_samples:
-            _cpu_overlap(entry, mine, cpu_samples)
-        for mode, e in entry["modes"].items():  # the granularity where it is chosen, or not mini-batch
-            v = variant(mode)
-            if "skipped" not in e and v.ours and v.granularity != "minibatch":
-                e["granularity"] = v.granularity or granularity.get(name, "minibatch")
-        result_settings.append(entry)
+        mine = [st for st in steps if st["setting"] == s["name"]]
+        if mine:
+            result_settings.append(_setting_result(cfg, s, mine, skipped_modes, granularity, shapes, peer_reason,
+                                                   cpu_samples))
 
     from verl_pipe.bench.report import paper_targets
 
@@ -390,6 +366,38 @@ def build_result(cfg: dict, settings: list[dict], steps: list[dict], skipped_mod
                        # session.step's arguments per mode (cgp_fgd's granularity: its entry's, per setting)
                        "mode_args": {m: mode_kwargs(m) for m in MODES},
                        "bench_config": cfg}}
+
+
+def _setting_result(cfg: dict, s: dict, mine: list[dict], skipped_modes: dict[str, str], granularity: dict[str, str],
+                    shapes: dict, peer_reason: str | None, cpu_samples: list[dict] | None) -> dict:
+    """One setting's entry of the results from its measured steps (``mine``): per mode its figures (or why it was
+    skipped: not run on this setting, or a peer it did not run), the peers' extras, the trainer's cost split, the
+    uncontended figures, the cores per process kind, and the granularity each of our modes trained at."""
+    name = s["name"]
+    per_mode: dict[str, list[dict]] = {}
+    for st in sorted(mine, key=lambda st: st["round"]):
+        per_mode.setdefault(st["mode"], []).append(st["metrics"])
+    skip = dict(skipped_modes)
+    for mode in MODES:  # a setting may run a subset (e.g. the FGD window sweep: sync and cgp_fgd)
+        if s.get("modes") and mode not in s["modes"]:
+            skip.setdefault(mode, f"not run on this setting (its modes: {', '.join(s['modes'])})")
+    for peer in PEERS:  # a peer this setting did not run: say so (the bench config's ``peers``)
+        if peer not in per_mode and peer_reason:
+            skip.setdefault(peer, peer_reason)
+    entry = setting_entry(name, per_mode, skip, workload=dict(s["workload"]),
+                          model_size=mine[0].get("model_size", cfg.get("model_size", "bench")),
+                          role=s.get("role", "sweep"), tr_sweep=bool(s.get("tr_sweep", False)),
+                          prompt_len_mean=sum(st["prompt_len"] for st in mine) / len(mine))
+    _peer_extras(entry, mine)
+    _trainer_cost_split(entry, mine, shapes)
+    _uncontended(entry, mine, shapes)
+    if cpu_samples:
+        _cpu_overlap(entry, mine, cpu_samples)
+    for mode, e in entry["modes"].items():  # the granularity where it is chosen, or not mini-batch
+        v = variant(mode)
+        if "skipped" not in e and v.ours and v.granularity != "minibatch":
+            e["granularity"] = v.granularity or granularity.get(name, "minibatch")
+    return entry
 
 
 def _peer_extras(entry: dict, steps: list[dict]) -> None:
@@ -602,16 +610,7 @@ def write_charts(result: dict, steps: list[dict], charts_dir: Path, shapes: dict
 # ---------------------------------------------------------------------------------------------- CLI
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if any(a == "--soak" or a.startswith("--soak=") for a in argv):  # the soak benchmark (verl_pipe/bench/soak.py)
-        from verl_pipe.bench.soak import cli
-
-        return cli(argv)
-    if "--learn" in argv:  # the learning curves (verl_pipe/bench/learn.py)
-        from verl_pipe.bench.learn import cli as learn_cli
-
-        return learn_cli(argv)
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m verl_pipe.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="the short run (conf/bench/quick.yaml)")
     ap.add_argument("--config", help="a bench YAML (default conf/bench/default.yaml, or quick.yaml with --quick)")
@@ -625,18 +624,29 @@ def main(argv=None) -> int:
                     "step time per step over a long CGP+FGD run)")
     ap.add_argument("--reanalyze", metavar="STEPS_JSON",
                     help="no runs: rebuild the results from a saved *_steps.json (tables, JSON, sim, charts)")
+    return ap
+
+
+def main(argv=None) -> int:
+    """``python -m verl_pipe.bench``: the soak (``--soak``) or the learning curves (``--learn``), else the bench:
+    run (or ``--reanalyze``) the config's settings, write the steps file first, then build, print and write the
+    results (and charts). Exit 1 when the results do not match the schema."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a == "--soak" or a.startswith("--soak=") for a in argv):  # the soak benchmark (verl_pipe/bench/soak.py)
+        from verl_pipe.bench.soak import cli
+
+        return cli(argv)
+    if "--learn" in argv:  # the learning curves (verl_pipe/bench/learn.py)
+        from verl_pipe.bench.learn import cli as learn_cli
+
+        return learn_cli(argv)
+    ap = _parser()
     args = ap.parse_args(argv)
 
     t_start = time.perf_counter()
     cfg_path = Path(args.config) if args.config else CONF_DIR / ("quick.yaml" if args.quick else "default.yaml")
     cfg = load_config(cfg_path)
-    settings = cfg["settings"]
-    if args.settings:
-        wanted = [x.strip() for x in args.settings.split(",") if x.strip()]
-        unknown = set(wanted) - {s["name"] for s in settings}
-        if unknown:
-            ap.error(f"unknown settings {sorted(unknown)}; known: {[s['name'] for s in settings]}")
-        settings = [s for s in settings if s["name"] in wanted]
+    settings = _chosen_settings(ap, cfg["settings"], args.settings)
     repeats = args.repeats if args.repeats is not None else int(cfg.get("repeats", 1))
     if repeats < 1:
         ap.error("--repeats must be >= 1")
@@ -662,25 +672,7 @@ def main(argv=None) -> int:
                           runner.stacks)
     if args.reanalyze:  # what the reanalysis could not take from the steps file is this machine's, and says so
         result["reanalysis"] = {"steps_file": str(args.reanalyze), "env_from_steps_file": runner.env is not None}
-    for s in result["settings"]:
-        print(format_setting(s), end="\n\n")
-    sweep = format_sweep(result)
-    if sweep:
-        print(sweep, end="\n\n")
-    print(format_sim_validation(result["sim_validation"]), end="\n\n")
-    if result.get("targets"):
-        from verl_pipe.bench.report import format_targets
-
-        print(format_targets(result["targets"]), end="\n\n")
-    from verl_pipe.bench.cpu_sampler import format_overlap
-
-    cpu_txt = format_overlap(result.get("cpu_overlap") or {})
-    if cpu_txt:
-        print(cpu_txt, end="\n\n")
-    sim_txt = format_sim_section(result["sim"])
-    if sim_txt:
-        print(sim_txt, end="\n\n")
-
+    _print_tables(result)
     if args.charts:
         paths = write_charts(result, runner.steps, Path(args.charts), runner.shapes, cfg.get("chart_setting"))
         result["charts"] = [str(p) for p in paths]
@@ -697,6 +689,40 @@ def main(argv=None) -> int:
     print(f"[bench] wrote {out}{'' if args.reanalyze else f' and {steps_path}'}; elapsed {elapsed:.1f}s "
           f"(stack start-up {runner.startup_s:.1f}s, {len(runner.steps)} measured steps)")
     return 1 if problems else 0
+
+
+def _chosen_settings(ap: argparse.ArgumentParser, settings: list[dict], names: str | None) -> list[dict]:
+    """The config's settings named in ``--settings`` (comma-separated; all when not given), in the config's order;
+    an unknown name is a usage error."""
+    if not names:
+        return settings
+    wanted = [x.strip() for x in names.split(",") if x.strip()]
+    unknown = set(wanted) - {s["name"] for s in settings}
+    if unknown:
+        ap.error(f"unknown settings {sorted(unknown)}; known: {[s['name'] for s in settings]}")
+    return [s for s in settings if s["name"] in wanted]
+
+
+def _print_tables(result: dict) -> None:
+    """The results as the console shows them: each setting's table, the T/R sweep, the simulator's validation, the
+    paper's targets, the cores per process kind and the simulated section, each when there is one."""
+    from verl_pipe.bench.cpu_sampler import format_overlap
+    from verl_pipe.bench.report import format_targets
+
+    for s in result["settings"]:
+        print(format_setting(s), end="\n\n")
+    sweep = format_sweep(result)
+    if sweep:
+        print(sweep, end="\n\n")
+    print(format_sim_validation(result["sim_validation"]), end="\n\n")
+    if result.get("targets"):
+        print(format_targets(result["targets"]), end="\n\n")
+    cpu_txt = format_overlap(result.get("cpu_overlap") or {})
+    if cpu_txt:
+        print(cpu_txt, end="\n\n")
+    sim_txt = format_sim_section(result["sim"])
+    if sim_txt:
+        print(sim_txt, end="\n\n")
 
 
 def _json_default(x):
