@@ -36,10 +36,11 @@ def expected_errors() -> dict:
 
 
 def build(args) -> tuple:
+    """The planner's inputs from the command line: (``PlanInputs``, the inputs as the output JSON records them). The
+    costs come from ``--calibrate`` (``_calibrated_costs``) or a hardware profile (``_profile_costs``)."""
     from verl_pipe.plan import lengths as L
-    from verl_pipe.plan.hardware import model_shape, profile
-    from verl_pipe.plan.predict import CalibratedCosts, PlanInputs, ProfileCosts
-    from verl_pipe.plan.runconfig import CannotModel, compose_run, shape_of
+    from verl_pipe.plan.predict import PlanInputs
+    from verl_pipe.plan.runconfig import compose_run, shape_of
 
     cfg = compose_run(args.config_name, args.overrides)
     shape = shape_of(cfg)
@@ -57,51 +58,10 @@ def build(args) -> tuple:
     else:
         prompt_len, src = min(300, shape.max_prompt_length), "assumed; set --prompt-len"
     errors = expected_errors()
-    from verl_pipe.plan import verl_log
-
-    if args.calibrate_verl_log or (args.calibrate and verl_log.is_verl_log(args.calibrate)):  # a plain verl run's log
-        if args.calibrate and args.calibrate_verl_log:
-            raise ValueError("--calibrate and --calibrate-verl-log: give one (--calibrate takes a verl log too)")
-        costs, hw_info, label = verl_log.calibrated_costs(args.calibrate_verl_log or args.calibrate, args, shape, notes)
-    elif args.calibrate:
-        from verl_pipe.plan.calibrate import calibrate_run
-
-        rc = calibrate_run(args.calibrate, micro_rows=shape.micro_rows, max_num_seqs=shape.max_num_seqs,
-                           max_num_batched_tokens=shape.max_num_batched_tokens,
-                           train_gpus=args.calibrated_train_gpus or shape.train_gpus,
-                           prompt_len=args.prompt_len, verl_source=args.calibrate_verl)
-        costs = CalibratedCosts(rc)
-        hw_info = {"calibrated_from": str(args.calibrate), **rc.summary()}
-        own = rc.self_check["per_mode"]
-        for mode, e in own.items():  # the run's own fit error, where it measured the mode
-            prior = errors.get(mode, {})
-            errors[mode] = {**prior, "max_rel_error": max(e["max_rel_error"], prior.get("max_rel_error", 0.0)),
-                            "basis": "bench validation and this run's own fit"}
-        if rc.verl is not None:
-            v = rc.verl.summary(rc.cal.trainer)
-            notes.append(f"verl's modes are costed with verl's own trainer, fitted on {v['steps']} verl steps of "
-                         f"{v['source']}: update {v['update_s_per_1k_padded_tokens']:.3g} s per 1k padded tokens "
-                         f"(ours {v['ours_update_s_per_1k_padded_tokens']:.3g}), old log-prob "
-                         f"{v['logprob_s_per_1k_padded_tokens']:.3g} "
-                         f"(ours {v['ours_logprob_s_per_1k_padded_tokens']:.3g})"
-                         + ("; per-call costs ours (one mini-batch count: not separable)"
-                            if v["intercepts"] == "ours" else ""))
-        else:
-            notes.append("no verl steps in this calibration: verl's modes are costed with our trainer's fit (the same "
-                         "worker and cost per padded token, docs/trainer_gap.md; verl's rows arrive in completion "
-                         "order, ours sorted by length); give verl's own steps with --calibrate-verl FILE")
-        label = f"calibrated on {args.calibrate}"
+    if args.calibrate or args.calibrate_verl_log:
+        costs, hw_info, label = _calibrated_costs(args, shape, errors, notes)
     else:
-        if shape.cpu:
-            raise CannotModel("rolloutpipe.platform=cpu / trainer.device=cpu: the hardware profiles are GPUs; plan "
-                              "a GPU config (e.g. --config-name qwen3_1p7b_gsm8k_4x4), or fit this CPU run's costs "
-                              "with --calibrate RUN_DIR")
-        hw = profile(args.hardware)
-        model = model_shape(shape.model_path)
-        costs = ProfileCosts(hw, model)
-        hw_info = {"profile": hw.name, "figures": hw.figures(), "notes": list(hw.notes), "model": asdict(model)}
-        notes += list(hw.notes)
-        label = f"{hw.name} profile, {model.name}"
+        costs, hw_info, label = _profile_costs(args, shape, notes)
     seeds = tuple(range(args.seeds))
     inp = PlanInputs(shape, costs, lengths, int(prompt_len), seeds=seeds, sweep_seeds=seeds[:2],
                      sweep_splits=not args.no_sweep, expected_error=errors)
@@ -111,6 +71,61 @@ def build(args) -> tuple:
               "lengths": {"source": lengths.source, "spec": lengths.spec, "stats": lengths.stats(cap, shape.n)},
               "prompt_len": int(prompt_len), "prompt_len_src": src, "notes": notes}
     return inp, inputs
+
+
+def _calibrated_costs(args, shape, errors: dict, notes: list[str]) -> tuple:
+    """(costs, hardware record, label) fitted on ``args.calibrate`` (and verl's steps, ``--calibrate-verl``). Raises
+    each mode's expected error in ``errors`` to the run's own fit error where larger; says in ``notes`` how verl's
+    modes are costed."""
+    from verl_pipe.plan.calibrate import calibrate_run
+    from verl_pipe.plan.predict import CalibratedCosts
+    from verl_pipe.plan import verl_log
+
+    if args.calibrate_verl_log or verl_log.is_verl_log(args.calibrate):  # a plain verl run's metrics log
+        if args.calibrate and args.calibrate_verl_log:
+            raise ValueError("--calibrate and --calibrate-verl-log: give one (--calibrate takes a verl log too)")
+        return verl_log.calibrated_costs(args.calibrate_verl_log or args.calibrate, args, shape, notes)
+    rc = calibrate_run(args.calibrate, micro_rows=shape.micro_rows, max_num_seqs=shape.max_num_seqs,
+                       max_num_batched_tokens=shape.max_num_batched_tokens,
+                       train_gpus=args.calibrated_train_gpus or shape.train_gpus,
+                       prompt_len=args.prompt_len, verl_source=args.calibrate_verl)
+    hw_info = {"calibrated_from": str(args.calibrate), **rc.summary()}
+    for mode, e in rc.self_check["per_mode"].items():  # the run's own fit error, where it measured the mode
+        prior = errors.get(mode, {})
+        errors[mode] = {**prior, "max_rel_error": max(e["max_rel_error"], prior.get("max_rel_error", 0.0)),
+                        "basis": "bench validation and this run's own fit"}
+    if rc.verl is not None:
+        v = rc.verl.summary(rc.cal.trainer)
+        notes.append(f"verl's modes are costed with verl's own trainer, fitted on {v['steps']} verl steps of "
+                     f"{v['source']}: update {v['update_s_per_1k_padded_tokens']:.3g} s per 1k padded tokens "
+                     f"(ours {v['ours_update_s_per_1k_padded_tokens']:.3g}), old log-prob "
+                     f"{v['logprob_s_per_1k_padded_tokens']:.3g} "
+                     f"(ours {v['ours_logprob_s_per_1k_padded_tokens']:.3g})"
+                     + ("; per-call costs ours (one mini-batch count: not separable)"
+                        if v["intercepts"] == "ours" else ""))
+    else:
+        notes.append("no verl steps in this calibration: verl's modes are costed with our trainer's fit (the same "
+                     "worker and cost per padded token, docs/trainer_gap.md; verl's rows arrive in completion "
+                     "order, ours sorted by length); give verl's own steps with --calibrate-verl FILE")
+    return CalibratedCosts(rc), hw_info, f"calibrated on {args.calibrate}"
+
+
+def _profile_costs(args, shape, notes: list[str]) -> tuple:
+    """(costs, hardware record, label) from the ``--hardware`` profile and the config's model; the profile's notes
+    go into ``notes``. A CPU config has no profile: CannotModel."""
+    from verl_pipe.plan.hardware import model_shape, profile
+    from verl_pipe.plan.predict import ProfileCosts
+    from verl_pipe.plan.runconfig import CannotModel
+
+    if shape.cpu:
+        raise CannotModel("rolloutpipe.platform=cpu / trainer.device=cpu: the hardware profiles are GPUs; plan "
+                          "a GPU config (e.g. --config-name qwen3_1p7b_gsm8k_4x4), or fit this CPU run's costs "
+                          "with --calibrate RUN_DIR")
+    hw = profile(args.hardware)
+    model = model_shape(shape.model_path)
+    hw_info = {"profile": hw.name, "figures": hw.figures(), "notes": list(hw.notes), "model": asdict(model)}
+    notes += list(hw.notes)
+    return ProfileCosts(hw, model), hw_info, f"{hw.name} profile, {model.name}"
 
 
 def parser() -> argparse.ArgumentParser:
