@@ -52,3 +52,11 @@ def test_main_prints_a_figure_per_layer(bench, capsys):
     out = capsys.readouterr().out
     for layer in ("policy", "policy + core", "+ timeline", "driver (asyncio.wait)", "driver (Completions)"):
         assert f"  {layer} " in out
+
+
+def test_the_peak_in_flight_is_what_the_window_admits(bench):
+    """The header's "(N in flight at most)": a per-replica window of w requests keeps w x replicas in flight."""
+    for replicas, window in ((1, "2"), (2, "3"), (2, "4")):
+        peak = []
+        bench.policy_only(_args(replicas=replicas, window=window), random.Random(0), peak)
+        assert peak == [replicas * int(window)]

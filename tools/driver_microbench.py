@@ -77,7 +77,7 @@ def policy_only(a, rng: random.Random, peak: list | None = None) -> None:
             p.on_group_done(req.group, True)
         inflight += [(adm.request, adm.replica) for adm in p.admit()]
         if peak is not None:
-            most = max(most, len(inflight) + 1)  # + the one just taken: in flight until this wake-up
+            most = max(most, len(inflight))
     if peak is not None:
         peak.append(most)
 
