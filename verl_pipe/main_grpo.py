@@ -114,11 +114,23 @@ def ray_init_kwargs(config: DictConfig) -> dict:
     runtime_env.setdefault("env_vars", {}).update(env)
     kwargs = OmegaConf.to_container(config.ray_kwargs.get("ray_init", {}), resolve=True) or {}
     kwargs = {k: v for k, v in kwargs.items() if v is not None and k != "runtime_env"}
-    if config.rolloutpipe.platform == "cpu":
+    if attaches(kwargs):
+        # A running cluster (``ray start`` on its nodes, docs/recipes.md#multi-node): its nodes declared their CPUs,
+        # GPUs and role resources when they started; ray.init refuses num_cpus / num_gpus when it connects.
+        kwargs.pop("num_cpus", None)
+        kwargs.pop("num_gpus", None)
+    elif config.rolloutpipe.platform == "cpu":
         kwargs.setdefault("num_cpus", int(config.rolloutpipe.cpu.ray_num_cpus))
         kwargs["num_gpus"] = num_gpus
     kwargs["runtime_env"] = runtime_env
     return kwargs
+
+
+def attaches(init_kwargs: dict, environ=os.environ) -> bool:
+    """Whether ray.init with these arguments connects to a running cluster instead of starting one: an ``address``
+    (``auto`` or host:port) other than ``local``, or RAY_ADDRESS in the environment when none is given."""
+    address = init_kwargs.get("address") or environ.get("RAY_ADDRESS")
+    return bool(address) and str(address) != "local"
 
 
 # Ray settings a long run needs, unless the launcher's environment sets them (read by the processes ray.init starts;
@@ -152,6 +164,9 @@ def start_ray(config: DictConfig) -> None:
 
         cpu = config.rolloutpipe.cpu
         confine_launcher(system_core_list(str(cpu.get("system_cores", "all")), str(cpu.rollout_cores)))
+    if attaches(kwargs):
+        print(f"[verl_pipe] attaching to the running Ray cluster at {kwargs.get('address') or os.environ['RAY_ADDRESS']}"
+              " (the run's actors end with the run; the cluster stays up)", flush=True)
     ray.init(**kwargs)
 
 

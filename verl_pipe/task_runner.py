@@ -50,6 +50,9 @@ def build_trainer(config, stop_file: str | None = None):
     tokenizer = hf_tokenizer(local_path, trust_remote_code=config.data.get("trust_remote_code", False))
     processor = hf_processor(local_path, trust_remote_code=config.data.get("trust_remote_code", False), use_fast=True)
     resource_pool_manager = create_resource_pool_manager(config, role_worker_mapping.keys())
+    from verl_pipe.node_roles import place_pools_by_role
+
+    resource_pool_manager = place_pools_by_role(resource_pool_manager)  # a cluster with role nodes: pools on them
     train_dataset = create_rl_dataset(config.data.train_files, config.data, tokenizer, processor,
                                       max_samples=config.data.get("train_max_samples", -1))
     val_dataset = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor,
