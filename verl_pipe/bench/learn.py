@@ -79,8 +79,12 @@ def run_one(mode: str, seed: int, steps: int, val_every: int, overrides: list[st
             if "val_acc" in rows[-1]:
                 log(f"[learn] {mode} seed {seed} step {rows[-1]['step']}: val acc {rows[-1]['val_acc']:.3f} "
                     f"({wall:.0f} s of training)")
+        from verl_pipe.bench.provenance import stack_record
+
         return {"mode": mode, "seed": seed, "startup_s": session.startup_s, "val_before": val0, "steps": rows,
-                "unit_fill": session.knobs.unit_fill}
+                "unit_fill": session.knobs.unit_fill,
+                "config": stack_record(session.trainer.config, list(overrides) + run_overrides(mode, seed, steps,
+                                                                                               val_every))}
     finally:
         session.close()
 
