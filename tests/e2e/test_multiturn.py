@@ -120,8 +120,7 @@ def env_settings(mt):
     yield change
     with open_dict(rp):
         for node, values in before.items():
-            for k, v in values.items():
-                rp[node][k] = v
+            rp[node] = values  # keys the test added (e.g. turn_tokens) go too
 
 
 def test_every_turn_at_theta_k_loss_on_model_tokens_only(mt):
@@ -316,6 +315,7 @@ def test_replica_killed_mid_trajectory_restarts_its_trajectories_from_the_first_
     version = trainer.global_steps - 1
     batch_dict = next(mt._batches)
     plans = _plans(trainer, batch_dict)
+    assert mt.trainer.config.rolloutpipe.multiturn.get("turn_tokens") is None, "a test's env setting leaked"
     try:
         rec = _step(mt, batch_dict=batch_dict)
     finally:
