@@ -41,9 +41,11 @@ class NodeSpec:
 
 
 # Logical CPUs, not cores: every node runs on the machine's cores (the pools are pinned to theirs by the CPU
-# platform). The head's share takes the actors verl places anywhere (Ray's default scheduling prefers the driver's
-# node), so the role nodes hold their pool's bundle and the vLLM server actor only: verl's trainer pool asks 3 CPUs
-# per bundle, a rollout replica 2 plus 1 for its server.
+# platform). verl's trainer pool asks 3 CPUs per bundle, a rollout replica 2, plus 1 for its vLLM server; the head's
+# 32 take what Ray places anywhere. Not yet settled (docs/reliability.md, "A node is lost"): with 4 CPUs per role
+# node one run of tests/e2e/test_multinode.py waited for good in the stack's first weight sync (an actor pending for
+# a CPU on a rollout node, presumably); with 16, losing one rollout node failed every replica (something the requests
+# go through, presumably an agent-loop worker, had been placed on the lost node).
 DEFAULT_NODES = (
     NodeSpec("head", num_cpus=32),
     NodeSpec("rollout", num_cpus=4, num_gpus=1, resources={ROLLOUT_RESOURCE: 1}),
