@@ -41,15 +41,14 @@ class NodeSpec:
 
 
 # Logical CPUs, not cores: every node runs on the machine's cores (the pools are pinned to theirs by the CPU
-# platform). verl's trainer pool asks 3 CPUs per bundle, a rollout replica 2, plus 1 for its vLLM server; the head's
-# 32 take what Ray places anywhere. Not yet settled (docs/reliability.md, "A node is lost"): with 4 CPUs per role
-# node one run of tests/e2e/test_multinode.py waited for good in the stack's first weight sync (an actor pending for
-# a CPU on a rollout node, presumably); with 16, losing one rollout node failed every replica (something the requests
-# go through, presumably an agent-loop worker, had been placed on the lost node).
+# platform). verl's trainer pool asks 3 CPUs per bundle, a rollout replica 2, plus 1 for its vLLM server and 1 for
+# its checkpoint-engine worker; with 4 per role node one run waited for good in its first weight sync (presumably an
+# actor pending for a CPU there), so the role nodes get 16. The head's 32 take the actors verl_pipe.node_roles keeps
+# off the role nodes (agent-loop and reward workers) and what Ray places anywhere.
 DEFAULT_NODES = (
     NodeSpec("head", num_cpus=32),
-    NodeSpec("rollout", num_cpus=4, num_gpus=1, resources={ROLLOUT_RESOURCE: 1}),
-    NodeSpec("trainer", num_cpus=4, num_gpus=1, resources={TRAINER_RESOURCE: 1}),
+    NodeSpec("rollout", num_cpus=16, num_gpus=1, resources={ROLLOUT_RESOURCE: 1}),
+    NodeSpec("trainer", num_cpus=16, num_gpus=1, resources={TRAINER_RESOURCE: 1}),
 )
 
 

@@ -11,8 +11,10 @@ placement groups asks for 1e-4 of it, so Ray places the pool on those nodes only
 never sets it, so ``RolePlacedResourcePoolManager`` does, by pool name: ``trainer_pool`` (the actor and reference
 policy, ``verl.experimental.separation.utils.create_resource_pool_manager``) and ``rollout_pool_<rank>`` (each
 rollout replica's pool, ``RolloutReplica.init_standalone``, which also runs for a replica restarted after a failure).
-A cluster without the resources places the pools as verl does (anywhere their GPUs fit). A node with no role
-resource takes everything else (task runner, reward and agent-loop workers), as Ray schedules them.
+A cluster without the resources places the pools as verl does (anywhere their GPUs fit). With them, verl's
+agent-loop and reward-loop workers (which verl spreads round-robin over every node with CPUs) are kept on the nodes
+without a role resource (``_RayWithoutRoleNodes``), so a lost rollout node does not take them along; other actors go
+where Ray schedules them.
 
 ``pool_nodes`` reads where each pool's placement groups landed: the step record's ``nodes``.
 """
@@ -75,11 +77,47 @@ def place_pools_by_role(resource_pool_manager):
         import verl.workers.rollout.replica as replica_mod
 
         replica_mod.ResourcePoolManager = cls
+        _keep_loop_workers_off_role_nodes()
         _installed = True
     print(f"[verl_pipe] pools placed by node role: trainer on {TRAINER_RESOURCE if TRAINER_RESOURCE in available else 'any node'}, "
           f"rollout on {ROLLOUT_RESOURCE if ROLLOUT_RESOURCE in available else 'any node'}", flush=True)
     return cls(resource_pool_spec=resource_pool_manager.resource_pool_spec, mapping=resource_pool_manager.mapping,
                max_colocate_count=resource_pool_manager.max_colocate_count)
+
+
+class _RayWithoutRoleNodes:
+    """``ray`` as verl's agent-loop and reward-loop managers see it: ``nodes()`` lists only the nodes without a role
+    resource (when there is one with CPUs), everything else is ray's. verl 0.9.1 places its agent-loop and reward-loop
+    workers round-robin over ``ray.nodes()`` with CPUs (AgentLoopManager._init_agent_loop_workers,
+    RewardLoopManager); on a cluster with role nodes they then landed on a rollout node, and every request of the run
+    (all go through an agent-loop worker) failed with that node (measured: both replicas given up when one rollout
+    node was lost)."""
+
+    def __init__(self, ray_module):
+        self._ray = ray_module
+
+    def nodes(self):
+        nodes = self._ray.nodes()
+        other = [n for n in nodes if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0
+                 and not {ROLLOUT_RESOURCE, TRAINER_RESOURCE} & set(n.get("Resources", {}))]
+        return other or nodes
+
+    def __getattr__(self, name):
+        return getattr(self._ray, name)
+
+
+def _keep_loop_workers_off_role_nodes() -> None:
+    import importlib
+
+    import ray
+
+    for name in ("verl.experimental.agent_loop.agent_loop", "verl.experimental.reward_loop.reward_loop"):
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        if getattr(mod, "ray", None) is ray:
+            mod.ray = _RayWithoutRoleNodes(ray)
 
 
 def pool_nodes(trainer) -> dict[str, list[str]]:

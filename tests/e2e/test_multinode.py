@@ -8,7 +8,7 @@ step rolls back and checkpoints). Then the launcher, attached to the same cluste
 end on every node, the cluster stays up. Real Ray, real vLLM, real verl workers.
 
 Bounded: one cluster and one live stack for the module, plus one launcher run (times: docs/reliability.md). Opt-in
-(VERL_PIPE_MULTINODE=1): not yet reliable here, see below.
+(VERL_PIPE_MULTINODE=1), see below.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from omegaconf import open_dict
 
 from tests.e2e.conftest import E2E_OVERRIDES, KillAtFirstUnit, assert_every_group_once_at
 
-# Opt-in until placement is settled: of the last three runs here, one passed the first test, one waited for good in
-# the first weight sync (4 CPUs per role node) and one lost every replica with one rollout node (16 CPUs per role
-# node); docs/reliability.md, "A node is lost". VERL_PIPE_MULTINODE=1 runs it.
+# Opt-in until it has passed more than once: its first full pass (2 passed, 211 s) came with the placement fix in
+# verl_pipe/node_roles.py (agent-loop and reward workers off the role nodes); docs/reliability.md, "A node is lost".
+# VERL_PIPE_MULTINODE=1 runs it.
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(os.environ.get("VERL_PIPE_MULTINODE") != "1",
                                  reason="multi-node e2e is opt-in (VERL_PIPE_MULTINODE=1) until its placement is settled")]
@@ -73,9 +73,9 @@ def cluster():
     """A head, two rollout nodes (one replica each) and a trainer node."""
     tool = _load_cluster_tool()
     nodes = (tool.NodeSpec("head", num_cpus=32),
-             tool.NodeSpec("rollout_a", num_cpus=4, num_gpus=1, resources={tool.ROLLOUT_RESOURCE: 1}),
-             tool.NodeSpec("rollout_b", num_cpus=4, num_gpus=1, resources={tool.ROLLOUT_RESOURCE: 1}),
-             tool.NodeSpec("trainer", num_cpus=4, num_gpus=1, resources={tool.TRAINER_RESOURCE: 1}))
+             tool.NodeSpec("rollout_a", num_cpus=16, num_gpus=1, resources={tool.ROLLOUT_RESOURCE: 1}),
+             tool.NodeSpec("rollout_b", num_cpus=16, num_gpus=1, resources={tool.ROLLOUT_RESOURCE: 1}),
+             tool.NodeSpec("trainer", num_cpus=16, num_gpus=1, resources={tool.TRAINER_RESOURCE: 1}))
     c = tool.LocalRayCluster(port=_free_base_port(int(os.environ.get("VERL_PIPE_MN_PORT", "6390"))), nodes=nodes)
     t0 = time.perf_counter()
     c.start()
