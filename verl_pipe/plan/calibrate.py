@@ -28,7 +28,6 @@ import numpy as np
 
 from verl_pipe.bench.calib import (Calibration, StepShape, TrainerFit, _validation_table, calibrate,
                                    calibration_summary, nonneg_lstsq, rel_error, simulate_like)
-from verl_pipe.plan.verl_log import jsonl_records
 from verl_pipe.sim.trainer import TrainerParams
 from verl_pipe.variants import OURS, name_of
 
@@ -90,7 +89,13 @@ def load_run(run_dir, prompt_len: float | None = None) -> list[dict]:
         raise ValueError(f"--calibrate {run_dir}: no steps.jsonl (a run's rolloutpipe.trace_dir holds one), and not "
                          "a verl log with timing_s/* metrics (a plain verl run's log: --calibrate-verl-log LOG)")
     steps = []
-    for i, rec in jsonl_records(path.read_text(), f"--calibrate {path}"):
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--calibrate {path}: line {i} is not JSON ({e.msg})") from None
         if "step" not in rec or "timeline" not in rec:
             raise ValueError(f"--calibrate {path}: record {i} has no 'step'/'timeline' (not a rolloutpipe steps.jsonl)")
         trace = path.parent / f"step_{int(rec['step']):05d}.json"

@@ -92,21 +92,16 @@ def parse_console(text: str) -> dict[int, dict[str, float]]:
     return steps
 
 
-def jsonl_records(text: str, where: str):
-    """(line number, record) of each non-empty JSONL line; a line that is not JSON is refused, naming ``where``."""
+def parse_file_logger(text: str, where: str = "") -> dict[int, dict[str, float]]:
+    """{step: metrics} from verl's FileLogger JSONL (``{"step": N, "data": {...}}`` per line)."""
+    steps: dict[int, dict[str, float]] = {}
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            yield i, json.loads(line)
+            rec = json.loads(line)
         except json.JSONDecodeError as e:
             raise ValueError(f"{where}: line {i} is not JSON ({e.msg})") from None
-
-
-def parse_file_logger(text: str, where: str = "") -> dict[int, dict[str, float]]:
-    """{step: metrics} from verl's FileLogger JSONL (``{"step": N, "data": {...}}`` per line)."""
-    steps: dict[int, dict[str, float]] = {}
-    for i, rec in jsonl_records(text, where):
         if not isinstance(rec, dict) or "step" not in rec or not isinstance(rec.get("data"), dict):
             raise ValueError(f"{where}: line {i} is not verl's file logger record ({{\"step\": N, \"data\": {{...}}}})")
         got = steps.setdefault(int(rec["step"]), {})
