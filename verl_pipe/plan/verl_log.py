@@ -280,16 +280,9 @@ def _mean(xs) -> float:
     return float(np.mean(list(xs)))
 
 
-def fit_log(path, shape, hw, model, *, rollout_gpus: int | None = None, train_gpus: int | None = None,
-            seeds=(0, 1)) -> LogFit:
-    """Fit the engine and trainer scales on verl's log at ``path``. ``shape``: the planned config's shape, whose
-    n, mini-batch, engine slots and trainer settings the log's run is taken to share (the log does not say them);
-    ``hw``/``model``: the profile the scales apply to."""
-    from verl_pipe.bench.calib import PaddedWorkload
-    from verl_pipe.sim.simulate import rollout_for_mode, timeline_for
-
-    steps, kind, file = read_log(path)
-    where = f"--calibrate {file}"
+def _fitted_steps(steps: dict[int, dict[str, float]], kind: str, where: str) -> list[int]:
+    """The steps the fit uses (``_pick_steps`` holding every REQUIRED key); refuses an asynchronous trainer's log
+    and a log without the keys, naming them."""
     present = set().union(*steps.values())
     async_keys = sorted(k for k in present if k in ASYNC_KEYS or k.startswith("fully_async/"))
     if async_keys:
@@ -305,11 +298,11 @@ def fit_log(path, shape, hw, model, *, rollout_gpus: int | None = None, train_gp
         raise ValueError(f"{where}: verl's {kind} log has {len(steps)} step record(s), {len(train)} with timing_s/* "
                          f"keys, but none with {', '.join(missing)}; the fit needs "
                          f"{', '.join(REQUIRED)} on each step (verl's ray_trainer logs them every step)")
-    M = [steps[s] for s in used]
-    notes: list[str] = []
+    return used
 
-    # the run's shape: responses per step and GPUs from perf/*, n and the mini-batch from the planned config
-    prompt = _mean(m["prompt_length/mean"] for m in M)
+
+def _run_rows(M: list[dict], shape, notes: list[str]) -> tuple[int, int]:
+    """Responses per step (from perf/total_num_tokens, else the config's) and the groups of the config's n."""
     if all("perf/total_num_tokens" in m for m in M):
         rows = int(round(_mean(m["perf/total_num_tokens"] / (m["prompt_length/mean"] + m["response_length/mean"])
                                for m in M)))
@@ -321,6 +314,12 @@ def fit_log(path, shape, hw, model, *, rollout_gpus: int | None = None, train_gp
     if num_groups * n != rows:
         notes.append(f"the log's {rows} responses per step are not a multiple of the config's n={n}: fitted as "
                      f"{num_groups} groups of {n}")
+    return rows, num_groups
+
+
+def _run_gpus(M: list[dict], shape, rollout_gpus: int | None, train_gpus: int | None) -> tuple[int, int, str]:
+    """Rollout and trainer GPUs: the flags, else the run's GPU count from perf/* (colocated: all roll out), else
+    the config's; and where they came from."""
     gpus, gpus_from = None, "the config"
     if all(k in m for m in M for k in ("perf/total_num_tokens", "perf/throughput")):
         per = [m["perf/total_num_tokens"] / (m.get("perf/time_per_step") or m.get("timing_s/step") or math.nan)
@@ -332,45 +331,67 @@ def fit_log(path, shape, hw, model, *, rollout_gpus: int | None = None, train_gp
     t_gpus = train_gpus or gpus or shape.train_gpus
     if rollout_gpus or train_gpus:
         gpus_from = "--calibrated-rollout-gpus / --calibrated-train-gpus" + (f", else {gpus_from}" if gpus else "")
-    gpu = min(shape.groups_per_unit, num_groups)
-    run_shape = replace(shape, num_groups=num_groups, groups_per_unit=gpu, rollout_gpus=r_gpus, train_gpus=t_gpus)
+    return r_gpus, t_gpus, gpus_from
 
-    # the assumed lengths
+
+def _assumed_lengths(M: list[dict], shape, num_groups: int, n: int) -> dict:
+    """The log-normal lengths assumed for the fit: σ from the steps' mean and max, capped where the log clipped."""
     clipped = any(m.get("response_length/clip_ratio", 0.0) > 0 for m in M)
     top = max(m["response_length/max"] for m in M)
     cap = int(round(top)) if clipped else int(max(shape.max_response_length, top))
     sigma = fit_sigma(_mean(m["response_length/mean"] for m in M), _mean(m["response_length/max"] for m in M),
                       num_groups, n, cap, seeds=tuple(range(3)))
-    lengths = {"kind": "lognormal", "mean_of_step_means": _mean(m["response_length/mean"] for m in M),
-               "mean_of_step_max": _mean(m["response_length/max"] for m in M), "sigma": sigma, "rho": ASSUMED_RHO,
-               "cap": cap, "cap_from": "response_length/max (clip_ratio > 0)" if clipped else
-               "max(data.max_response_length, the logged max)"}
+    return {"kind": "lognormal", "mean_of_step_means": _mean(m["response_length/mean"] for m in M),
+            "mean_of_step_max": _mean(m["response_length/max"] for m in M), "sigma": sigma, "rho": ASSUMED_RHO,
+            "cap": cap, "cap_from": "response_length/max (clip_ratio > 0)" if clipped else
+            "max(data.max_response_length, the logged max)"}
 
-    # the profile's figures for each fitted step's assumed workload
-    engine = hw.engine(model, max_num_seqs=shape.max_num_seqs, max_num_batched_tokens=shape.max_num_batched_tokens,
-                       gpu_memory_utilization=shape.gpu_memory_utilization)
-    trainer = hw.trainer(model, gpus=t_gpus, recompute=shape.recompute,
-                         max_tokens_per_microbatch=shape.max_tokens_per_microbatch, use_ref=shape.use_ref,
-                         placement="device")
-    r0 = trainer.logprob_ratio
-    sim = []  # per step: (gen, update, logprob at ratio 1), means over seeds
+
+def _simulated_step(m: dict, j: int, ctx: dict, seed: int) -> tuple[float, float, float]:
+    """One draw of fitted step ``j``'s assumed workload on the profile: (rollout end, update seconds, old-log-prob
+    seconds at ratio 1)."""
+    from verl_pipe.bench.calib import PaddedWorkload
+    from verl_pipe.sim.simulate import rollout_for_mode, timeline_for
+
+    shape, lengths, trainer = ctx["shape"], ctx["lengths"], ctx["trainer"]
+    top = int(round(m["response_length/max"]))  # no response of the step was longer, one was as long
+    wl, _ = matched_draw(m["response_length/mean"], ctx["num_groups"], shape.n, lengths["sigma"],
+                         min(lengths["cap"], top), int(round(m["prompt_length/mean"])), 1000 + 101 * j + seed)
+    wl = pin_max(wl, top)
+    if shape.padded:
+        wl = PaddedWorkload(wl.num_groups, wl.n, wl.lengths, wl.prompt_len, wl.name)
+    ro = rollout_for_mode("sync", wl, ctx["engine"], ctx["r_gpus"], ctx["gpu"], shape.dispatch_window,
+                          shape.dispatch_order)
+    spans = timeline_for(ro, wl, trainer, "sync", ctx["gpu"], 0.0).to_dict()["train_spans"]
+    return (ro.rollout_end,
+            sum(sp["end"] - sp["start"] for sp in spans if sp["kind"] in ("update", "optimizer_step")),
+            sum(sp["end"] - sp["start"] for sp in spans if sp["kind"] == "old_log_prob") / trainer.logprob_ratio)
+
+
+def _simulated_steps(M: list[dict], ctx: dict, seeds) -> np.ndarray:
+    """Per fitted step, the profile's (gen, update, logprob at ratio 1), means over ``seeds``: other draws for each
+    step, so the draws' own noise averages out over the steps."""
+    sim = []
     for j, m in enumerate(M):
         g = u = lp = 0.0
-        for seed in seeds:  # other draws for each step: the draws' own noise averages out over the steps
-            top = int(round(m["response_length/max"]))  # no response of the step was longer, one was as long
-            wl, _ = matched_draw(m["response_length/mean"], num_groups, n, sigma, min(cap, top),
-                                 int(round(m["prompt_length/mean"])), 1000 + 101 * j + seed)
-            wl = pin_max(wl, top)
-            if shape.padded:
-                wl = PaddedWorkload(wl.num_groups, wl.n, wl.lengths, wl.prompt_len, wl.name)
-            ro = rollout_for_mode("sync", wl, engine, r_gpus, gpu, shape.dispatch_window, shape.dispatch_order)
-            spans = timeline_for(ro, wl, trainer, "sync", gpu, 0.0).to_dict()["train_spans"]
-            g += ro.rollout_end
-            u += sum(sp["end"] - sp["start"] for sp in spans if sp["kind"] in ("update", "optimizer_step"))
-            lp += sum(sp["end"] - sp["start"] for sp in spans if sp["kind"] == "old_log_prob") / r0
+        for seed in seeds:
+            dg, du, dlp = _simulated_step(m, j, ctx, seed)
+            g += dg
+            u += du
+            lp += dlp
         k = len(seeds)
         sim.append((g / k, u / k, lp / k))
-    S = np.asarray(sim)
+    return np.asarray(sim)
+
+
+def _errs(meas, pred) -> dict:
+    e = (np.asarray(pred) - np.asarray(meas)) / np.asarray(meas)
+    return {"max_abs_rel_error": float(np.max(np.abs(e))), "mean_abs_rel_error": float(np.mean(np.abs(e)))}
+
+
+def _scales(M: list[dict], S: np.ndarray, r0: float, notes: list[str]) -> tuple[float, float, float, str, dict]:
+    """The engine and trainer scales and the old-log-prob ratio (the log's, else the profile's ``r0``) fitted on
+    the simulated steps ``S``, and the fit's error per figure on each step."""
     gen = np.asarray([m["timing_s/gen"] for m in M])
     upd = np.asarray([m["timing_s/update_actor"] for m in M])
     s_eng = float(gen.sum() / S[:, 0].sum())
@@ -383,24 +404,52 @@ def fit_log(path, shape, hw, model, *, rollout_gpus: int | None = None, train_gp
         ratio, lp_from = r0, "profile"
         notes.append("no timing_s/old_log_prob (bypass mode, or not logged): the old-log-prob cost is the profile's "
                      f"ratio {r0:.2f} of an update")
-
-    def errs(meas, pred) -> dict:
-        e = (np.asarray(pred) - np.asarray(meas)) / np.asarray(meas)
-        return {"max_abs_rel_error": float(np.max(np.abs(e))), "mean_abs_rel_error": float(np.mean(np.abs(e)))}
-
-    check = {"timing_s/gen": errs(gen, s_eng * S[:, 0]), "timing_s/update_actor": errs(upd, s_tr * S[:, 1])}
+    check = {"timing_s/gen": _errs(gen, s_eng * S[:, 0]), "timing_s/update_actor": _errs(upd, s_tr * S[:, 1])}
     if has_lp:
-        check["timing_s/old_log_prob"] = errs(lpm, ratio * s_tr * S[:, 2])
-    measured = {k: _mean(m[k] for m in M) for k in REQUIRED + OPTIONAL if all(k in m for m in M)}
-    predicted = {"timing_s/gen": float(S[:, 0].mean()), "timing_s/update_actor": float(S[:, 1].mean()),
-                 "timing_s/old_log_prob": float(r0 * S[:, 2].mean()), "logprob_ratio": r0}
+        check["timing_s/old_log_prob"] = _errs(lpm, ratio * s_tr * S[:, 2])
+    return s_eng, s_tr, ratio, lp_from, check
+
+
+def _unused_notes(shape, measured: dict, notes: list[str]) -> None:
+    """What the log has but the plan does not take from it."""
     if shape.use_ref and "timing_s/ref" not in measured:
         notes.append("the config computes a reference log-prob (KL loss), the log's run did not (no timing_s/ref): "
                      "it is costed as an old-log-prob call")
     if "timing_s/update_weights" in measured:
         notes.append(f"the log's timing_s/update_weights ({measured['timing_s/update_weights']:.2f} s) is not used: "
                      "the weight sync between separate pools is the profile's")
-    return LogFit(str(file), kind, hw.name, used, len(steps), rows, num_groups, n, r_gpus, t_gpus, gpus_from,
+
+
+def fit_log(path, shape, hw, model, *, rollout_gpus: int | None = None, train_gpus: int | None = None,
+            seeds=(0, 1)) -> LogFit:
+    """Fit the engine and trainer scales on verl's log at ``path``. ``shape``: the planned config's shape, whose
+    n, mini-batch, engine slots and trainer settings the log's run is taken to share (the log does not say them);
+    ``hw``/``model``: the profile the scales apply to."""
+    steps, kind, file = read_log(path)
+    used = _fitted_steps(steps, kind, f"--calibrate {file}")
+    M = [steps[s] for s in used]
+    notes: list[str] = []
+    # the run's shape: responses per step and GPUs from perf/*, n and the mini-batch from the planned config
+    prompt = _mean(m["prompt_length/mean"] for m in M)
+    rows, num_groups = _run_rows(M, shape, notes)
+    r_gpus, t_gpus, gpus_from = _run_gpus(M, shape, rollout_gpus, train_gpus)
+    lengths = _assumed_lengths(M, shape, num_groups, shape.n)
+    # the profile's figures for each fitted step's assumed workload
+    engine = hw.engine(model, max_num_seqs=shape.max_num_seqs, max_num_batched_tokens=shape.max_num_batched_tokens,
+                       gpu_memory_utilization=shape.gpu_memory_utilization)
+    trainer = hw.trainer(model, gpus=t_gpus, recompute=shape.recompute,
+                         max_tokens_per_microbatch=shape.max_tokens_per_microbatch, use_ref=shape.use_ref,
+                         placement="device")
+    r0 = trainer.logprob_ratio
+    ctx = {"shape": shape, "lengths": lengths, "engine": engine, "trainer": trainer, "num_groups": num_groups,
+           "r_gpus": r_gpus, "gpu": min(shape.groups_per_unit, num_groups)}
+    S = _simulated_steps(M, ctx, seeds)
+    s_eng, s_tr, ratio, lp_from, check = _scales(M, S, r0, notes)
+    measured = {k: _mean(m[k] for m in M) for k in REQUIRED + OPTIONAL if all(k in m for m in M)}
+    predicted = {"timing_s/gen": float(S[:, 0].mean()), "timing_s/update_actor": float(S[:, 1].mean()),
+                 "timing_s/old_log_prob": float(r0 * S[:, 2].mean()), "logprob_ratio": r0}
+    _unused_notes(shape, measured, notes)
+    return LogFit(str(file), kind, hw.name, used, len(steps), rows, num_groups, shape.n, r_gpus, t_gpus, gpus_from,
                   prompt, lengths, s_eng, s_tr, ratio, lp_from, measured, predicted, check, notes)
 
 
