@@ -320,13 +320,7 @@ def check_placement(args, device, model, optimizer, batch, eval_ids, placement: 
     # Forward-only passes below leave the root's parameters unsharded (gathered from the weights of that
     # moment) between the store's swaps, as the old-log-prob pass does in the trainer.
     lp_live = log_probs_nograd(model, eval_ids)
-    swaps_in, swaps_out, lp_store = [], [], None
-    for _ in range(3):
-        t_in, _ = _timed(device, store.swap_in)
-        lp_store = log_probs_nograd(model, eval_ids)
-        t_out, _ = _timed(device, store.swap_out)
-        swaps_in.append(t_in)
-        swaps_out.append(t_out)
+    swaps_in, swaps_out, lp_store = _swap_round_trips(device, store, model, eval_ids)
     lp_after = log_probs_nograd(model, eval_ids)
     live_untouched = _params_equal(model, live)
     theta_by_name = all(torch.equal(_host(t), at_k[n]) for n, t in store.named_tensors())
@@ -352,15 +346,34 @@ def check_placement(args, device, model, optimizer, batch, eval_ids, placement: 
         "restore_exact": restored and float((lp_restored - lp_k).abs().max()) <= tol,
         "optimizer_restore_exact": opt_exact,
     }
+    r["failures"] = _placement_failures(r)
+    del store, opt
+    return r
+
+
+def _swap_round_trips(device, store, model, eval_ids, rounds: int = 3):
+    """θ_k swapped in, the old log-probs computed through it, swapped out, ``rounds`` times: (swap-in seconds,
+    swap-out seconds, the last round's log-probs)."""
+    swaps_in, swaps_out, lp_store = [], [], None
+    for _ in range(rounds):
+        t_in, _ = _timed(device, store.swap_in)
+        lp_store = log_probs_nograd(model, eval_ids)
+        t_out, _ = _timed(device, store.swap_out)
+        swaps_in.append(t_in)
+        swaps_out.append(t_out)
+    return swaps_in, swaps_out, lp_store
+
+
+def _placement_failures(r: dict) -> list[str]:
+    """What ``check_placement``'s result ``r`` shows wrong, in words (none: the placement passed)."""
+    diff, tol = r["old_logprob_max_abs_diff"], r["tolerance"]
     failures = [k for k in ("live_untouched", "theta_by_name_exact", "restore_exact", "optimizer_restore_exact")
                 if not r[k]]
     if diff > tol:
         failures.append(f"old log-probs through the store differ from those at θ_k by {diff:g} > {tol:g}")
     if r["store_vs_live_max_abs_diff"] == 0.0:
         failures.append("the updates did not change the log-probs: the check proves nothing")
-    r["failures"] = failures
-    del store, opt
-    return r
+    return failures
 
 
 # ---------------------------------------------------------------- cost per step
@@ -443,7 +456,7 @@ def cost_table(results: dict) -> str:
     return _columns(rows)
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="tiny Qwen3 shape on CPU")
     ap.add_argument("--device", default=None, help="default: cuda (cuda:LOCAL_RANK under torchrun) if available, "
@@ -457,6 +470,11 @@ def main(argv=None) -> int:
     ap.add_argument("--placements", default="device,pinned,auto")
     ap.add_argument("--no-recompute", dest="recompute", action="store_false", help="no gradient checkpointing")
     ap.add_argument("--json", help="write the results here (rank 0)")
+    return ap
+
+
+def _parse_args(ap: argparse.ArgumentParser, argv):
+    """The arguments with --tiny's defaults filled in; a count below 1 is refused naming its flag."""
     args = ap.parse_args(argv)
     args.seq_len = args.seq_len or (16 if args.tiny else 1024)
     args.repeats = args.repeats or (2 if args.tiny else 5)
@@ -465,42 +483,40 @@ def main(argv=None) -> int:
             ap.error(f"--{name.replace('_', '-')}: got {getattr(args, name)}; allowed: an integer >= 1")
     if args.tiny:
         args.recompute = False
-    ranks = init_ranks(args)
+    return args
+
+
+def _run_checks(args, ap, ranks: Ranks) -> tuple[dict, dict]:
+    """Every placement's check and snapshot cost and the pageable baseline on one model: (results, batch plan)."""
     device = ranks.device
     t0 = time.perf_counter()
+    model, optimizer = build(args, ranks)
+    vocab = model.config.vocab_size
+    train_step(model, optimizer, token_batch(vocab, 1, args.seq_len, 50 + ranks.rank, device))  # lazy init, Adam
     try:
-        model, optimizer = build(args, ranks)
-        vocab = model.config.vocab_size
-        train_step(model, optimizer, token_batch(vocab, 1, args.seq_len, 50 + ranks.rank, device))  # lazy init, Adam
-        try:
-            plan = size_batch(args, ranks, model, optimizer, vocab)
-        except ValueError as e:
-            ap.error(str(e))
-        batch = token_batch(vocab, plan["batch"], args.seq_len, 1 + ranks.rank, device)  # each rank its own data
-        eval_ids = token_batch(vocab, min(plan["batch"], 4), args.seq_len, 7, device)  # the same on every rank
-        results = {"device": str(torch.cuda.get_device_name(device)) if device.type == "cuda" else "cpu",
-                   "torch": torch.__version__, "tiny": args.tiny, "world_size": ranks.world,
-                   "params": sum(p.numel() for p in model.parameters()), "batch_plan": plan,
-                   "tokens_per_step": plan["batch"] * args.seq_len * ranks.world, "steps": args.steps,
-                   "recompute": args.recompute, "placements": [], "snapshot_cost": []}
-        placements = args.placements.split(",")
-        for placement in placements:
-            r = check_placement(args, device, model, optimizer, batch, eval_ids, placement)
-            r["failures"] = ranks.gather(r["failures"])
-            results["placements"].append(r)
-        for placement in placements:
-            results["snapshot_cost"].append(snapshot_cost(args, ranks, model, optimizer, batch, placement))
-        results["pageable"] = pageable_baseline(device, model, optimizer)
-        results["wall_s"] = time.perf_counter() - t0
-        # Every rank done before any tears the group down: a rank that destroyed its gloo group while a peer still
-        # used it aborted at exit ("terminate called without an active exception", seen once under a loaded CI).
-        ranks.barrier()
-    finally:
-        dist.destroy_process_group()
-    failures = [f"{r['requested']}: {f}" for r in results["placements"] for f in r["failures"]]
-    results["ok"] = not failures
-    if not ranks.main:
-        return 0 if not failures else 1
+        plan = size_batch(args, ranks, model, optimizer, vocab)
+    except ValueError as e:
+        ap.error(str(e))
+    batch = token_batch(vocab, plan["batch"], args.seq_len, 1 + ranks.rank, device)  # each rank its own data
+    eval_ids = token_batch(vocab, min(plan["batch"], 4), args.seq_len, 7, device)  # the same on every rank
+    results = {"device": str(torch.cuda.get_device_name(device)) if device.type == "cuda" else "cpu",
+               "torch": torch.__version__, "tiny": args.tiny, "world_size": ranks.world,
+               "params": sum(p.numel() for p in model.parameters()), "batch_plan": plan,
+               "tokens_per_step": plan["batch"] * args.seq_len * ranks.world, "steps": args.steps,
+               "recompute": args.recompute, "placements": [], "snapshot_cost": []}
+    placements = args.placements.split(",")
+    for placement in placements:
+        r = check_placement(args, device, model, optimizer, batch, eval_ids, placement)
+        r["failures"] = ranks.gather(r["failures"])
+        results["placements"].append(r)
+    for placement in placements:
+        results["snapshot_cost"].append(snapshot_cost(args, ranks, model, optimizer, batch, placement))
+    results["pageable"] = pageable_baseline(device, model, optimizer)
+    results["wall_s"] = time.perf_counter() - t0
+    return results, plan
+
+
+def _report(args, ranks: Ranks, results: dict, plan: dict, failures: list[str]) -> None:
     print(table(results))
     print(f"\nper-step snapshot (θ_k + optimizer state, save_step_state as the trainer calls it) vs one training step "
           f"(forward, backward, AdamW) of {plan['batch']} x {args.seq_len} tokens per rank on {ranks.world} "
@@ -511,8 +527,25 @@ def main(argv=None) -> int:
     for f in failures:
         print("FAIL", f)
     print(f"gpu_check: {'ok' if not failures else 'FAILED'} in {results['wall_s']:.1f} s")
-    return 0 if not failures else 1
 
+
+def main(argv=None) -> int:
+    ap = _parser()
+    args = _parse_args(ap, argv)
+    ranks = init_ranks(args)
+    try:
+        results, plan = _run_checks(args, ap, ranks)
+        # Every rank done before any tears the group down: a rank that destroyed its gloo group while a peer still
+        # used it aborted at exit ("terminate called without an active exception", seen once under a loaded CI).
+        ranks.barrier()
+    finally:
+        dist.destroy_process_group()
+    failures = [f"{r['requested']}: {f}" for r in results["placements"] for f in r["failures"]]
+    results["ok"] = not failures
+    if not ranks.main:
+        return 0 if not failures else 1
+    _report(args, ranks, results, plan, failures)
+    return 0 if not failures else 1
 
 if __name__ == "__main__":
     sys.exit(main())
