@@ -15,12 +15,22 @@ Driver protocol (one step):
     policy = FrontierPolicy(...)
     send(policy.admit())                          # and again after every callback below
     policy.on_response_done(req) / policy.on_request_failed(req)
+    policy.on_turn_done(req) / policy.on_tool_done(req)   # multi-turn: a model turn ended / its tool returned
     policy.on_group_done(g, trainable)            # after the group's rewards/advantages are computed
     if policy.batch_full: abort(policy.to_abort())
     ... until policy.all_done and policy.inflight_count() == 0
 
 Requests the policy cancels (``to_abort`` once the batch is full, and pending ones dropped then) are *closed*:
 late callbacks about them are ignored, because an abort always races with a response that just finished.
+
+Multi-turn (turn-aware admission): a request is a whole trajectory, admitted once for its first turn
+(``Admission.turn == 0``). When one of its model turns ends and it waits on its tool (``on_turn_done``), it gives
+its window slot back: it stays on its replica but holds no slot, so windows and ``inflight_count`` count *turns in
+flight*, not trajectories. When the tool returns (``on_tool_done``) its next turn is ready; ``admit()`` admits it
+(``Admission.turn >= 1``) on the same replica (prefix cache), with the same priority (sticky across turns), and
+the subclass decides its place against first turns (FGD: by group rank, a next turn ahead of any first turn of its
+own or a later group). A trajectory ends from any of its states (its last turn's response, a tool that ends it, a
+failure); a dead replica's trajectories restart from their first turn.
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ class Admission:
     request: Request
     replica: int
     priority: int  # vLLM priority: lower runs first
+    turn: int = 0  # 0: the trajectory's first turn (start it); k >= 1: its (k+1)-th model turn may go now
 
 
 def _check_int(name: str, value, low: int) -> None:
@@ -166,15 +177,22 @@ class AdmissionPolicy:
         self._peak_burst = 0
         self._limit = self.window_limit()
         self.groups_per_unit, self.target_groups = groups_per_unit, target_groups
-        self._inflight: dict[int, set[Request]] = {r: set() for r in sorted(replicas)}
-        self._replica_of: dict[Request, int] = {}
+        self._inflight: dict[int, set[Request]] = {r: set() for r in sorted(replicas)}  # turns in flight (slots)
+        self._replica_of: dict[Request, int] = {}  # every trajectory started: in a turn, on its tool, or ready
+        self._tool_wait: set[Request] = set()  # waiting on its tool: on its replica, no slot
+        # tool returned, next turn not yet admitted -> (the turn's number, a token naming its heap entry)
+        self._ready: dict[Request, tuple[int, int]] = {}
+        self._next_turns: dict[int, list] = {r: [] for r in replicas}  # heaps of (_turn_key, token, request); lazy
+        self._tokens = itertools.count()
+        self._turns: dict[Request, int] = {}  # model turns admitted so far per started trajectory
         self._pending: set[Request] = set()
         self._closed: set[Request] = set()
         self._done_in_group = [0] * num_groups
         self._group_trainable: dict[int, bool] = {}  # completed groups
         self._trainable_order: list[int] = []  # trainable groups in completion order (the trainer's FIFO)
         self._stats = dict(admitted=0, responses_done=0, failed=0, requeued_on_replica_loss=0,
-                           aborted=0, dropped=0, late_group_done=0, dropped_groups=0)
+                           aborted=0, dropped=0, late_group_done=0, dropped_groups=0, turns_admitted=0,
+                           tool_waits=0)
         self._init_queue()
         for g in range(num_groups):
             for i in range(n):
@@ -193,6 +211,14 @@ class AdmissionPolicy:
 
     def _priority(self, req: Request) -> int:
         return 0
+
+    def _turn_key(self, req: Request) -> tuple:
+        """Order of ready next turns on one replica (lowest first)."""
+        raise NotImplementedError
+
+    def _next_turn_first(self, req: Request, open_replicas: list[int]) -> bool:
+        """Whether ``req``'s ready next turn goes before the first turn ``_queue_pop`` would pick now."""
+        raise NotImplementedError
 
     def _on_admitted(self, req: Request, replica: int) -> None: ...
 
@@ -229,21 +255,49 @@ class AdmissionPolicy:
             self._freed = dict.fromkeys(self._freed, 0)
         self._limit = self.window_limit()  # fixed for this call: its admissions refill one burst
         out = []
-        while self._pending:
+        while self._pending or self._ready:
             open_replicas = [r for r in self._inflight if self._room(r) > 0]
             if not open_replicas:
                 break
-            pick = self._queue_pop(open_replicas)
+            nxt = self._best_next_turn(open_replicas)
+            if nxt is not None and (not self._pending or self._next_turn_first(nxt[0], open_replicas)):
+                out.append(self._admit_next_turn(*nxt))
+                continue
+            pick = self._queue_pop(open_replicas) if self._pending else None
             if pick is None:
                 break
             req, r = pick
             self._pending.remove(req)
             self._inflight[r].add(req)
             self._replica_of[req] = r
+            self._turns[req] = 1
             self._stats["admitted"] += 1
             self._on_admitted(req, r)
             out.append(Admission(req, r, self._priority(req)))
         return out
+
+    def _best_next_turn(self, open_replicas: list[int]) -> tuple[Request, int] | None:
+        """The ready next turn with the lowest ``_turn_key`` on an open replica (stale heap entries dropped)."""
+        best = None
+        for r in open_replicas:
+            heap = self._next_turns[r]
+            while heap and not self._valid_entry(heap[0], r):
+                heapq.heappop(heap)
+            if heap and (best is None or heap[0][:2] < best[0]):
+                best = (heap[0][:2], heap[0][2], r)
+        return None if best is None else (best[1], best[2])
+
+    def _valid_entry(self, entry: tuple, r: int) -> bool:
+        _, token, req = entry
+        return self._replica_of.get(req) == r and self._ready.get(req, (0, None))[1] == token
+
+    def _admit_next_turn(self, req: Request, r: int) -> Admission:
+        heapq.heappop(self._next_turns[r])
+        turn, _ = self._ready.pop(req)
+        self._inflight[r].add(req)
+        self._turns[req] = turn + 1
+        self._stats["turns_admitted"] += 1
+        return Admission(req, r, self._priority(req), turn)
 
     def _to_pending(self, req: Request) -> None:
         self._pending.add(req)
@@ -257,7 +311,7 @@ class AdmissionPolicy:
             self._to_pending(req)
 
     def _release(self, req: Request, replica: int | None) -> bool:
-        """Take ``req`` out of flight; False means: ignore this callback."""
+        """Take ``req``'s trajectory out of its replica, whatever its state; False means: ignore this callback."""
         if req in self._closed:
             return False
         r = self._replica_of.get(req)
@@ -265,10 +319,31 @@ class AdmissionPolicy:
             return False  # stale: the request was moved off that replica when it was removed
         if r is None:
             raise RuntimeError(f"{req} is not in flight")
-        del self._replica_of[req]
-        self._inflight[r].remove(req)
-        self._freed[r] = self._freed.get(r, 0) + 1
+        self._forget(req, r)
         return True
+
+    def _forget(self, req: Request, r: int) -> None:
+        """``req``'s trajectory leaves replica ``r`` (its slot, if it held one, is freed)."""
+        del self._replica_of[req]
+        self._turns.pop(req, None)
+        self._tool_wait.discard(req)
+        self._ready.pop(req, None)  # its heap entry is skipped lazily
+        if req in self._inflight.get(r, ()):
+            self._inflight[r].remove(req)
+            self._freed[r] = self._freed.get(r, 0) + 1
+
+    def _in_turn(self, req: Request, replica: int | None, state: str) -> int | None:
+        """The replica of ``req`` if it is in ``state`` ("turn": a model turn in flight, "tool": on its tool);
+        None for a stale callback (closed, moved off ``replica``)."""
+        if req in self._closed:
+            return None
+        r = self._replica_of.get(req)
+        if r is None or (replica is not None and r != replica):
+            return None
+        in_state = req in self._inflight[r] if state == "turn" else req in self._tool_wait
+        if not in_state:
+            raise RuntimeError(f"{req} is not {'in a model turn' if state == 'turn' else 'waiting on its tool'}")
+        return r
 
     # --- callbacks ------------------------------------------------------------------------------------------
     def on_response_done(self, request: Request, replica: int | None = None) -> bool:
@@ -279,6 +354,30 @@ class AdmissionPolicy:
             self._stats["responses_done"] += 1
             return True
         return False
+
+    def on_turn_done(self, request: Request, replica: int | None = None) -> bool:
+        """A model turn of ``request``'s trajectory ended and it now waits on its tool: its slot is freed (it stays on
+        its replica). False: stale, ignore."""
+        r = self._in_turn(request, replica, "turn")
+        if r is None:
+            return False
+        self._inflight[r].remove(request)
+        self._freed[r] = self._freed.get(r, 0) + 1
+        self._tool_wait.add(request)
+        self._stats["tool_waits"] += 1
+        return True
+
+    def on_tool_done(self, request: Request, replica: int | None = None) -> bool:
+        """``request``'s tool returned: its next turn is ready and a later ``admit()`` admits it on the same replica.
+        False: stale, ignore."""
+        r = self._in_turn(request, replica, "tool")
+        if r is None:
+            return False
+        self._tool_wait.remove(request)
+        token = next(self._tokens)
+        self._ready[request] = (self._turns[request], token)
+        heapq.heappush(self._next_turns[r], (self._turn_key(request), token, request))
+        return True
 
     def on_request_failed(self, request: Request, replica: int | None = None) -> None:
         if self._release(request, replica):
@@ -315,7 +414,7 @@ class AdmissionPolicy:
             raise RuntimeError(f"group {group} is already completed")
         inflight = sorted(q for q in self._replica_of if q.group == group)
         for q in inflight:
-            self._inflight[self._replica_of.pop(q)].remove(q)
+            self._forget(q, self._replica_of[q])
         pending = [q for q in self._pending if q.group == group]
         self._pending.difference_update(pending)
         self._closed.update(inflight, pending)
@@ -333,11 +432,13 @@ class AdmissionPolicy:
             raise ValueError(f"unknown replica {replica}")
         if len(self._inflight) == 1 and not allow_none_left:
             raise RuntimeError(f"cannot remove replica {replica}: no replica would be left")
-        lost = sorted(self._inflight.pop(replica))
+        lost = sorted(q for q, r in self._replica_of.items() if r == replica)  # on their tool too: restarted
+        self._inflight.pop(replica)
+        self._next_turns.pop(replica)
         self._freed.pop(replica, None)  # a lost replica's requests are requeued, not a burst to refill there
         self._on_replica_removed(replica)  # unpin first, so the requeued requests find a new home
         for req in lost:
-            del self._replica_of[req]
+            self._forget(req, replica)
             self._stats["requeued_on_replica_loss"] += 1
             self._back_to_pending(req)
         return lost
@@ -347,6 +448,7 @@ class AdmissionPolicy:
         if replica in self._inflight:
             raise ValueError(f"replica {replica} already present")
         self._inflight = dict(sorted({**self._inflight, replica: set()}.items()))
+        self._next_turns[replica] = []
         self._on_replica_added(replica)
 
     # --- batch ----------------------------------------------------------------------------------------------
@@ -369,7 +471,7 @@ class AdmissionPolicy:
         trained = set(self.trained_groups())
         out = sorted(q for q in self._replica_of if q.group not in trained)
         for req in out:
-            self._inflight[self._replica_of.pop(req)].remove(req)
+            self._forget(req, self._replica_of[req])
             self._closed.add(req)
         self._stats["aborted"] += len(out)
         return out
@@ -384,14 +486,28 @@ class AdmissionPolicy:
         return len(self._pending)
 
     def inflight_count(self, replica: int | None = None) -> int:
+        """Model turns in flight (holding a window slot), on ``replica`` or on all. A trajectory waiting on its
+        tool, or whose next turn is not admitted yet, is not counted (``trajectory_count``)."""
         if replica is None:
-            return len(self._replica_of)
+            return sum(len(s) for s in self._inflight.values())
         return len(self._inflight[replica])
+
+    def trajectory_count(self, replica: int | None = None) -> int:
+        """Trajectories started and not ended: in a turn, on their tool, or with their next turn ready."""
+        return sum(1 for r in self._replica_of.values() if replica is None or r == replica)
+
+    def tool_wait_count(self) -> int:
+        return len(self._tool_wait)
+
+    def ready_turn_count(self) -> int:
+        """Next turns whose tool returned, not yet admitted."""
+        return len(self._ready)
 
     def stats(self) -> dict:
         trainable = len(self._trainable_order)
         limit = self.window_limit()
         return dict(self._stats, pending=self.pending_count, inflight=self.inflight_count(),
+                    trajectories=self.trajectory_count(), tool_wait=self.tool_wait_count(),
                     window_limit=None if limit == math.inf else int(limit), completion_burst_peak=self._peak_burst,
                     replicas=len(self._inflight), groups_done=len(self._group_trainable),
                     trainable_groups_done=trainable,
@@ -442,6 +558,12 @@ class FCFSPolicy(AdmissionPolicy):
             if req in self._pending:
                 return req, self._least_loaded(open_replicas)
         return None
+
+    def _turn_key(self, req: Request) -> tuple:
+        return ()  # stock verl: a trajectory's next turn goes to the engine when its tool returns (heap: token order)
+
+    def _next_turn_first(self, req: Request, open_replicas: list[int]) -> bool:
+        return True  # verl's agent loop calls generate again at once; no client queue holds it
 
 
 class FrontierPolicy(AdmissionPolicy):
@@ -529,6 +651,25 @@ class FrontierPolicy(AdmissionPolicy):
 
     def _priority(self, req: Request) -> int:
         return req.group
+
+    def _turn_key(self, req: Request) -> tuple:
+        return (req.group, req.index)
+
+    def _next_turn_first(self, req: Request, open_replicas: list[int]) -> bool:
+        """Rank order over next turns and first turns: a next turn goes first unless the first turn that
+        ``_queue_pop`` would admit now belongs to an earlier-ranked group (a frontier group still starting)."""
+        g = self._peek_first_turn(open_replicas)
+        return g is None or req.group <= g
+
+    def _peek_first_turn(self, open_replicas) -> int | None:
+        """The group of the first turn ``_queue_pop(open_replicas)`` would admit, without admitting it."""
+        tops = [g for r in open_replicas if (g := self._top(self._pinned[r], r)) is not None]
+        g = self._top(self._unpinned, None)
+        if g is not None:
+            tops.append(g)
+        if not tops:
+            tops = [g for r, h in self._pinned.items() if (g := self._top(h, r)) is not None]
+        return min(tops) if tops else None
 
     def frontier(self) -> list[int]:
         if self._frontier is None:

@@ -13,7 +13,10 @@ model; it models no faults, so it meets only the admission, response, hand-over 
 Driver protocol (one step)::
 
     core = RolloutCore(policy, max_retries=2, on_request_failure="fail")   # or "drop_group"
-    do(core.admit())                            # Submit each; again after every round of events
+    do(core.admit())                            # Submit each (NextTurn: release a trajectory's next turn); again
+                                                # after every round of events
+    do(core.turn_done(req, replica))            # multi-turn: a model turn ended, the trajectory waits on its tool
+    do(core.tool_done(req, replica))            # its tool returned: a later admit() gives NextTurn
     do(core.response_done(req, replica))        # Take; then HandOver(g), or GroupEnded(g, "late")
     do(core.handed_over(g, trainable))          # right after HandOver, with the driver's verdict: GroupEnded
     do(core.request_failed(req, replica))       # raised or timed out: Retry; or GiveUp + FailStep | drop
@@ -52,6 +55,13 @@ class Submit:
     failed before (0 on its first submission)."""
     admission: Admission
     attempt: int
+
+
+@dataclass(frozen=True)
+class NextTurn:
+    """Multi-turn: the trajectory of ``admission.request`` (in flight, its tool returned) may send its next model turn
+    (``admission.turn``) to ``admission.replica`` (the replica it runs on) with ``admission.priority``."""
+    admission: Admission
 
 
 @dataclass(frozen=True)
@@ -189,11 +199,17 @@ class RolloutCore:
         return dict(self._ended)
 
     # --- events ---------------------------------------------------------------------------------------------
-    def admit(self) -> list[Submit]:
-        """What the policy admits now, each to be submitted once."""
+    def admit(self) -> list:
+        """What the policy admits now: Submit (a trajectory's first turn, submitted once) or NextTurn (the next turn
+        of a trajectory in flight)."""
         out = []
         for adm in self.policy.admit():
             req = adm.request
+            if adm.turn:
+                if self._inflight.get(req) != adm.replica:
+                    raise RuntimeError(f"next turn of {req} admitted on replica {adm.replica}, where it does not run")
+                out.append(NextTurn(adm))
+                continue
             if req in self._inflight or req.group in self._ended:
                 raise RuntimeError(f"{req} admitted while in flight or after its group ended")
             self._inflight[req] = adm.replica
@@ -217,6 +233,20 @@ class RolloutCore:
             return [Take(request), self._end(g, "late")]
         self._handing.add(g)
         return [Take(request), HandOver(g)]
+
+    def turn_done(self, request: Request, replica: int) -> list:
+        """Multi-turn: a model turn of ``request``'s trajectory on ``replica`` ended and it waits on its tool (it gives
+        its window slot back). [] always; a stale report is ignored."""
+        if self._inflight.get(request) == replica:
+            self.policy.on_turn_done(request, replica)
+        return []
+
+    def tool_done(self, request: Request, replica: int) -> list:
+        """Multi-turn: ``request``'s tool returned; a later ``admit()`` releases its next turn (NextTurn). [] always;
+        a stale report is ignored."""
+        if self._inflight.get(request) == replica:
+            self.policy.on_tool_done(request, replica)
+        return []
 
     def handed_over(self, group: int, trainable: bool) -> list:
         """The driver built ``group`` (after HandOver) and found it ``trainable`` or not."""

@@ -15,16 +15,18 @@ One trajectory, as verl's ToolAgentLoop builds one:
 - the model's tokens are appended with response_mask 1 (and their log-probs), the environment's ``tool`` messages
   through verl's Continuous Token builder with response_mask 0, so the loss covers model tokens only;
 - between turns the tool's latency is an ``asyncio.sleep``: a trajectory waiting on its tool has no request in
-  vLLM and holds no engine slot;
+  vLLM and holds no engine slot; in the streaming rollout it also gives its admission window slot back
+  (``verl_pipe.rollout.turns``: ``turn_done`` when the tool starts, ``next_turn`` before the next model turn, which
+  waits until the admission policy admits that turn on the same replica with the same priority);
 - the reward is the environment's (``AgentLoopOutput.reward_score``; verl's reward loop is then skipped for it, as
   for an agent loop that computes its own score), with the episode's facts in ``reward_extra_info``
   (``mt_turns``, ``mt_tool_calls``, ``mt_tool_failed``, ``mt_truncated``, ``mt_tool_wait_s``, ``mt_gen_s``);
 - ``min_global_steps`` / ``max_global_steps`` span every turn, so the trainer's weight-version check of a group
   covers all turns of all its trajectories.
 
-What the admission policy calls a request is the whole trajectory: it is admitted once, holds its replica's window
-slot until its last turn ends (also while it waits on its tool), and is resubmitted from its first turn when it
-fails or its replica dies.
+What the admission policy calls a request is the whole trajectory: it is admitted once for its first turn, holds a
+window slot during each model turn only (turn-aware admission: docs/multiturn.md), stays on its replica throughout,
+and is resubmitted from its first turn when it fails or its replica dies.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutp
 from verl.utils.rollout_trace import rollout_trace_op
 
 from verl_pipe.assets.multiturn_env import EnvConfig, ToolFailure, observation, plan_episode, reward
+from verl_pipe.rollout import turns as turn_gate
 from verl_pipe.rollout.client import CURRENT_ADMISSION
 
 AGENT_NAME = "verl_pipe_multiturn"
@@ -104,6 +107,8 @@ class MultiTurnEnvAgentLoop(AgentLoopBase):
                 params["max_tokens"] = min(plan.turn_tokens[turn], budget)
                 params["ignore_eos"] = True
             t0 = time.perf_counter()
+            if turn:  # its next turn's admission (a window slot on its replica): queueing, as inside vLLM
+                await turn_gate.next_turn()
             out = await self.server_manager.generate(request_id=request_id, prompt_ids=runtime_ids,
                                                      sampling_params=params, priority=priority)
             gen_s += time.perf_counter() - t0
@@ -123,7 +128,8 @@ class MultiTurnEnvAgentLoop(AgentLoopBase):
             if len(response_mask) >= self.response_length:
                 truncated = True
                 break
-            # the tool: no request in vLLM while it runs
+            # the tool: no request in vLLM while it runs, and no admission slot held
+            turn_gate.turn_done()
             t0 = time.perf_counter()
             await asyncio.sleep(plan.latencies_s[turn])
             tool_s += time.perf_counter() - t0

@@ -20,6 +20,7 @@ thread can train while the rollout continues.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import logging
 import threading
@@ -37,7 +38,8 @@ from verl_pipe.rollout.agent_worker import PipeAgentLoopWorker
 from verl_pipe.rollout.client import CURRENT_ADMISSION, AdmissionRoutedClient
 from verl_pipe.rollout.completions import Completions
 from verl_pipe.rollout.replicas import ReplicaLostError, is_replica_death  # noqa: F401 (re-exported)
-from verl_pipe.rollout_core import (Cancel, FailStep, GiveUp, GroupEnded, HandOver, Restart, Retire, Retry,
+from verl_pipe.rollout.turns import CURRENT_TURN_GATE, TurnGate
+from verl_pipe.rollout_core import (Cancel, FailStep, GiveUp, GroupEnded, HandOver, NextTurn, Restart, Retire, Retry,
                                     RolloutCore, Submit, Take)
 from verl_pipe.timeline import StepTimeline
 
@@ -99,6 +101,11 @@ class StreamingRollout:
             top_k=rollout_cfg.top_k,
             repetition_penalty=1.0,
             logprobs=rollout_cfg.calculate_log_probs,
+            # verl passes the request's sampling params through to vLLM's SamplingParams (the seam used here) and
+            # keeps only the token ids of vLLM's output: its incremental detokenization of every generated token in
+            # the server actor's output processor is work nobody reads. Stop strings need it: _one turns it back on
+            # for a request that has them.
+            detokenize=False,
         )
         self.default_agent = rollout_cfg.agent.default_agent_loop
         self._loop = asyncio.new_event_loop()
@@ -148,6 +155,8 @@ class StreamingRollout:
         sampling_params = dict(self.sampling_params)
         if req.sampling_overrides is not None:
             sampling_params.update(req.sampling_overrides(group, index))
+        if sampling_params.get("stop"):  # vLLM matches stop strings on the detokenized text
+            sampling_params["detokenize"] = True
         sample_index = kwargs.get("index", group)
         trajectory = {"step": req.step, "sample_index": sample_index, "rollout_n": index, "validate": False}
         coro = self.worker._run_agent_loop(sampling_params, trajectory, trace=False, **kwargs)
@@ -179,6 +188,8 @@ class _StepRun:
         self.restarting: dict[asyncio.Task, tuple[int, float]] = {}  # restart task -> (replica, when death noticed)
         self.completions = Completions()  # every task above and in `restarting` is added here when created
         self.outputs: dict[int, dict[int, Any]] = {}  # group -> index -> agent-loop output, until the group ends
+        self.turn_reports: dict[asyncio.Future, TurnGate] = {}  # multi-turn: a trajectory reported turn events
+        self.next_turns: dict[Request, asyncio.Future] = {}  # multi-turn: waiting for NextTurn
         self.errors: list[str] = []
         self.recovery_s: list[float] = []
 
@@ -208,6 +219,10 @@ class _StepRun:
         if task in self.restarting:
             await self.restarted(task, self.restarting.pop(task))
             return
+        gate = self.turn_reports.pop(task, None)
+        if gate is not None:
+            self.turn_events(gate)
+            return
         adm = self.tasks.pop(task, None)
         if adm is None:  # cancelled in this wake-up (its replica died or its group was dropped)
             return
@@ -231,6 +246,27 @@ class _StepRun:
                 await self.do(self.core.handed_over(r.group, self.req.on_group(r.group, gen_out)))
             else:
                 await self.do([act])
+
+    def report_turn(self, gate: TurnGate) -> None:
+        """A trajectory's turn event (verl_pipe/rollout/turns.py): wakes the loop, which calls ``turn_events``."""
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        self.turn_reports[self.completions.add(done)] = gate
+
+    def turn_events(self, gate: TurnGate) -> None:
+        """Multi-turn: a trajectory's model turn ended (its slot is freed) or its tool returned (its next turn waits
+        for a NextTurn); a report from a task no longer in flight (cancelled, requeued) is ignored."""
+        r = gate.request
+        for kind, fut in gate.drain():
+            if self.task_of.get(r) is not gate.task:
+                if fut is not None:
+                    fut.cancel()
+                continue
+            if kind == "turn_done":
+                self.core.turn_done(r, gate.replica)
+            else:
+                self.next_turns[r] = fut
+                self.core.tool_done(r, gate.replica)
 
     async def request_failed(self, adm: Admission, e: Exception) -> None:
         """A failed or timed-out request: retried, or given up on (the step fails or its group is dropped)."""
@@ -268,9 +304,17 @@ class _StepRun:
             if isinstance(act, Submit):
                 adm = act.admission
                 self.timeline.request_submitted(self.rid(adm.request), adm.request.group, replica=adm.replica)
-                task = self.completions.add(asyncio.create_task(self.rollout._one(self.req, adm, act.attempt)))
+                gate = TurnGate(adm.request, adm.replica, self.report_turn)
+                ctx = contextvars.copy_context()
+                ctx.run(CURRENT_TURN_GATE.set, gate)  # this task's context: its agent loop's turn events
+                coro = self.rollout._one(self.req, adm, act.attempt)
+                task = gate.task = self.completions.add(asyncio.create_task(coro, context=ctx))
                 self.tasks[task] = adm
                 self.task_of[adm.request] = task
+            elif isinstance(act, NextTurn):
+                fut = self.next_turns.pop(act.admission.request, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
             elif isinstance(act, Cancel):
                 await self.cancel(act)
             elif isinstance(act, GroupEnded):
@@ -302,6 +346,7 @@ class _StepRun:
         weights), so none of them outlives the step."""
         cancelled = []
         for q in act.requests:
+            self.next_turns.pop(q, None)
             task = self.task_of.pop(q, None)
             if task is None:  # its task already finished (the request that found its replica dead)
                 continue
