@@ -5,6 +5,7 @@ Response lengths come from verl_pipe/workload.py (shared with the trainer's roll
 engine.py    one vLLM-V1-like replica: continuous batching, KV pool, preemption, decode-step cost
 trainer.py   trainer cost model: executes the real trainer's schedule (verl_pipe/schedule.py); verl_separate_async
 simulate.py  the event loop: frontier.py policies admit, replicas generate, StepTimeline records
+turns.py     multi-turn episodes (model turns and tool waits, as the toy environment plans them)
 grid.py      the 12 cluster settings of conf/sim/cluster_grid.yaml, the T/R and FGD sweeps, text tables
 """
 

@@ -87,10 +87,13 @@ class Seq:
     """A request inside an engine. ``done`` is lazy: generated = base + (replica steps since join)."""
 
     __slots__ = ("rid", "group", "index", "length", "prompt", "priority", "arrival", "order", "base",
-                 "joined_at_step", "running", "aborted", "preemptions")
+                 "joined_at_step", "running", "aborted", "preemptions", "cached", "turn")
 
-    def __init__(self, rid, group, index, length, prompt, priority, arrival, order):
+    def __init__(self, rid, group, index, length, prompt, priority, arrival, order, cached=0, turn=0):
         self.rid, self.group, self.index = rid, group, index
+        # prompt tokens already in the replica's prefix cache (a multi-turn trajectory's earlier context on the same
+        # replica): held in KV like the rest of the prompt, not prefilled again
+        self.cached, self.turn = cached, turn
         self.length, self.prompt, self.priority = length, prompt, priority
         self.arrival, self.order = arrival, order
         self.base = 0  # tokens generated before the current run in the batch (kept across preemption)
@@ -200,7 +203,7 @@ class Replica:
                 self.running[s.rid] = s
                 self.ctx_sum += need
                 budget -= need
-                prefill_tokens += need
+                prefill_tokens += need - min(s.cached, need)
                 heapq.heappush(self.finish_heap, (self.steps + s.length - s.base, s.rid))
         if not self.running:
             return None

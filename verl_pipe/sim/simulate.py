@@ -19,9 +19,10 @@ import numpy as np
 
 from verl_pipe.frontier import AdaptiveWindow, FCFSPolicy, FrontierPolicy, Request, resolve_window
 from verl_pipe.release import check_fill, dispatch_release_times
-from verl_pipe.rollout_core import Cancel, GroupEnded, HandOver, RolloutCore, Take
+from verl_pipe.rollout_core import Cancel, GroupEnded, HandOver, NextTurn, RolloutCore, Take
 from verl_pipe.sim.engine import EngineParams, Replica, Seq
 from verl_pipe.sim.trainer import MODES, TrainerParams, schedule
+from verl_pipe.sim.turns import Episodes
 from verl_pipe.variants import variant
 from verl_pipe.workload import Workload
 from verl_pipe.timeline import StepTimeline
@@ -57,20 +58,31 @@ def request_id(req: Request) -> str:
 
 
 def simulate_rollout(workload: Workload, engine: EngineParams, policy, num_replicas: int,
-                     trainable: list[bool] | None = None, client_s_per_request: float = 0.0) -> RolloutResult:
+                     trainable: list[bool] | None = None, client_s_per_request: float = 0.0,
+                     episodes: Episodes | None = None) -> RolloutResult:
     """Run the rollout of one step to its end; ``policy`` is an FCFSPolicy/FrontierPolicy over the replicas.
 
     ``client_s_per_request``: the driver's own time per request (submitting it, taking its response), on one
     thread, as the real driver is one asyncio loop (verl_pipe/rollout/stream.py): it wakes up, takes every response
     finished by then, one after the other, then submits what the policy admits, one after the other, and sleeps
     until the next response. Requests reach their replica when submitted; responses that finish while the driver
-    is busy wait for its next cycle. 0 (the default): an instantaneous driver."""
+    is busy wait for its next cycle. 0 (the default): an instantaneous driver.
+
+    ``episodes``: multi-turn trajectories (``verl_pipe.sim.turns``; ``workload`` is then ``episodes.workload(...)``):
+    each model turn is one engine request, a tool wait holds no engine or window slot (the policy's turn-aware
+    admission), the next turn goes to the same replica with its earlier context in the prefix cache (only the tool
+    message is prefilled). Turn events cost the driver nothing; a next turn's submission costs
+    ``client_s_per_request`` like a first turn's."""
     if engine.step_time(1, 0) <= 0:
         raise ValueError("engine step time must be positive")
     if client_s_per_request < 0:
         raise ValueError(f"client_s_per_request must be >= 0, got {client_s_per_request}")
     trainable = trainable or [True] * workload.num_groups
-    return _SimRollout(workload, engine, policy, num_replicas, trainable, float(client_s_per_request)).run()
+    if episodes is not None and (episodes.num_groups, episodes.n) != (workload.num_groups, workload.n):
+        raise ValueError(f"episodes cover {episodes.num_groups} groups x {episodes.n}, the workload "
+                         f"{workload.num_groups} x {workload.n}")
+    return _SimRollout(workload, engine, policy, num_replicas, trainable, float(client_s_per_request),
+                       episodes).run()
 
 
 class _SimRollout:
@@ -81,8 +93,11 @@ class _SimRollout:
     and with a driver cost (``c`` s per request) the requests' arrivals, the aborts and the driver's wake-ups."""
 
     def __init__(self, workload: Workload, engine: EngineParams, policy, num_replicas: int, trainable: list[bool],
-                 c: float):
+                 c: float, episodes: Episodes | None = None):
         self.workload, self.engine, self.policy, self.trainable, self.c = workload, engine, policy, trainable, c
+        self.episodes = episodes
+        self.turn_log: list[tuple] = []  # multi-turn: (t, group, index, turn, replica, priority) per model turn sent
+        self.admit_wanted = False  # multi-turn with a driver cost: a tool returned while the driver was busy
         self.core = RolloutCore(policy)
         self.reps = [Replica(r, engine) for r in range(num_replicas)]
         self.version = [0] * num_replicas
@@ -93,6 +108,7 @@ class _SimRollout:
         self.done_t: dict[int, float] = {}
         self.log: list[tuple[str, dict]] = []
         self.order = itertools.count()
+        self.rids = itertools.count()  # one per engine request (a multi-turn trajectory makes one per turn)
         self.ready: list[tuple[Seq, int]] = []  # generated, not yet taken by the (busy) driver
         self.driver_busy = False
 
@@ -105,7 +121,7 @@ class _SimRollout:
         else:
             self.admit(0.0)
         handlers = {"plan": self.on_plan, "arrive": self.on_arrive, "abort": self.on_abort,
-                    "driver": self.on_driver, "seg_end": self.on_segment_end}
+                    "driver": self.on_driver, "seg_end": self.on_segment_end, "tool": self.on_tool}
         while self.heap:
             t, _, _, kind, payload = heapq.heappop(self.heap)
             handlers[kind](payload, t)
@@ -154,6 +170,8 @@ class _SimRollout:
         for s in self.reps[r].finish_segment():
             if s.aborted:
                 continue
+            if self.episodes is not None and self.turn_ended(s, r, t):
+                continue
             if self.c:
                 self.ready.append((s, r))
             else:
@@ -167,19 +185,66 @@ class _SimRollout:
             self.plan_pending.add(r)
             self.push(t, _PLAN, "plan", r)
 
+    # --- multi-turn ----------------------------------------------------------------------------------------------
+    def turn_ended(self, s: Seq, r: int, t: float) -> bool:
+        """A model turn generated its last token. True: the trajectory goes on to its tool (a wait, then its next
+        turn or its end); False: it ended with this turn (its response is taken as a single-turn one)."""
+        turns, waits = self.episodes.segments(s.group, s.index)
+        if s.turn >= len(waits):
+            return False
+        self.do(self.core.turn_done(Request(s.group, s.index), r), t)
+        self.push(t + waits[s.turn], _EVENT, "tool", (s, r))
+        return True
+
+    def on_tool(self, payload: tuple[Seq, int], t: float) -> None:
+        s, r = payload
+        req = Request(s.group, s.index)
+        if self.seqs.get(req, (None,))[0] is not s or s.aborted:
+            return  # the trajectory was aborted meanwhile
+        if s.turn + 1 >= len(self.episodes.segments(s.group, s.index)[0]):  # it ends on its tool
+            if self.c:
+                self.ready.append((s, r))
+                if not self.driver_busy:
+                    self.driver_cycle(t)
+            else:
+                self.respond(s, r, t)
+                self.admit(t)
+            return
+        self.do(self.core.tool_done(req, r), t)
+        if not self.c:
+            self.admit(t)
+        elif self.driver_busy:
+            self.admit_wanted = True
+        else:
+            self.driver_cycle(t)
+
+    def next_turn_seq(self, adm, t: float) -> Seq:
+        req = adm.request
+        g, i, k = req.group, req.index, adm.turn
+        ctx = self.workload.prompt_len + self.episodes.context_before(g, i, k)
+        cached = ctx - self.episodes.tool_tokens  # the earlier context, on this replica's prefix cache
+        return Seq(next(self.rids), g, i, self.episodes.turns[g][i][k], ctx, adm.priority, t, next(self.order),
+                   cached=cached, turn=k)
+
     # --- the driver --------------------------------------------------------------------------------------------
     def admit(self, t: float) -> float:
         """Submits what the core admits, from t on; returns when the driver is done submitting."""
         touched = set()
+        self.admit_wanted = False
         for act in self.core.admit():
             adm = act.admission
             req, r = adm.request, adm.replica
             g, i = req.group, req.index
             t += self.c
-            s = Seq(len(self.seqs), g, i, self.workload.lengths[g][i], self.workload.prompt_len, adm.priority, t,
-                    next(self.order))
+            if isinstance(act, NextTurn):
+                s = self.next_turn_seq(adm, t)
+            else:
+                length = self.episodes.turns[g][i][0] if self.episodes else self.workload.lengths[g][i]
+                s = Seq(next(self.rids), g, i, length, self.workload.prompt_len, adm.priority, t, next(self.order))
+                self.log.append(("request_submitted", dict(request_id=request_id(req), group=g, replica=r, t=t)))
             self.seqs[req] = (s, r)
-            self.log.append(("request_submitted", dict(request_id=request_id(req), group=g, replica=r, t=t)))
+            if self.episodes is not None:
+                self.turn_log.append((t, g, i, adm.turn, r, adm.priority))
             if self.c:
                 self.push(t, _EVENT, "arrive", (s, r))
                 continue
@@ -199,7 +264,7 @@ class _SimRollout:
             if isinstance(act, Take):
                 q = act.request
                 self.log.append(("response_done", dict(request_id=request_id(q), group=q.group,
-                                                       num_tokens=self.seqs[q][0].length, t=t)))
+                                                       num_tokens=self.workload.lengths[q.group][q.index], t=t)))
             elif isinstance(act, HandOver):
                 self.done_t[act.group] = t
                 self.do(self.core.handed_over(act.group, self.trainable[act.group]), t)
@@ -229,7 +294,7 @@ class _SimRollout:
         self.push(self.admit(t), _EVENT, "driver", None)
 
     def on_driver(self, _payload, t: float) -> None:
-        if self.ready:
+        if self.ready or self.admit_wanted:
             self.driver_cycle(t)
         else:
             self.driver_busy = False
@@ -241,6 +306,7 @@ class _SimRollout:
         if policy.pending_count or (self.core.inflight_count() and not self.core.batch_full):
             raise RuntimeError("rollout ended with work left: the engine model stalled")
         stats = dict(policy.stats(), preemptions=sum(rep.num_preemptions for rep in reps),
+                     **({"turn_log": self.turn_log} if self.episodes is not None else {}),
                      replica_busy_s=[rep.busy_s for rep in reps], peak_kv_tokens=[rep.peak_kv for rep in reps])
         # the rollout ends with its last response or abort (an aborted request's leftover steps do not count)
         rollout_end = max((kw["t"] for m, kw in self.log if m in ("response_done", "request_aborted")), default=0.0)
@@ -263,7 +329,8 @@ def make_policy(kind: str, workload: Workload, num_replicas: int, groups_per_uni
 def rollout_for_mode(mode: str, workload: Workload, engine: EngineParams, num_replicas: int, groups_per_unit: int,
                      window: int | str | AdaptiveWindow | None, order: str = "group_major",
                      frontier: dict | None = None, target_groups: int | None = None,
-                     trainable: list[bool] | None = None, client_s_per_request: float = 0.0) -> RolloutResult:
+                     trainable: list[bool] | None = None, client_s_per_request: float = 0.0,
+                     episodes: Episodes | None = None) -> RolloutResult:
     """FGD modes use the FrontierPolicy and vLLM's priority scheduling (its priorities are group ranks);
     every other mode uses the stock FCFS dispatch with the engine as configured (verl default: fcfs).
     A window given as ``rolloutpipe.fgd.window`` spells it ("adaptive", "auto") is resolved as the trainer
@@ -275,7 +342,7 @@ def rollout_for_mode(mode: str, workload: Workload, engine: EngineParams, num_re
                          target_groups, order, frontier)
     if fgd:
         engine = engine.with_(scheduling_policy="priority")
-    return simulate_rollout(workload, engine, policy, num_replicas, trainable, client_s_per_request)
+    return simulate_rollout(workload, engine, policy, num_replicas, trainable, client_s_per_request, episodes)
 
 
 def timeline_for(rollout: RolloutResult, workload: Workload, trainer: TrainerParams, mode: str,
@@ -301,7 +368,7 @@ def simulate_step(workload: Workload, engine_params: EngineParams, trainer_param
                   *, groups_per_unit: int = 32, order: str = "group_major", granularity: str = "minibatch",
                   weight_sync_s: float = 0.5, target_groups: int | None = None,
                   trainable_prob: float = 1.0, client_s_per_request: float = 0.0,
-                  unit_fill: str = "completion") -> StepTimeline:
+                  unit_fill: str = "completion", episodes: Episodes | None = None) -> StepTimeline:
     """One step in ``mode`` (sync, cgp, cgp_group, cgp_fgd, verl_separate_async) -> its StepTimeline.
 
     ``window``: per-replica client admission window (None: submit everything at once; for cgp_fgd also
@@ -309,7 +376,8 @@ def simulate_step(workload: Workload, engine_params: EngineParams, trainer_param
     serial time per request (``simulate_rollout``). ``frontier``:
     FrontierPolicy kwargs for cgp_fgd; ``granularity`` ("minibatch" | "group") is its trainer granularity.
     ``seed`` draws which groups are trainable when ``trainable_prob`` < 1 (DAPO-style filtering). ``unit_fill``:
-    rolloutpipe.cgp.unit_fill (the simulator's default is the paper's completion fill).
+    rolloutpipe.cgp.unit_fill (the simulator's default is the paper's completion fill). ``episodes``: multi-turn
+    trajectories (``simulate_rollout``); ``workload`` must then be ``episodes.workload(prompt_len)``.
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
@@ -317,6 +385,7 @@ def simulate_step(workload: Workload, engine_params: EngineParams, trainer_param
     if target_groups is None and trainable_prob >= 1.0:
         target_groups = workload.num_groups
     rollout = rollout_for_mode(mode, workload, engine_params, num_replicas, groups_per_unit, window, order,
-                               frontier, target_groups or workload.num_groups, trainable, client_s_per_request)
+                               frontier, target_groups or workload.num_groups, trainable, client_s_per_request,
+                               episodes)
     return timeline_for(rollout, workload, trainer_params, mode, groups_per_unit, weight_sync_s, granularity,
                         unit_fill=unit_fill)
