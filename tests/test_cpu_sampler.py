@@ -7,7 +7,8 @@ import time
 import pytest
 
 from verl_pipe.bench.cpu_sampler import (DRIVER, SamplerProcess, descendants, format_overlap, interval_cores,
-                                         load_samples, overlap_cores, parse_stat, read_procs, snapshot)
+                                         load_samples, overlap_cores, parse_stat, read_procs, snapshot,
+                                         step_cpu_seconds)
 
 
 def stat_line(pid, comm, ppid, utime, stime, start):
@@ -91,6 +92,12 @@ def test_overlap_counts_only_intervals_where_trainer_and_engine_are_both_busy():
     only_third = overlap_cores(s, windows=[(2.0, 3.5)], clk_tck=100)
     assert only_third["intervals"] == 1 and only_third["cores"][DRIVER] == pytest.approx(0.5)
     assert overlap_cores(s, clk_tck=100, busy_cores=0.95)["cores"] == {}
+    # CPU-s per window over the whole window, busy or not; an interval counts by its share inside the window
+    assert only_third["cpu_s_per_step"] == pytest.approx({"VLLM::Worker": 0.8, "ray::WorkerDict": 1.1,
+                                                          DRIVER: 0.5, "VLLM::EngineCore": 0.2})
+    assert only_third["orchestration_cpu_s_per_step"] == pytest.approx(0.5)
+    two = step_cpu_seconds(s, [(0.0, 1.0), (1.0, 2.0)], clk_tck=100)
+    assert two == pytest.approx({"VLLM::Worker": 0.95, DRIVER: 0.4, "ray::WorkerDict": 0.4, "raylet": 0.05})
     table = format_overlap({"cgp": r, "sync": overlap_cores(s[:2], clk_tck=100)})
     assert "VLLM::Worker" in table and "cgp" in table and "sync" not in table.splitlines()[1]
     assert "orchestration" in table

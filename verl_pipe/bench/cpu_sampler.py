@@ -142,8 +142,30 @@ def overlap_cores(samples: list[dict], windows: list[tuple[float, float]] | None
         n += 1
     mean = {k: v / seconds for k, v in sorted(total.items(), key=lambda kv: -kv[1])} if seconds else {}
     side = set(trainer_kinds) | set(engine_kinds)
-    return {"intervals": n, "seconds": seconds, "cores": mean,
-            "orchestration_cores": sum(v for k, v in mean.items() if k not in side)}
+    out = {"intervals": n, "seconds": seconds, "cores": mean,
+           "orchestration_cores": sum(v for k, v in mean.items() if k not in side)}
+    if windows:
+        per_step = step_cpu_seconds(samples, windows, clk_tck)
+        out["cpu_s_per_step"] = per_step
+        out["orchestration_cpu_s_per_step"] = sum(v for k, v in per_step.items() if k not in side)
+    return out
+
+
+def step_cpu_seconds(samples: list[dict], windows: list[tuple[float, float]], clk_tck: float | None = None
+                     ) -> dict[str, float]:
+    """CPU-seconds per kind per window (e.g. per step), over the whole windows, busy or not: each interval's CPU
+    counts by the share of it that lies inside a window. Unlike cores during the overlap, this does not depend on
+    what else runs on the host: it is the work each kind does for a step."""
+    clk_tck = clk_tck or os.sysconf("SC_CLK_TCK")
+    total: dict[str, float] = {}
+    for a, b in zip(samples, samples[1:]):
+        dt = b["t"] - a["t"]
+        inside = sum(max(0.0, min(e, b["t"]) - max(s, a["t"])) for s, e in windows)
+        if dt <= 0 or inside <= 0:
+            continue
+        for k, v in interval_cores(a, b, clk_tck).items():
+            total[k] = total.get(k, 0.0) + v * inside
+    return {k: v / len(windows) for k, v in sorted(total.items(), key=lambda kv: -kv[1])}
 
 
 def format_overlap(per_mode: dict[str, dict], top: int = 8) -> str:
@@ -167,6 +189,9 @@ def format_overlap(per_mode: dict[str, dict], top: int = 8) -> str:
     lines.append(f"{'orchestration (not trainer/engine)':<32}"
                  + "".join(f"{per_mode[m]['orchestration_cores']:>12.2f}" for m in modes))
     lines.append(f"{'seconds of overlap sampled':<32}" + "".join(f"{per_mode[m]['seconds']:>12.0f}" for m in modes))
+    if all("orchestration_cpu_s_per_step" in per_mode[m] for m in modes):
+        lines.append(f"{'orchestration CPU-s per step':<32}"
+                     + "".join(f"{per_mode[m]['orchestration_cpu_s_per_step']:>12.2f}" for m in modes))
     return "\n".join(lines)
 
 
