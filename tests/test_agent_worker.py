@@ -7,6 +7,7 @@ import inspect
 
 import hydra
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker, DictConfigWrap, ToolListWrap, _agent_loop_registry
@@ -82,7 +83,7 @@ def test_run_agent_loop_runs_the_loop_and_postprocesses(registered):
     out = asyncio.run(worker()._run_agent_loop({"temperature": 1.0}, {"step": 1, "sample_index": 0, "rollout_n": 2,
                                                                        "validate": False},
                                                agent_name=registered, trace=False, raw_prompt=["p"], priority=3))
-    assert out["sampling_params"] == {"temperature": 1.0}
+    assert out["sampling_params"] == {"temperature": 1.0, "detokenize": False}  # vLLM detokenizes nothing
     assert out["kwargs"] == {"raw_prompt": ["p"], "priority": 3} and out["validate"] is False
     assert out["built_with"]["hf_model_type"] == "qwen3"
     with pytest.raises(AssertionError, match="not registered"):
@@ -91,8 +92,53 @@ def test_run_agent_loop_runs_the_loop_and_postprocesses(registered):
 
 
 def test_the_copied_method_matches_the_installed_verl():
-    """_run_agent_loop is verl's method with one line changed: a verl whose method differs needs a look."""
+    """_run_agent_loop is verl's method with two lines changed: a verl whose method differs needs a look."""
     src = inspect.getsource(AgentLoopWorker._run_agent_loop)
     assert hashlib.sha256(src.encode()).hexdigest() == VERL_RUN_AGENT_LOOP_SHA256, (
         "verl's AgentLoopWorker._run_agent_loop changed: compare it with "
         "verl_pipe/rollout/agent_worker.py's copy, then update VERL_RUN_AGENT_LOOP_SHA256")
+
+
+@pytest.mark.parametrize("tokens", [[5], [7, 8, 9], list(range(3, 19)), list(range(3, 25))])
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("mask", [True, False])
+def test_pad_token_ids_equals_verls_tokenizer_pad(tokens, side, mask):
+    """The torch padding gives exactly what verl's tokenizer.pad path gives (values, dtype, shape, keys), also when
+    the list is longer than max_length (no truncation), with the project's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from verl_pipe.assets import ensure_assets
+
+    tok = AutoTokenizer.from_pretrained(str(ensure_assets().tokenizer_dir))
+    assert tok.pad_token_id is not None
+    w = worker()
+    w.tokenizer = tok
+    ours = w._pad_token_ids(tokens, max_length=16, padding_side=side, return_attention_mask=mask)
+    theirs = AgentLoopWorker._pad_token_ids(w, tokens, max_length=16, padding_side=side, return_attention_mask=mask)
+    assert set(ours) == set(theirs)
+    for k in theirs:
+        assert ours[k].dtype == theirs[k].dtype and ours[k].shape == theirs[k].shape and torch.equal(ours[k], theirs[k])
+    assert tok.padding_side == side
+
+
+def test_pad_token_ids_without_pad_token_is_verls():
+    class NoPad:
+        pad_token_id = None
+
+    w = worker()
+    w.tokenizer = NoPad()
+    empty = w._pad_token_ids([], max_length=4, padding_side="left", return_attention_mask=True)
+    assert torch.equal(empty["input_ids"], torch.zeros((1, 4), dtype=torch.long))
+    with pytest.raises(AttributeError):  # verl's path: tokenizer.pad, which this stand-in lacks
+        w._pad_token_ids([1, 2], max_length=4, padding_side="left", return_attention_mask=True)
+
+
+def test_detokenization_off_unless_chosen_or_needed():
+    from verl_pipe.rollout.agent_worker import without_detokenization
+
+    sp = {"temperature": 1.0, "max_tokens": 5}
+    assert without_detokenization(sp) == {"temperature": 1.0, "max_tokens": 5, "detokenize": False}
+    assert sp == {"temperature": 1.0, "max_tokens": 5}  # the caller's dict (maybe shared by a batch) untouched
+    assert without_detokenization({"detokenize": True}) == {"detokenize": True}
+    assert "detokenize" not in without_detokenization({"stop": ["\n\n"]})
+    assert without_detokenization({"stop": []}) == {"stop": [], "detokenize": False}

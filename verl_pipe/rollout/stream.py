@@ -101,11 +101,6 @@ class StreamingRollout:
             top_k=rollout_cfg.top_k,
             repetition_penalty=1.0,
             logprobs=rollout_cfg.calculate_log_probs,
-            # verl passes the request's sampling params through to vLLM's SamplingParams (the seam used here) and
-            # keeps only the token ids of vLLM's output: its incremental detokenization of every generated token in
-            # the server actor's output processor is work nobody reads. Stop strings need it: _one turns it back on
-            # for a request that has them.
-            detokenize=False,
         )
         self.default_agent = rollout_cfg.agent.default_agent_loop
         self._loop = asyncio.new_event_loop()
@@ -155,8 +150,6 @@ class StreamingRollout:
         sampling_params = dict(self.sampling_params)
         if req.sampling_overrides is not None:
             sampling_params.update(req.sampling_overrides(group, index))
-        if sampling_params.get("stop"):  # vLLM matches stop strings on the detokenized text
-            sampling_params["detokenize"] = True
         sample_index = kwargs.get("index", group)
         trajectory = {"step": req.step, "sample_index": sample_index, "rollout_n": index, "validate": False}
         coro = self.worker._run_agent_loop(sampling_params, trajectory, trace=False, **kwargs)
