@@ -188,8 +188,9 @@ def test_tiny_multiturn_selects_the_agent_loop_and_its_environment(configs):
 
 
 def test_single_turn_recipes_keep_verls_agent_loop(configs):
+    multi_turn = ("tiny_cpu_multiturn_cgp_fgd", "qwen3_1p7b_tool_calc_4x4")  # the latter: tests/test_tool_recipe.py
     for name, cfg in configs.items():
-        if name != "tiny_cpu_multiturn_cgp_fgd":
+        if name not in multi_turn:
             assert cfg.rolloutpipe.multiturn is None
             assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "single_turn_agent"
             assert cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path is None
