@@ -117,3 +117,9 @@ def test_episodes_are_checked():
     with pytest.raises(ValueError, match="episodes cover"):
         simulate_rollout(Episodes(turns=[[(1,)], [(1,)]], tool_s=[[()], [()]]).workload(1), FLAT,
                          FCFSPolicy(2, 1, 1, 2, [0]), 1, episodes=eps)
+
+
+def test_with_a_driver_cost_a_tool_wait_still_frees_the_slot():
+    eps = Episodes(turns=[[(10, 10)], [(50,)]], tool_s=[[(1.0,)], [()]])
+    res = _run(eps, FrontierPolicy(2, 1, 1, 2, [0], window=1), c=0.001)
+    assert res.rollout_end == pytest.approx(0.1 + 1.0 + 0.1, abs=0.01), "group 1 ran inside group 0's tool wait"

@@ -194,6 +194,11 @@ class _SimRollout:
             return False
         self.do(self.core.turn_done(Request(s.group, s.index), r), t)
         self.push(t + waits[s.turn], _EVENT, "tool", (s, r))
+        if self.c:  # its freed slot is refilled at the driver's next cycle (at once without a driver cost)
+            if self.driver_busy:
+                self.admit_wanted = True
+            else:
+                self.driver_cycle(t)
         return True
 
     def on_tool(self, payload: tuple[Seq, int], t: float) -> None:
