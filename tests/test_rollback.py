@@ -101,3 +101,12 @@ def test_the_trainer_module_still_exports_the_error():
     from verl_pipe import trainer
 
     assert trainer.StepFailedError is StepFailedError
+
+
+def test_a_failing_save_after_training_names_the_latest_checkpoint():
+    """Only the weight sync failed, and saving the trained step fails too (the trainer's node is gone): the error
+    says so and where the latest checkpoint is, instead of the save's bare error."""
+    t = Trainer(saved=True, stepped=True, save_error=ConnectionError("the trainer's node is gone"))
+    msg = _fail(t, trained=True)
+    assert "after training" in msg and "saving it failed too (ConnectionError: the trainer's node is gone)" in msg
+    assert "resume from the latest checkpoint in /ckpt" in msg and t.saved_checkpoints == []

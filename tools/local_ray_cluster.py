@@ -137,15 +137,17 @@ class LocalRayCluster:
             time.sleep(0.5)
         raise TimeoutError(f"ray nodes {names} not alive within {timeout_s:.0f}s (logs in {self.root})")
 
-    def start(self) -> "LocalRayCluster":
-        """The head, then the other nodes together."""
+    def start(self, names=None) -> "LocalRayCluster":
+        """The head, then the other nodes together: all of them, or those of ``names`` (the others are spares, for
+        ``start_node`` later: a node that joins a running cluster)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        names = list(self.nodes)
+        head = list(self.nodes)[0]
+        names = [n for n in (names or self.nodes) if n != head]
         try:
-            self.start_node(names[0])
-            for name in names[1:]:
+            self.start_node(head)
+            for name in names:
                 self.spawn_node(name)
-            self.wait_alive(names[1:])
+            self.wait_alive(names)
         except BaseException:
             self.stop()
             raise

@@ -13,8 +13,8 @@ policy, ``verl.experimental.separation.utils.create_resource_pool_manager``) and
 rollout replica's pool, ``RolloutReplica.init_standalone``, which also runs for a replica restarted after a failure).
 A cluster without the resources places the pools as verl does (anywhere their GPUs fit). With them, verl's
 agent-loop and reward-loop workers (which verl spreads round-robin over every node with CPUs) are kept on the nodes
-without a role resource (``_RayWithoutRoleNodes``), so a lost rollout node does not take them along; other actors go
-where Ray schedules them.
+without a role resource (``_RayWithoutRoleNodes``), so a lost rollout node does not take them along; the launcher's
+TaskRunner goes on the launcher's node (``on_this_node``); other actors go where Ray schedules them.
 
 ``pool_nodes`` reads where each pool's placement groups landed: the step record's ``nodes``.
 """
@@ -118,6 +118,16 @@ def _keep_loop_workers_off_role_nodes() -> None:
             continue
         if getattr(mod, "ray", None) is ray:
             mod.ray = _RayWithoutRoleNodes(ray)
+
+
+def on_this_node():
+    """A scheduling strategy for an actor on the calling process's node (soft: another node if this one has no room
+    for it). The launcher's TaskRunner goes there: on a cluster with role nodes Ray may otherwise place it on a rollout
+    or trainer node, whose loss would end the run, and away from the launcher's /tmp (its stop file)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True)
 
 
 def pool_nodes(trainer) -> dict[str, list[str]]:

@@ -49,7 +49,12 @@ def fail_step(seam: TrainerSeam, exc: Exception, trained: bool, step: int, data_
         raise StepFailedError(f"step {step} failed: {describe(exc)} "
                               f"(no checkpoint written: rolloutpipe.fault.checkpoint_on_failure=false)") from exc
     if trained:  # only the weight sync failed: the trainer holds a complete step k
-        seam.save_checkpoint(step, seam.loader_state())
+        try:
+            seam.save_checkpoint(step, seam.loader_state())
+        except Exception as save_error:  # e.g. the trainer's workers are gone too (their node was lost)
+            raise StepFailedError(f"step {step} failed after training: {describe(exc)}; saving it failed too "
+                                  f"({type(save_error).__name__}: {save_error}); resume from the latest "
+                                  f"checkpoint in {where}, if any") from exc
         raise StepFailedError(f"step {step} failed after training: {describe(exc)}. Saved "
                               f"{os.path.join(str(where), f'global_step_{step}')}; run again with "
                               f"trainer.resume_mode=auto to go on at step {step + 1}") from exc

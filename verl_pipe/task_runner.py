@@ -9,9 +9,10 @@ import ray
 
 @ray.remote(num_cpus=1)
 class PipeTaskRunner:
-    def run(self, config, stop_file: str | None = None) -> dict:
+    def run(self, config, stop_file: str | None = None, stop_key: str | None = None) -> dict:
         t0 = time.perf_counter()
         trainer = build_trainer(config, stop_file=stop_file)  # the launcher's stop request (RunLoop.stop_requested)
+        trainer.stop_key = stop_key  # the same request through the cluster's GCS (verl_pipe/stop_request.py)
         trainer.init_workers()
         startup_s = time.perf_counter() - t0
         print(f"[verl_pipe] workers ready in {startup_s:.1f}s", flush=True)

@@ -1,18 +1,27 @@
-"""Beyond one machine: a real multi-node Ray cluster (tools/local_ray_cluster.py: a head, two rollout nodes and a
-trainer node, each its own raylet, object store and process group), the stack attached to it with
-``ray.init(address=...)`` as a user's cluster run does, each rollout replica on a rollout node and the trainer pool on
-the trainer node (verl_pipe/node_roles.py), the weights synced across nodes (``ray_store``: between the object stores
-of two nodes), and rollout nodes lost mid-rollout (a node's whole process group SIGKILLed: raylet, object store, vLLM
-server and engine at once): the first one with the other rollout node left (the run goes on), then the last one (the
-step rolls back and checkpoints). Then the launcher, attached to the same cluster, is stopped by SIGTERM: its actors
-end on every node, the cluster stays up. Real Ray, real vLLM, real verl workers.
+"""Beyond one machine: a real multi-node Ray cluster (tools/local_ray_cluster.py: a head, rollout nodes and a trainer
+node, each its own raylet, object store and process group), the stack attached to it with ``ray.init(address=...)``
+as a user's cluster run does, each rollout replica on a rollout node and the trainer pool on the trainer node
+(verl_pipe/node_roles.py), the weights synced across nodes (``ray_store``: between the object stores of two nodes,
+through a channel pinned to the trainer's node), and nodes lost (a node's whole process group SIGKILLed: raylet,
+object store, vLLM server and engine at once):
 
-Bounded: one cluster and one live stack for the module, plus one launcher run (times: docs/reliability.md). About 3.5 min.
+1. one live stack (``PipeSession``): a rollout node lost mid-rollout with restarts on and a spare rollout node (the
+   replica comes back there), one lost between steps with restarts off (the next step runs on the survivor), the
+   last one lost mid-rollout (the step rolls back and checkpoints);
+2. a launcher (``python -m verl_pipe.main_grpo``) attached to the cluster resumes that checkpoint and loses the
+   trainer's node: it stops with the error, the last checkpoint intact, nothing of the run left on the other nodes;
+3. a second launcher resumes that one and is stopped from another process through the cluster (``python -m
+   verl_pipe.stop_request``, no stop file): it ends after its step, the cluster stays up.
+
+Every case asserts its groups trained once (or, across the launchers, that no step was lost or trained twice).
+Real Ray, real vLLM, real verl workers. Bounded: one cluster for the module, one session, two launchers (times:
+docs/reliability.md).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import signal
@@ -29,19 +38,21 @@ from omegaconf import open_dict
 
 from tests.e2e.conftest import E2E_OVERRIDES, KillAtFirstUnit, assert_every_group_once_at
 
-# Part of `make test` (3 min 31-36 s in its two full runs here); VERL_PIPE_MULTINODE=0 skips it.
+# Part of `make test`; VERL_PIPE_MULTINODE=0 skips it.
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(os.environ.get("VERL_PIPE_MULTINODE") == "0", reason="VERL_PIPE_MULTINODE=0")]
 
 ROOT = Path(__file__).resolve().parents[2]
 N, GROUPS = 4, 8
 SHORT, LONG = 4, 128  # unit 0's groups short, the others long: still in flight when the node is lost
+SPARE = "rollout_c"  # joins the running cluster before the restart case
 
 MN_OVERRIDES = E2E_OVERRIDES + [
     f"data.max_response_length={LONG}",
     "actor_rollout_ref.rollout.max_model_len=256",
     "trainer.save_freq=-1",
 ]
+STATE: dict = {}  # what a later test of the module goes on from: the checkpoint dir, the failed step and its data
 
 
 def _load_cluster_tool():
@@ -66,15 +77,16 @@ def _free_base_port(start: int = 6390) -> int:
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A head, two rollout nodes (one replica each) and a trainer node."""
+    """A head, two rollout nodes (one replica each), a trainer node; a third rollout node is a spare that joins
+    later."""
     tool = _load_cluster_tool()
-    nodes = (tool.NodeSpec("head", num_cpus=32),
-             tool.NodeSpec("rollout_a", num_cpus=16, num_gpus=1, resources={tool.ROLLOUT_RESOURCE: 1}),
-             tool.NodeSpec("rollout_b", num_cpus=16, num_gpus=1, resources={tool.ROLLOUT_RESOURCE: 1}),
+    rollout = dict(num_cpus=16, num_gpus=1, resources={tool.ROLLOUT_RESOURCE: 1})
+    nodes = (tool.NodeSpec("head", num_cpus=32), tool.NodeSpec("rollout_a", **rollout),
+             tool.NodeSpec("rollout_b", **rollout), tool.NodeSpec(SPARE, **rollout),
              tool.NodeSpec("trainer", num_cpus=16, num_gpus=1, resources={tool.TRAINER_RESOURCE: 1}))
     c = tool.LocalRayCluster(port=_free_base_port(int(os.environ.get("VERL_PIPE_MN_PORT", "6390"))), nodes=nodes)
     t0 = time.perf_counter()
-    c.start()
+    c.start([n.name for n in nodes if n.name != SPARE])
     c.start_s = time.perf_counter() - t0
     print(f"\n[multinode] cluster up at {c.address} in {c.start_s:.1f}s: {c.node_ids}")
     yield c
@@ -90,6 +102,16 @@ def _lengths(group: int, index: int) -> dict:
 
 def _node_of(handle) -> str:
     return ray.get(handle.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()), timeout=60)
+
+
+def _channel_node() -> str:
+    """The node of the run's ray_store weight channel (verl_pipe/platform/ray_store_engine.py)."""
+    from verl_pipe.platform.ray_store_engine import _CHANNEL_NAMESPACE
+
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+             if a["namespace"] == _CHANNEL_NAMESPACE and a["name"].startswith("weights-")]
+    assert len(names) == 1, names
+    return ray.get(ray.get_actor(names[0], namespace=_CHANNEL_NAMESPACE).node_id.remote(), timeout=60)
 
 
 def _rollout_gap(batch) -> float:
@@ -125,16 +147,137 @@ def _wait_marked_dead(cluster, name: str, since: float, timeout_s: float = 60.0)
     return time.perf_counter() - since
 
 
-def test_pools_on_their_nodes_steps_across_nodes_and_rollout_nodes_lost(cluster, tmp_path_factory):
-    from verl_pipe.session import PipeSession, compose
+def _set_restarts(trainer, on: bool) -> None:
+    with open_dict(trainer.config.rolloutpipe.fault):
+        trainer.config.rolloutpipe.fault.replica_restart = on
+    trainer.rollout.supervisor.restart_enabled = on
+
+
+def _replica_nodes(trainer, name_of) -> dict[int, str]:
+    """{live replica: the name of its server's node}."""
+    handles = trainer.llm_server_manager.server_handles
+    return {i: name_of[_node_of(handles[i])] for i in trainer.rollout.live_replicas()}
+
+
+def _steps_across_nodes(session, cluster, name_of) -> dict:
+    """sync, then CGP + FGD twice: every step trains each group once at its version, the weights crossing nodes
+    through a channel on the trainer's node."""
+    trainer, nodes = session.trainer, cluster.node_ids
+    replica_nodes = [_node_of(h) for h in trainer.llm_server_manager.server_handles]
+    assert sorted(name_of[n] for n in replica_nodes) == ["rollout_a", "rollout_b"]
+    times = {}
+    for mode, fgd in (("sync", False), ("cgp", True), ("cgp", True)):
+        version = trainer.global_steps - 1
+        t = time.perf_counter()
+        rec = session.step(mode=mode, fgd=fgd, sampling_overrides=_lengths)
+        times.setdefault(f"{mode}{'+fgd' if fgd else ''}", []).append(round(time.perf_counter() - t, 1))
+        assert rec["nodes"] == {"trainer": [nodes["trainer"]], "rollout": replica_nodes}, rec.get("nodes")
+        assert_every_group_once_at(rec, trainer.last_outcome.batch, GROUPS, N, version)
+        sync_s = rec["timeline"]["weight_sync_s"]
+        assert sync_s > 0
+        times.setdefault("weight_sync", []).append(round(sync_s, 2))
+        if version >= 1:  # the replicas generated with θ_k that came across from the trainer's node
+            gap = _rollout_gap(trainer.last_outcome.batch)
+            assert gap < 1e-3, f"vLLM's log-probs differ from the trainer's θ_k by {gap}"
+    channel = name_of[_channel_node()]
+    print(f"[multinode] steps {times} s; the weight channel on the {channel} node")
+    assert channel == "trainer", "the ray_store channel is pinned to the trainer's node"
+    return times
+
+
+def _restart_onto_spare(session, cluster, name_of, times) -> None:
+    """Restarts on, a spare rollout node joined: a rollout node lost mid-rollout. Its requests go to the other
+    replica at once; the replica is restarted on the spare node (the only rollout node with a free GPU) with θ_k
+    while the step goes on, and the next step runs on both with θ_{k+1}."""
+    trainer = session.trainer
+    t = time.perf_counter()
+    name_of[cluster.start_node(SPARE)] = SPARE
+    print(f"[multinode] spare node {SPARE} joined in {time.perf_counter() - t:.1f}s")
+    _set_restarts(trainer, True)
+    trainer.rollout.supervisor.timeout_s = 300
+    version = trainer.global_steps - 1
+    kill = KillNodeAtFirstUnit(trainer, cluster, _replica_nodes(trainer, name_of))
+    t = time.perf_counter()
+    rec = session.step(mode="cgp", fgd=False, sampling_overrides=_lengths, backend_cls=kill.backend_cls)
+    step_s, m = time.perf_counter() - t, rec["metrics"]
+    where = _replica_nodes(trainer, name_of)
+    print(f"[multinode] {kill.node} lost with {kill.inflight_at_kill} requests in flight, restarts on: "
+          f"{m['rolloutpipe/requeued_requests']} requeued, replica {kill.replica} back on {where[kill.replica]} "
+          f"{m.get('rolloutpipe/replica_recovery_s', float('nan')):.1f}s after its death was noticed; the step took "
+          f"{step_s:.1f}s (normal cgp steps: {times['cgp+fgd']} s)")
+    assert kill.inflight_at_kill, "the long groups must still be in flight when the node goes"
+    assert m["rolloutpipe/replica_failures"] == 1 and m["rolloutpipe/replica_restarts"] == 1
+    assert m["rolloutpipe/requeued_requests"] > 0
+    assert_every_group_once_at(rec, trainer.last_outcome.batch, GROUPS, N, version)
+    assert where[kill.replica] == SPARE and sorted(where.values()) == sorted({*where.values()}), where
+    rec = session.step(mode="cgp", fgd=True, sampling_overrides=_lengths)
+    assert rec["metrics"]["rolloutpipe/replica_failures"] == 0
+    assert sorted(name_of[n] for n in rec["nodes"]["rollout"]) == sorted(where.values())
+    assert_every_group_once_at(rec, trainer.last_outcome.batch, GROUPS, N, version + 1)
+    assert _rollout_gap(trainer.last_outcome.batch) < 1e-3, "both replicas got θ_{k+1}, the restarted one too"
+
+
+def _lost_between_steps(session, cluster, name_of) -> int:
+    """Restarts off: a rollout node lost between steps, on purpose. The next step's health probe finds its replica
+    dead before admitting anything, retires it, and the step runs on the survivor. Returns the survivor."""
+    trainer = session.trainer
+    _set_restarts(trainer, False)
+    where = _replica_nodes(trainer, name_of)
+    lost, survivor = sorted(where)
+    t_kill = time.perf_counter()
+    cluster.kill_node(where[lost])
+    version = trainer.global_steps - 1
+    t = time.perf_counter()
+    rec = session.step(mode="cgp", fgd=True, sampling_overrides=_lengths)
+    step_s, m = time.perf_counter() - t, rec["metrics"]
+    print(f"[multinode] {where[lost]} lost between steps ({t - t_kill:.1f}s to kill): the next step found it dead "
+          f"at its start and ran on {where[survivor]} in {step_s:.1f}s")
+    assert m["rolloutpipe/replica_deaths_found/step_start"] == 1 and m["rolloutpipe/replica_failures"] == 1
+    assert m["rolloutpipe/requeued_requests"] == 0, "found before any request went to it"
+    assert trainer.rollout.live_replicas() == [survivor]
+    assert [name_of[n] for n in rec["nodes"]["rollout"]] == [where[survivor]]
+    assert_every_group_once_at(rec, trainer.last_outcome.batch, GROUPS, N, version)
+    return survivor
+
+
+def _last_rollout_node_lost(session, cluster, name_of, survivor: int, ckpt: Path) -> str:
+    """The last rollout node lost mid-rollout: the step fails, rolls back to θ_k and checkpoints (its data too: the
+    launcher below resumes it). Returns the node's name."""
     from verl_pipe.trainer import StepFailedError
+
+    trainer = session.trainer
+    step = trainer.global_steps
+    theta_k = session.actor_state()
+    batch_dict = next(session._batches)
+    node = _replica_nodes(trainer, name_of)[survivor]
+    kill = KillNodeAtFirstUnit(trainer, cluster, {survivor: node})
+    with pytest.raises(StepFailedError, match="no replica is left") as err:
+        session.step(mode="cgp", fgd=False, batch_dict=batch_dict, sampling_overrides=_lengths,
+                     backend_cls=kill.backend_cls)
+    stop_s = time.perf_counter() - kill.killed_at
+    print(f"[multinode] {node} (the last rollout node) lost with {kill.inflight_at_kill} requests in flight; "
+          f"the step failed {stop_s:.1f}s later: {err.value}")
+    assert kill.inflight_at_kill, "the long groups must still be in flight when the node goes"
+    assert "resume_mode=auto" in str(err.value)
+    after = session.actor_state()
+    assert all(torch.equal(theta_k[k], after[k]) for k in theta_k), "rolled back to θ_k"
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == str(step - 1)
+    assert (ckpt / f"global_step_{step - 1}" / "data.pt").exists()
+    assert trainer.global_steps == step, "the failed step does not count"
+    STATE.update(ckpt=ckpt, failed_step=step, failed_data=sorted(int(i) for i in batch_dict["index"]),
+                 killed_at=kill.killed_at)
+    return node
+
+
+def test_pools_on_their_nodes_and_rollout_nodes_lost(cluster, tmp_path_factory):
+    from verl_pipe.session import PipeSession, compose
 
     ckpt = tmp_path_factory.mktemp("mn_ckpt")
     t0 = time.perf_counter()
     session = PipeSession(compose(MN_OVERRIDES + [
         "actor_rollout_ref.rollout.n_gpus_per_node=2",  # two replicas of TP 1: one per rollout node
         f"+ray_kwargs.ray_init.address={cluster.address}", f"trainer.default_local_dir={ckpt}"]))
-    startup_s = time.perf_counter() - t0
+    print(f"[multinode] stack up in {time.perf_counter() - t0:.1f}s")
     closed = False
     try:
         trainer = session.trainer
@@ -143,72 +286,10 @@ def test_pools_on_their_nodes_steps_across_nodes_and_rollout_nodes_lost(cluster,
         # the driver (this process) attached to the head; the pools sit on their role nodes, a replica per node
         assert ray.get_runtime_context().get_node_id() == nodes["head"]
         assert {_node_of(w) for w in trainer.actor_wg.workers} == {nodes["trainer"]}
-        replica_nodes = [_node_of(h) for h in trainer.llm_server_manager.server_handles]
-        assert sorted(name_of[n] for n in replica_nodes) == ["rollout_a", "rollout_b"]
-
-        times = {}
-        # sync, then CGP + FGD: every step trains each group once at its version, the weights crossing nodes
-        for mode, fgd in (("sync", False), ("cgp", True), ("cgp", True)):
-            version = trainer.global_steps - 1
-            t = time.perf_counter()
-            rec = session.step(mode=mode, fgd=fgd, sampling_overrides=_lengths)
-            times.setdefault(f"{mode}{'+fgd' if fgd else ''}", []).append(round(time.perf_counter() - t, 1))
-            assert rec["nodes"] == {"trainer": [nodes["trainer"]], "rollout": replica_nodes}, rec.get("nodes")
-            assert_every_group_once_at(rec, trainer.last_outcome.batch, GROUPS, N, version)
-            sync_s = rec["timeline"]["weight_sync_s"]
-            assert sync_s > 0
-            times.setdefault("weight_sync", []).append(round(sync_s, 2))
-            if version >= 1:  # the replicas generated with θ_k that came across from the trainer's node
-                gap = _rollout_gap(trainer.last_outcome.batch)
-                assert gap < 1e-3, f"vLLM's log-probs differ from the trainer's θ_k by {gap}"
-        print(f"[multinode] stack up in {startup_s:.1f}s; steps {times} s")
-
-        # 1. replica 0's node lost mid-rollout: its requests go to the replica on the other rollout node, every group
-        # trains once at θ_k, the next step runs on the survivor with θ_{k+1}. Restarts off: a new replica would need
-        # a rollout node with a free GPU (none here; with restarts on it would wait fault.replica_restart_timeout_s).
-        with open_dict(trainer.config.rolloutpipe.fault):
-            trainer.config.rolloutpipe.fault.replica_restart = False
-        trainer.rollout.supervisor.restart_enabled = False
-        version = trainer.global_steps - 1
-        kill = KillNodeAtFirstUnit(trainer, cluster, {i: name_of[n] for i, n in enumerate(replica_nodes)})
-        t = time.perf_counter()
-        # plain CGP, as tests/e2e/test_faults.py: unit 0's short groups are in while the long ones decode
-        rec = session.step(mode="cgp", fgd=False, sampling_overrides=_lengths, backend_cls=kill.backend_cls)
-        step_s = time.perf_counter() - t
-        m = rec["metrics"]
-        lost, kept = kill.replica, 1 - kill.replica
-        lost, survivor = name_of[replica_nodes[lost]], name_of[replica_nodes[kept]]
-        print(f"[multinode] {lost} lost with {kill.inflight_at_kill} requests in flight: "
-              f"{m['rolloutpipe/requeued_requests']} requeued to {survivor}; the step took {step_s:.1f}s "
-              f"(normal cgp steps: {times['cgp+fgd']} s)")
-        assert kill.inflight_at_kill, "the long groups must still be in flight when the node goes"
-        assert m["rolloutpipe/replica_failures"] == 1 and m["rolloutpipe/replica_restarts"] == 0
-        assert m["rolloutpipe/requeued_requests"] > 0
-        assert_every_group_once_at(rec, trainer.last_outcome.batch, GROUPS, N, version)
-        assert m.get("rolloutpipe/replica_deaths_found/weight_sync", 0) == 0, "found by its requests, not a probe"
-        assert trainer.rollout.live_replicas() == [kept]
-        rec = session.step(mode="cgp", fgd=True, sampling_overrides=_lengths)
-        assert rec["metrics"]["rolloutpipe/replica_failures"] == 0
-        assert rec["nodes"] == {"trainer": [nodes["trainer"]], "rollout": [replica_nodes[kept]]}
-        assert_every_group_once_at(rec, trainer.last_outcome.batch, GROUPS, N, version + 1)
-        assert _rollout_gap(trainer.last_outcome.batch) < 1e-3, "the survivor got θ_{k+1} across nodes"
-
-        # 2. the last rollout node lost mid-rollout: the step fails, rolls back to θ_k and checkpoints
-        step = trainer.global_steps
-        theta_k = session.actor_state()
-        kill = KillNodeAtFirstUnit(trainer, cluster, {kept: survivor})
-        with pytest.raises(StepFailedError, match="no replica is left") as err:
-            session.step(mode="cgp", fgd=False, sampling_overrides=_lengths, backend_cls=kill.backend_cls)
-        stop_s = time.perf_counter() - kill.killed_at
-        print(f"[multinode] {survivor} (the last rollout node) lost with {kill.inflight_at_kill} requests in flight; "
-              f"the step failed {stop_s:.1f}s later: {err.value}")
-        assert kill.inflight_at_kill, "the long groups must still be in flight when the node goes"
-        assert "resume_mode=auto" in str(err.value)
-        after = session.actor_state()
-        assert all(torch.equal(theta_k[k], after[k]) for k in theta_k), "rolled back to θ_k"
-        assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == str(step - 1)
-        assert (ckpt / f"global_step_{step - 1}" / "data.pt").exists()
-        assert trainer.global_steps == step, "the failed step does not count"
+        times = _steps_across_nodes(session, cluster, name_of)
+        _restart_onto_spare(session, cluster, name_of, times)
+        survivor = _lost_between_steps(session, cluster, name_of)
+        last = _last_rollout_node_lost(session, cluster, name_of, survivor, ckpt)
         t = time.perf_counter()
         session.close()
         closed = True
@@ -218,8 +299,8 @@ def test_pools_on_their_nodes_steps_across_nodes_and_rollout_nodes_lost(cluster,
             session.close()
     # the driver left; the cluster it did not start is still up (the surviving nodes); Ray's GCS marks a lost node
     # dead once its health checks fail
-    dead_s = _wait_marked_dead(cluster, survivor, kill.killed_at)
-    print(f"[multinode] the GCS marked {survivor} dead {dead_s:.1f}s after the kill")
+    dead_s = _wait_marked_dead(cluster, last, STATE["killed_at"])
+    print(f"[multinode] the GCS marked {last} dead {dead_s:.1f}s after the kill")
     alive = cluster.alive_nodes()
     assert set(alive) == {"head", "trainer"}, alive
     _no_run_processes_left(cluster, ["head", "trainer"])
@@ -253,41 +334,121 @@ def _no_run_processes_left(cluster, names, timeout_s: float = 60.0) -> None:
     assert not left, f"the run's processes still alive on the cluster: {left}"
 
 
-def test_launcher_attached_to_a_cluster_sigterm_stops_the_run_not_the_cluster(cluster, tmp_path):
-    """main_grpo attached to a cluster it did not start: SIGTERM after its first step stops the run (exit 143), the
-    run's actors and engines end on every node, and every node of the cluster stays up."""
-    lost = [n for n in cluster.nodes if n not in cluster.alive_nodes()]
-    for name in lost:  # lost in the test above: new rollout nodes join
+def _launch(cluster, log: Path, ckpt: Path, trace: Path, env_extra: dict | None = None) -> subprocess.Popen:
+    """``python -m verl_pipe.main_grpo`` attached to the cluster, in its own session, resuming from ``ckpt``."""
+    overrides = [o for o in MN_OVERRIDES if not o.startswith(("trainer.total_training_steps", "trainer.save_freq"))]
+    overrides += ["trainer.total_training_steps=50", "trainer.save_freq=1", "trainer.resume_mode=auto",
+                  "rolloutpipe.mode=cgp", f"+ray_kwargs.ray_init.address={cluster.address}",
+                  f"trainer.default_local_dir={ckpt}", f"rolloutpipe.trace_dir={trace}"]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | (env_extra or {})
+    return subprocess.Popen([sys.executable, "-m", "verl_pipe.main_grpo", *overrides], stdout=open(log, "wb"),
+                            stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
+
+
+def _wait_for(proc, log: Path, pattern: str, timeout_s: float = 300.0) -> re.Match:
+    deadline = time.monotonic() + timeout_s
+    while not (found := re.search(pattern, log.read_text(errors="replace"))):
+        assert proc.poll() is None, log.read_text(errors="replace")[-4000:]
+        assert time.monotonic() < deadline, f"no {pattern!r} within {timeout_s:.0f}s"
+        time.sleep(0.5)
+    return found
+
+
+def _latest(ckpt: Path) -> int:
+    return int((ckpt / "latest_checkpointed_iteration.txt").read_text())
+
+
+def _records(trace: Path) -> list[dict]:
+    return [json.loads(line) for line in (trace / "steps.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _respawn(cluster, names) -> None:
+    for name in names:
         cluster.spawn_node(name)
-    cluster.wait_alive(lost)
-    overrides = [o for o in MN_OVERRIDES if not o.startswith("trainer.total_training_steps")] + [
-        "trainer.total_training_steps=50", f"+ray_kwargs.ray_init.address={cluster.address}",
-        f"trainer.default_local_dir={tmp_path / 'ckpt'}", "--config-name", "tiny_cpu_cgp_fgd"]
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    log = tmp_path / "launcher.log"
+    cluster.wait_alive(names)
+
+
+def test_launcher_resumes_after_node_loss_then_loses_the_trainer_node(cluster, tmp_path):
+    """main_grpo attached to the cluster resumes the rollback checkpoint of the test above (the failed step on the
+    same prompts), checkpoints each step, then loses the trainer's node: it stops with the error naming the latest
+    checkpoint, which stays intact; nothing of the run is left on the surviving nodes, which stay up."""
+    if "failed_step" not in STATE:
+        pytest.skip("needs the rollback checkpoint of test_pools_on_their_nodes_and_rollout_nodes_lost")
+    _respawn(cluster, ["rollout_a"])
+    ckpt, step, log, trace = STATE["ckpt"], STATE["failed_step"], tmp_path / "launcher.log", tmp_path / "trace"
     t0 = time.perf_counter()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "verl_pipe.main_grpo", *overrides], stdout=out,
-                                stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 300
-            while "[verl_pipe] step 1 " not in log.read_text(errors="replace"):
-                assert proc.poll() is None, log.read_text(errors="replace")[-4000:]
-                assert time.monotonic() < deadline, "no first step within 300s"
-                time.sleep(0.5)
-            first_step_s = time.perf_counter() - t0
-            t = time.perf_counter()
-            proc.send_signal(signal.SIGTERM)
-            rc = proc.wait(timeout=120)
-            stop_s = time.perf_counter() - t
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+    proc = _launch(cluster, log, ckpt, trace)
+    try:
+        _wait_for(proc, log, rf"\[verl_pipe\] step {step} ")
+        first_s = time.perf_counter() - t0
+        deadline = time.monotonic() + 60
+        while _latest(ckpt) < step:  # the resumed step, checkpointed
+            assert time.monotonic() < deadline and proc.poll() is None, log.read_text(errors="replace")[-4000:]
+            time.sleep(0.2)
+        latest = _latest(ckpt)
+        t_kill = time.perf_counter()
+        cluster.kill_node("trainer")
+        rc = proc.wait(timeout=180)
+        stop_s = time.perf_counter() - t_kill
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
     text = log.read_text(errors="replace")
-    print(f"\n[multinode] launcher: first step after {first_step_s:.1f}s; SIGTERM -> exit {rc} in {stop_s:.1f}s")
-    assert "attaching to the running Ray cluster" in text
-    assert "pools placed by node role" in text
-    assert rc == 128 + signal.SIGTERM, text[-4000:]
-    # the cluster is still up, every node of it, and nothing of the run is left on any node
-    assert set(cluster.alive_nodes()) == set(cluster.nodes)
-    _no_run_processes_left(cluster, list(cluster.nodes))
+    error = next((line for line in text.splitlines() if "StepFailedError:" in line), "")
+    print(f"\n[multinode] launcher resumed step {step} {first_s:.1f}s after start; trainer node lost after step "
+          f"{latest}'s checkpoint: exit {rc} {stop_s:.1f}s later: {error[:400]}")
+    assert rc not in (0, None), text[-4000:]
+    assert "resume from the latest checkpoint in" in error, text[-4000:]
+    assert _latest(ckpt) == latest and (ckpt / f"global_step_{latest}" / "data.pt").exists()
+    assert (ckpt / f"global_step_{latest}" / "actor").is_dir()
+    recs = _records(trace)
+    assert recs[0]["step"] == step and sorted(recs[0]["data_index"]) == STATE["failed_data"], \
+        "the resumed run re-ran the failed step on the same prompts"
+    assert [r["step"] for r in recs] == list(range(step, latest + 1))
+    assert all(len(set(r["trained_groups"])) == GROUPS == len(r["trained_groups"]) for r in recs)
+    dead_s = _wait_marked_dead(cluster, "trainer", t_kill)
+    print(f"[multinode] the GCS marked the trainer node dead {dead_s:.1f}s after the kill")
+    assert set(cluster.alive_nodes()) == {"head", "rollout_a"}
+    _no_run_processes_left(cluster, ["head", "rollout_a"])
+    STATE.update(latest=latest, seen_data={i for r in recs for i in r["data_index"]})
+
+
+def test_stop_request_through_the_cluster_no_shared_tmp(cluster, tmp_path):
+    """A new launcher resumes the checkpoint the lost trainer node left (the step after it, so none lost) and is
+    stopped from another process through the cluster (``python -m verl_pipe.stop_request <run id>``; the launcher's
+    /tmp is its own and no stop file is made): the step in progress completes, no new one starts, exit 0, every
+    node still up and nothing of the run left."""
+    if "latest" not in STATE:
+        pytest.skip("needs the checkpoint of test_launcher_resumes_after_node_loss_then_loses_the_trainer_node")
+    _respawn(cluster, ["trainer"])
+    ckpt, latest, log, trace = STATE["ckpt"], STATE["latest"], tmp_path / "launcher.log", tmp_path / "trace"
+    private_tmp = tmp_path / "launcher_tmp"  # the launcher's /tmp: not the TaskRunner's on a real cluster
+    private_tmp.mkdir()
+    proc = _launch(cluster, log, ckpt, trace, env_extra={"TMPDIR": str(private_tmp)})
+    try:
+        run_id = _wait_for(proc, log, r"\[verl_pipe\] run id (\S+):").group(1)
+        _wait_for(proc, log, rf"\[verl_pipe\] step {latest + 1} ")
+        t = time.perf_counter()
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        subprocess.run([sys.executable, "-m", "verl_pipe.stop_request", run_id, "--address", cluster.address],
+                       check=True, cwd=ROOT, timeout=120, env=env)
+        request_s = time.perf_counter() - t
+        rc = proc.wait(timeout=180)
+        stop_s = time.perf_counter() - t
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text(errors="replace")
+    stopped = re.search(r"stop requested: no step after (\d+)", text)
+    print(f"\n[multinode] stop request for run {run_id} (the request itself {request_s:.1f}s): exit {rc} "
+          f"{stop_s:.1f}s after it; {stopped and stopped.group(0)}")
+    assert rc == 0, text[-4000:]
+    assert stopped, text[-4000:]
+    assert not list(private_tmp.glob("verl_pipe_stop_*")), "no stop file: the request went through the cluster"
+    recs = _records(trace)
+    last = int(stopped.group(1))
+    assert recs[0]["step"] == latest + 1 and [r["step"] for r in recs] == list(range(latest + 1, last + 1))
+    assert not STATE["seen_data"] & {i for r in recs for i in r["data_index"]}, "no prompt trained twice"
+    assert _latest(ckpt) == last, "the last step before the stop is checkpointed"
+    assert set(cluster.alive_nodes()) == {"head", "rollout_a", "trainer"}
+    _no_run_processes_left(cluster, list(cluster.alive_nodes()))

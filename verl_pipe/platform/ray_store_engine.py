@@ -51,10 +51,19 @@ class WeightChannel:
         async with self._cond:
             self._items.pop(key, None)
 
+    def node_id(self) -> str:
+        """The Ray node this channel lives on."""
+        return ray.get_runtime_context().get_node_id()
+
 
 def _create_channel(name: str):
-    """The run's channel, owned by the trainer's rank 0 (it lives and dies with that worker)."""
-    return WeightChannel.options(name=name, namespace=_CHANNEL_NAMESPACE).remote()
+    """The run's channel, owned by the trainer's rank 0 (it lives and dies with that worker) and pinned to its node.
+    Placed by Ray alone (0 CPUs) it could land on a rollout node of a multi-node cluster: losing that node then broke
+    the weight sync of the replicas left. On the trainer's node it goes only with the trainer."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+    return WeightChannel.options(name=name, namespace=_CHANNEL_NAMESPACE, scheduling_strategy=here).remote()
 
 
 def _lookup_channel(name: str):
