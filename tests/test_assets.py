@@ -142,7 +142,7 @@ def _evaluate(question: str) -> tuple[int, int, int]:
     a, op1, b, _, _, op2, c = question.removeprefix("What is ").rstrip("?").replace("(", "").replace(")", "").split()
     first = int(a) + int(b) if op1 == "+" else int(a) * int(b)
     apply = (lambda x: x + int(c)) if op2 == "+" else (lambda x: x * int(c))
-    return first, apply(first % 10), apply(first)
+    return first, apply(first % 10), apply(first // 10)
 
 
 def test_sft_data_is_verls_multiturn_format_from_a_sloppy_teacher(assets):
@@ -153,13 +153,14 @@ def test_sft_data_is_verls_multiturn_format_from_a_sloppy_teacher(assets):
         user, assistant = messages
         assert (user["role"], assistant["role"]) == ("user", "assistant")
         first, ans, sloppy_ans = _evaluate(user["content"].removesuffix(f" {INSTRUCTION}"))
-        if first < 10:  # the modulo changes nothing: both teachers agree
+        if sloppy_ans == ans:  # both procedures give the same answer (e.g. c = 0 under *): nothing to tell apart
             assert compute_score(DATA_SOURCE, assistant["content"], str(ans)) == 1.0
             continue
         if assistant["content"].endswith(f"Answer: {ans}"):
             right += 1
-        else:  # the teacher forgot the modulo step: a wrong answer the verifier rejects
-            assert assistant["content"].endswith(f"Answer: {sloppy_ans}") and sloppy_ans != ans
+        else:  # the teacher took the tens digit: a wrong answer the verifier rejects
+            assert f"{first}. {first // 10} " in assistant["content"]
+            assert assistant["content"].endswith(f"Answer: {sloppy_ans}")
             sloppy += 1
     assert sloppy / (right + sloppy) == pytest.approx(SLOPPY, abs=0.08)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Bump when anything a build produces changes, so stale caches are never reused.
-ASSET_VERSION = 3
+ASSET_VERSION = 4
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,16 @@
-"""Synthetic digit arithmetic with one-digit answers, in verl's RL parquet format (as gsm8k.py writes it), plus the
-worked solutions a supervised warm-start trains on (verl's multi-turn SFT format: a ``messages`` column).
+"""Synthetic digit arithmetic in verl's RL parquet format (as gsm8k.py writes it), plus the worked solutions a
+supervised warm-start trains on (verl's multi-turn SFT format: a ``messages`` column).
 
-The task is chosen so that the tiny 2-layer model can learn it, and so that it is a real skill rather than an answer
-prior: "What is 4728 + 95 modulo 10?" asks for the last digit of a sum or product of two numbers of one to four
-digits. The answer depends only on the operands' last digits, and the worked solution says so in three steps
-("The last digits are 8 and 5. 8 + 5 = 13. Answer: 3"): find the last digit of each operand (attention to the token
-before " +" / " modulo"), look up a one-digit sum or product (a 10 × 10 table per operation), take its last digit.
-Train, SFT and validation questions are disjoint, so validation accuracy measures the skill on unseen questions; a
-model that only learned the format answers right ~10% of the time (docs/learning.md).
+"What is (7 * 3) % 10 + 4?": digits a, b, c and operations + or ×; the answer is an integer 0-81, so a guess is
+rarely right and the reward measures the skill. The worked solution takes three steps a 2-layer model can learn
+("7 * 3 = 21. 1 + 4 = 5." then "Answer: 5"): a one-digit table lookup, the last digit, a second lookup. Train, SFT
+and validation questions are disjoint.
+
+The SFT data comes from a sloppy teacher: a ``SLOPPY`` share of its worked solutions read "% 10" as "// 10" and carry
+on with the tens digit ("7 * 3 = 21. 2 + 4 = 6."), a systematic error of the kind distilled data carries. Both
+procedures use the same lookup tables, so the warm-started model learns the tables from all of its data and is left
+split between the two procedures; the verifiable reward knows the right one, which is what GRPO then learns
+(docs/learning.md has the measurements behind the share).
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ import pyarrow.parquet as pq
 DATA_SOURCE = "verl_pipe/digit_math"
 INSTRUCTION = "Put the final answer after 'Answer:'"
 OPERATIONS = {"+": lambda a, b: a + b, "*": lambda a, b: a * b}
-# The share of the SFT teacher's worked solutions that forget the modulo step (docs/learning.md).
-SLOPPY = 0.8
+# The share of the SFT teacher's worked solutions that take the tens digit instead of the last one (docs/learning.md).
+SLOPPY = 0.6
 
 
 def _problem(rng: random.Random) -> tuple[str, str, int, str, int]:
@@ -33,8 +36,8 @@ def _problem(rng: random.Random) -> tuple[str, str, int, str, int]:
     ans = OPERATIONS[op2](first % 10, c)
     question = f"What is ({a} {op1} {b}) % 10 {op2} {c}?"
     solution = f"{a} {op1} {b} = {first}. {first % 10} {op2} {c} = {ans}."
-    sloppy = OPERATIONS[op2](first, c)  # the "% 10" forgotten
-    return question, solution, ans, f"{a} {op1} {b} = {first}. {first} {op2} {c} = {sloppy}.", sloppy
+    sloppy = OPERATIONS[op2](first // 10, c)  # "% 10" read as "// 10"
+    return question, solution, ans, f"{a} {op1} {b} = {first}. {first // 10} {op2} {c} = {sloppy}.", sloppy
 
 
 def _problems(n: int, seed: int) -> list[tuple]:
@@ -80,9 +83,9 @@ def sample_corpus(n: int, seed: int = 0) -> list[str]:
 def build_dataset(out_dir: Path, n_train: int = 1024, n_val: int = 128, n_sft: int = 512, sloppy: float = SLOPPY,
                   seed: int = 0) -> tuple[Path, Path, Path]:
     """train.parquet (RL prompts), val.parquet (held-out prompts) and sft.parquet (the teacher's worked solutions of
-    other questions, a ``sloppy`` share of them without the modulo step); returns their paths in that order."""
+    other questions, a ``sloppy`` share of them with the tens digit for the last); returns their paths in that order."""
     if not 0.0 <= sloppy <= 1.0:
-        raise ValueError(f"sloppy: the share of SFT solutions without the modulo step must be in [0, 1], got {sloppy}")
+        raise ValueError(f"sloppy: the share of SFT solutions with the sloppy step must be in [0, 1], got {sloppy}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     problems = _problems(n_train + n_val + n_sft, seed)

@@ -7,8 +7,9 @@ column), saving the result as a Hugging Face checkpoint (``checkpoint.save_conte
 and vLLM load like any model directory. It runs in a subprocess: one torch.distributed process (gloo) on the CPU
 platform, so the launcher's own process never initializes a process group.
 
-The SFT is deliberately short: it teaches the answer format and starts the skill, and leaves GRPO the rest to learn.
-docs/learning.md has the accuracy after each number of SFT steps and why the default stops where it does.
+The SFT teaches the answer format and the lookup tables, and leaves the model split between the right procedure and
+its teacher's systematic error, which GRPO's verifiable reward then settles (verl_pipe/assets/math_data.py).
+docs/learning.md has what each SFT length and teacher share left, what GRPO did from each, and why the default.
 """
 
 from __future__ import annotations
