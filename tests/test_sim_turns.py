@@ -1,5 +1,6 @@
 """The simulator's multi-turn trajectories (verl_pipe/sim/turns.py, simulate.py with ``episodes``): model turns with
-tool waits, the same turn-aware admission policy as the real driver, episodes drawn as the toy environment plans them."""
+tool waits, the same turn-aware admission policy as the real driver, episodes drawn as the toy environment plans
+them."""
 
 import pytest
 

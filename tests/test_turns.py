@@ -96,76 +96,91 @@ def test_core_releases_next_turns_as_next_turn_actions():
 
 # --- a random driver ----------------------------------------------------------------------------------------------
 
-def _drive(policy, turns: dict, rng: random.Random, window, deaths: int = 0):
-    """Runs ``policy`` to its end over random event orders; ``turns[req]``: its planned model turns. Checks the
-    turn-aware invariants after every admit() and returns the number of admissions checked."""
-    n = policy.n
-    state: dict[Request, str] = {}  # "turn" | "tool" | "ready"
-    replica: dict[Request, int] = {}
-    prio: dict[Request, int] = {}
-    left: dict[Request, int] = {}
-    done_in = [0] * policy.num_groups
-    checked = 0
-    fgd = isinstance(policy, FrontierPolicy)
-    while not policy.all_done:
-        adms = policy.admit()
+class _Model:
+    """What the random driver knows of each started trajectory: its state ("turn" | "tool" | "ready"), replica,
+    first turn's priority and model turns left."""
+
+    def __init__(self, policy, turns: dict, window):
+        self.policy, self.turns, self.window = policy, turns, window
+        self.fgd = isinstance(policy, FrontierPolicy)
+        self.state, self.replica, self.prio, self.left = {}, {}, {}, {}
+        self.done_in = [0] * policy.num_groups
+
+    def admitted(self, adms) -> None:
+        """Checks one admit() call's admissions and the policy's counts after it."""
         first_to = {}
         for a in adms:
             q = a.request
             if a.turn == 0:
-                assert q not in state
-                state[q], replica[q], prio[q], left[q] = "turn", a.replica, a.priority, turns[q]
+                assert q not in self.state
+                self.state[q], self.replica[q] = "turn", a.replica
+                self.prio[q], self.left[q] = a.priority, self.turns[q]
                 first_to.setdefault(a.replica, []).append(q.group)
-            else:
-                assert state.get(q) == "ready", "only a ready trajectory gets its next turn"
-                assert a.replica == replica[q], "a next turn goes to the trajectory's replica"
-                assert a.priority == prio[q], "the priority is sticky across turns"
-                if fgd:
-                    assert all(g <= q.group for g in first_to.get(a.replica, [])), \
-                        "a next turn was admitted behind a later group's first turn"
-                state[q] = "turn"
-            checked += 1
-        if fgd:  # a next turn left waiting: no later group's first turn took a slot of its replica in this call
-            for q, s in state.items():
+                continue
+            assert self.state.get(q) == "ready", "only a ready trajectory gets its next turn"
+            assert a.replica == self.replica[q], "a next turn goes to the trajectory's replica"
+            assert a.priority == self.prio[q], "the priority is sticky across turns"
+            if self.fgd:
+                assert all(g <= q.group for g in first_to.get(a.replica, [])), \
+                    "a next turn was admitted behind a later group's first turn"
+            self.state[q] = "turn"
+        if self.fgd:  # a next turn left waiting: no later group's first turn took a slot of its replica in this call
+            for q, s in self.state.items():
                 if s == "ready":
-                    assert all(g <= q.group for g in first_to.get(replica[q], [])), (q, first_to)
-        for r in policy.replicas:
-            in_turn = sum(1 for q, s in state.items() if s == "turn" and replica[q] == r)
-            assert policy.inflight_count(r) == in_turn, "a trajectory off its model turn counted in flight"
-            if window is not None and not isinstance(window, AdaptiveWindow):
-                assert in_turn <= window
-        assert policy.tool_wait_count() == sum(s == "tool" for s in state.values())
-        moves = [q for q in state]
+                    assert all(g <= q.group for g in first_to.get(self.replica[q], [])), (q, first_to)
+        for r in self.policy.replicas:
+            in_turn = sum(1 for q, s in self.state.items() if s == "turn" and self.replica[q] == r)
+            assert self.policy.inflight_count(r) == in_turn, "a trajectory off its model turn counted in flight"
+            if self.window is not None and not isinstance(self.window, AdaptiveWindow):
+                assert in_turn <= self.window
+        assert self.policy.tool_wait_count() == sum(s == "tool" for s in self.state.values())
+
+    def kill_replica(self, dead: int) -> None:
+        lost = self.policy.remove_replica(dead)
+        assert set(lost) == {q for q in self.state if self.replica[q] == dead}
+        for q in lost:
+            del self.state[q]
+        self.policy.add_replica(dead)
+
+    def advance(self, q) -> None:
+        """The next event of trajectory ``q``: its turn ends (to its tool, or its end) or its tool returns."""
+        p, s = self.policy, self.state[q]
+        if s == "turn":
+            self.left[q] -= 1
+            if self.left[q]:
+                assert p.on_turn_done(q, self.replica[q])
+                self.state[q] = "tool"
+                return
+            assert p.on_response_done(q, self.replica[q])
+            del self.state[q]
+            self.done_in[q.group] += 1
+            if self.done_in[q.group] == p.n:
+                p.on_group_done(q.group, True)
+        elif s == "tool":
+            assert p.on_tool_done(q, self.replica[q])
+            self.state[q] = "ready"
+
+
+def _drive(policy, turns: dict, rng: random.Random, window, deaths: int = 0):
+    """Runs ``policy`` to its end over random event orders; ``turns[req]``: its planned model turns. Checks the
+    turn-aware invariants after every admit() and returns the number of admissions checked."""
+    model, checked = _Model(policy, turns, window), 0
+    while not policy.all_done:
+        adms = policy.admit()
+        model.admitted(adms)
+        checked += len(adms)
+        moves = list(model.state)
         if not moves:
             break
         if deaths and rng.random() < 0.05 and len(policy.replicas) > 1:
             deaths -= 1
-            dead = rng.choice(policy.replicas)
-            lost = policy.remove_replica(dead)
-            assert set(lost) == {q for q in state if replica[q] == dead}
-            for q in lost:
-                del state[q]
-            policy.add_replica(dead)
+            model.kill_replica(rng.choice(policy.replicas))
             continue
         for q in rng.sample(moves, k=max(1, len(moves) // 3)):
-            s = state[q]
-            if s == "turn":
-                left[q] -= 1
-                if left[q] == 0:
-                    assert policy.on_response_done(q, replica[q])
-                    del state[q]
-                    done_in[q.group] += 1
-                    if done_in[q.group] == n:
-                        policy.on_group_done(q.group, True)
-                else:
-                    assert policy.on_turn_done(q, replica[q])
-                    state[q] = "tool"
-            elif s == "tool":
-                assert policy.on_tool_done(q, replica[q])
-                state[q] = "ready"
+            model.advance(q)
         if policy.batch_full:
             for q in policy.to_abort():
-                state.pop(q, None)
+                model.state.pop(q, None)
     return checked
 
 
@@ -194,7 +209,8 @@ def _turn_driver_class():
 
 
 class _TurnDriver:
-    """Mixed into StreamingRollout (``_turn_driver_class``, so that importing this module needs no verl): its real ``_StepRun`` with the agent loop replaced: ``plan[(g, i)]`` is a list of (turn seconds,
+    """Mixed into StreamingRollout (``_turn_driver_class``, so that importing this module needs no verl): its real
+    ``_StepRun`` with the agent loop replaced: ``plan[(g, i)]`` is a list of (turn seconds,
     tool seconds) per model turn; the fake calls the same turn hooks as verl_pipe.rollout.multiturn."""
 
     def __init__(self, plan):

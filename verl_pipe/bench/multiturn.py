@@ -57,7 +57,8 @@ def load(path: str | Path = CONFIG) -> dict:
                          "(its agent loop has no sample index: every sample would replay sample 0's episode)")
     env = EnvConfig.from_dict(cfg.get("multiturn"))
     if env.turn_tokens is None:
-        raise ValueError(f"{path}: multiturn.turn_tokens must be set (forced turn lengths: the same work in every mode)")
+        raise ValueError(f"{path}: multiturn.turn_tokens must be set (forced turn lengths: the same work in every "
+                         "mode)")
     for key in ("repeats", "warmup_steps", "seed"):
         if not isinstance(cfg.get(key, 0), int) or cfg.get(key, 0) < 0:
             raise ValueError(f"{path}: {key} must be an int >= 0, got {cfg.get(key)!r}")
@@ -237,7 +238,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     live = run_live(cfg, repeats)
     sims = simulate_steps(cfg, live)
-    result = {"config": cfg, "config_file": str(args.config), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    result = {"config": cfg, "config_file": str(args.config),
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "total_s": time.perf_counter() - t0, **live, "sim": sims, "summary": summarize(live["steps"], sims),
               "peer": "not run: verl's separate_async agent loop has no sample index, so it cannot replay our "
                       "episodes (every sample would get sample 0's)"}
