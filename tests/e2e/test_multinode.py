@@ -14,8 +14,8 @@ object store, vLLM server and engine at once):
    verl_pipe.stop_request``, no stop file): it ends after its step, the cluster stays up.
 
 Every case asserts its groups trained once (or, across the launchers, that no step was lost or trained twice).
-Real Ray, real vLLM, real verl workers. Bounded: one cluster for the module, one session, two launchers (times:
-docs/reliability.md).
+Real Ray, real vLLM, real verl workers. Bounded: one cluster for the module, one session, two launchers (6 min 3 s and
+12 min 45 s in two passes here, with the machine's load: docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -185,6 +185,22 @@ def _steps_across_nodes(session, cluster, name_of) -> dict:
     return times
 
 
+def _timed(obj, name: str, took: dict):
+    """Wraps method ``name`` of ``obj`` (on the instance) to add its seconds to ``took[name]``; returns the undo."""
+    method = getattr(obj, name)
+    own = name in vars(obj)  # an instance attribute (a callable given to the constructor), not a method
+
+    def timed(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            took[name] = took.get(name, 0.0) + time.perf_counter() - t
+
+    setattr(obj, name, timed)
+    return lambda: setattr(obj, name, method) if own else delattr(obj, name)
+
+
 def _restart_onto_spare(session, cluster, name_of, times) -> None:
     """Restarts on, a spare rollout node joined: a rollout node lost mid-rollout. Its requests go to the other
     replica at once; the replica is restarted on the spare node (the only rollout node with a free GPU) with θ_k
@@ -194,7 +210,10 @@ def _restart_onto_spare(session, cluster, name_of, times) -> None:
     name_of[cluster.start_node(SPARE)] = SPARE
     print(f"[multinode] spare node {SPARE} joined in {time.perf_counter() - t:.1f}s")
     _set_restarts(trainer, True)
-    trainer.rollout.supervisor.timeout_s = 300
+    sup = trainer.rollout.supervisor
+    sup.timeout_s = 300
+    took: dict = {}  # the restart's parts: the dead replica's teardown (and wait for its GPU), the new one's weights
+    undo = [_timed(sup, name, took) for name in ("restart", "_tear_down", "push_weights")]
     version = trainer.global_steps - 1
     kill = KillNodeAtFirstUnit(trainer, cluster, _replica_nodes(trainer, name_of))
     t = time.perf_counter()
@@ -205,6 +224,12 @@ def _restart_onto_spare(session, cluster, name_of, times) -> None:
           f"{m['rolloutpipe/requeued_requests']} requeued, replica {kill.replica} back on {where[kill.replica]} "
           f"{m.get('rolloutpipe/replica_recovery_s', float('nan')):.1f}s after its death was noticed; the step took "
           f"{step_s:.1f}s (normal cgp steps: {times['cgp+fgd']} s)")
+    for u in undo:
+        u()
+    new_s = took.get("restart", 0) - took.get("_tear_down", 0) - took.get("push_weights", 0)
+    print(f"[multinode] the restart {took.get('restart', 0):.1f}s: the dead replica's teardown "
+          f"{took.get('_tear_down', 0):.1f}s, the new replica's start {new_s:.1f}s, θ_k into it "
+          f"{took.get('push_weights', 0):.1f}s")
     assert kill.inflight_at_kill, "the long groups must still be in flight when the node goes"
     assert m["rolloutpipe/replica_failures"] == 1 and m["rolloutpipe/replica_restarts"] == 1
     assert m["rolloutpipe/requeued_requests"] > 0
