@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -82,6 +83,15 @@ def _tiny_model(assets, rp) -> Path:
     return ensure_warm_start(assets, WarmStart(steps=int(ws.steps), lr=float(ws.lr), batch_size=int(ws.batch_size)))
 
 
+# verl's own switch for how a DataProto is pickled (verl/protocol.py, read in every process that pickles or unpickles
+# one, so all of a run's processes get the same value: the launcher's environment and each Ray worker's runtime_env).
+# Unset, verl consolidates the TensorDict and torch.saves it; "numpy" sends each tensor's bytes as a numpy array, the
+# same dtypes, shapes and values. The rollout driver pickles one DataProto per response for the reward worker: 1.47 ms
+# against 0.16 ms per call measured (tools/dataproto_pickle_bench.py, docs/cpu.md). CPU platform only: the numpy
+# path cannot pickle a tensor on a GPU.
+CPU_ENV_DEFAULTS = {"VERL_DATAPROTO_SERIALIZATION_METHOD": "numpy"}
+
+
 def select_platform(config: DictConfig) -> dict:
     """Sets the platform's environment in this process (before verl resolves its platform); returns the
     variables every process Ray starts for the run gets (its runtime_env)."""
@@ -96,6 +106,7 @@ def select_platform(config: DictConfig) -> dict:
 
     cpu = config.rolloutpipe.cpu
     env = cpu_env(str(cpu.rollout_cores), str(cpu.trainer_cores), int(cpu.kv_cache_gib))
+    env.update({k: os.environ.get(k, v) for k, v in CPU_ENV_DEFAULTS.items()})  # a launcher's own value kept
     os.environ.update(env)  # the driver and every process Ray starts from it
     activate_cpu()
     return env
@@ -119,9 +130,15 @@ def ray_init_kwargs(config: DictConfig) -> dict:
         # GPUs and role resources when they started; ray.init refuses num_cpus / num_gpus when it connects.
         kwargs.pop("num_cpus", None)
         kwargs.pop("num_gpus", None)
-    elif config.rolloutpipe.platform == "cpu":
-        kwargs.setdefault("num_cpus", int(config.rolloutpipe.cpu.ray_num_cpus))
-        kwargs["num_gpus"] = num_gpus
+    else:
+        # Ray's dashboard (its head process and module subprocesses) costs CPU all run long and serves nothing the
+        # run reads (verl 0.9.1's only state-API call, RayWorkerGroup._is_worker_alive, is never called): off unless
+        # ray_kwargs.ray_init.include_dashboard (verl's seam to ray.init) says otherwise. A cluster started with
+        # `ray start` decides for itself.
+        kwargs.setdefault("include_dashboard", False)
+        if config.rolloutpipe.platform == "cpu":
+            kwargs.setdefault("num_cpus", int(config.rolloutpipe.cpu.ray_num_cpus))
+            kwargs["num_gpus"] = num_gpus
     kwargs["runtime_env"] = runtime_env
     return kwargs
 
@@ -172,10 +189,21 @@ def start_ray(config: DictConfig) -> None:
 
 # Touched when the launcher is signalled: the trainer starts no new step (RolloutPipeTrainer.stop_requested).
 STOP_FILE = Path(tempfile.gettempdir()) / f"verl_pipe_stop_{os.getpid()}"
+# The same request through the Ray cluster, for a TaskRunner on another node (verl_pipe/stop_request.py).
+RUN_ID = f"{socket.gethostname()}-{os.getpid()}"
 
 
 def request_stop() -> None:
     STOP_FILE.touch()
+    try:
+        import ray
+
+        from verl_pipe import stop_request
+
+        if ray.is_initialized():
+            stop_request.request(RUN_ID)
+    except Exception as e:  # noqa: BLE001 -- the teardown that follows ends the run either way
+        print(f"[verl_pipe] could not put the stop request in the Ray cluster: {e}", flush=True)
 
 
 def run(config: DictConfig) -> dict:
@@ -185,8 +213,12 @@ def run(config: DictConfig) -> dict:
     from verl_pipe.task_runner import PipeTaskRunner
 
     STOP_FILE.unlink(missing_ok=True)  # a previous process's, with our pid
-    runner = PipeTaskRunner.remote()
-    return ray.get(runner.run.remote(config, str(STOP_FILE)))
+    print(f"[verl_pipe] run id {RUN_ID}: `python -m verl_pipe.stop_request {RUN_ID}` from any machine of the cluster "
+          "stops it before its next step", flush=True)
+    from verl_pipe.node_roles import on_this_node
+
+    runner = PipeTaskRunner.options(scheduling_strategy=on_this_node()).remote()  # not on a role node of a cluster
+    return ray.get(runner.run.remote(config, str(STOP_FILE), RUN_ID))
 
 
 
