@@ -25,7 +25,6 @@ DIRS = sorted({ROOT / "verl_pipe", ROOT / "hydra_plugins", ROOT / "tools",
 # Over the limit, without a stated reason yet, each to be split (or given its reason) by whoever works on that code
 # next. The list only shrinks: an entry that is no longer over the limit, or no longer exists, fails the test.
 NOT_YET_SPLIT = {
-    "verl_pipe/bench/run.py:main",
     "verl_pipe/rollout/multiturn.py:MultiTurnEnvAgentLoop.run",
 }
 

@@ -632,34 +632,17 @@ def main(argv=None) -> int:
     run (or ``--reanalyze``) the config's settings, write the steps file first, then build, print and write the
     results (and charts). Exit 1 when the results do not match the schema."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if any(a == "--soak" or a.startswith("--soak=") for a in argv):  # the soak benchmark (verl_pipe/bench/soak.py)
-        from verl_pipe.bench.soak import cli
-
-        return cli(argv)
-    if "--learn" in argv:  # the learning curves (verl_pipe/bench/learn.py)
-        from verl_pipe.bench.learn import cli as learn_cli
-
-        return learn_cli(argv)
+    other = _other_benchmark(argv)
+    if other is not None:
+        return other(argv)
     ap = _parser()
     args = ap.parse_args(argv)
 
     t_start = time.perf_counter()
-    cfg_path = Path(args.config) if args.config else CONF_DIR / ("quick.yaml" if args.quick else "default.yaml")
-    cfg = load_config(cfg_path)
-    settings = _chosen_settings(ap, cfg["settings"], args.settings)
-    repeats = args.repeats if args.repeats is not None else int(cfg.get("repeats", 1))
-    if repeats < 1:
-        ap.error("--repeats must be >= 1")
-    os.environ.setdefault("VERL_PIPE_CACHE", str(Path(__file__).resolve().parents[2] / ".cache" / "verl_pipe"))
-
+    cfg, settings, repeats = _bench_config(ap, args)
     peer_reason = peer_status()
     runner = BenchRunner(cfg, repeats)
-    if args.reanalyze:
-        runner.load(args.reanalyze)
-        settings = [s for s in settings if any(st["setting"] == s["name"] for st in runner.steps)]
-    else:
-        runner.env = env_info()  # the machine the steps run on, kept in the steps file for --reanalyze
-        runner.run(settings)
+    settings = _measure(runner, settings, args.reanalyze)
     t_runs = time.perf_counter()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -667,6 +650,58 @@ def main(argv=None) -> int:
     if not args.reanalyze:  # first: an analysis that fails can be redone with --reanalyze, without the runs
         with open(steps_path, "w") as f:
             json.dump(runner.dump(), f, default=_json_default)
+    result = _analysis(cfg, settings, runner, peer_reason, args)
+    elapsed = time.perf_counter() - t_start
+    result["elapsed_s"] = {"total": elapsed, "startup": runner.startup_s, "steps": t_runs - t_start - runner.startup_s,
+                           "analysis": time.perf_counter() - t_runs, "measured_steps": len(runner.steps)}
+    result["steps_file"] = str(args.reanalyze or steps_path)
+    problems = _write_result(result, out)
+    print(f"[bench] wrote {out}{'' if args.reanalyze else f' and {steps_path}'}; elapsed {elapsed:.1f}s "
+          f"(stack start-up {runner.startup_s:.1f}s, {len(runner.steps)} measured steps)")
+    return 1 if problems else 0
+
+
+def _other_benchmark(argv: list[str]):
+    """The command-line entry of the benchmark ``argv`` asks for instead of the bench: the soak's (``--soak``,
+    verl_pipe/bench/soak.py) or the learning curves' (``--learn``, verl_pipe/bench/learn.py); None for the bench."""
+    if any(a == "--soak" or a.startswith("--soak=") for a in argv):
+        from verl_pipe.bench.soak import cli
+
+        return cli
+    if "--learn" in argv:
+        from verl_pipe.bench.learn import cli as learn_cli
+
+        return learn_cli
+    return None
+
+
+def _bench_config(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[dict, list[dict], int]:
+    """The bench YAML (``--config``, else quick.yaml or default.yaml), the settings chosen from it and the repeats;
+    sets VERL_PIPE_CACHE to the repository's cache when the environment has none."""
+    cfg_path = Path(args.config) if args.config else CONF_DIR / ("quick.yaml" if args.quick else "default.yaml")
+    cfg = load_config(cfg_path)
+    settings = _chosen_settings(ap, cfg["settings"], args.settings)
+    repeats = args.repeats if args.repeats is not None else int(cfg.get("repeats", 1))
+    if repeats < 1:
+        ap.error("--repeats must be >= 1")
+    os.environ.setdefault("VERL_PIPE_CACHE", str(Path(__file__).resolve().parents[2] / ".cache" / "verl_pipe"))
+    return cfg, settings, repeats
+
+
+def _measure(runner: BenchRunner, settings: list[dict], reanalyze: str | None) -> list[dict]:
+    """Fill ``runner`` with the steps: read from the ``reanalyze`` steps file (then only the settings it has steps
+    of remain), else run on this machine. Returns the settings the results cover."""
+    if reanalyze:
+        runner.load(reanalyze)
+        return [s for s in settings if any(st["setting"] == s["name"] for st in runner.steps)]
+    runner.env = env_info()  # the machine the steps run on, kept in the steps file for --reanalyze
+    runner.run(settings)
+    return settings
+
+
+def _analysis(cfg: dict, settings: list[dict], runner: BenchRunner, peer_reason: str,
+              args: argparse.Namespace) -> dict:
+    """The results from the runner's steps, printed as tables, with the charts written when ``--charts`` asks."""
     result = build_result(cfg, settings, runner.steps, runner.skipped, runner.granularity, runner.shapes,
                           runner.env or env_info(), peer_reason, cfg.get("sim_tr_sweep"), runner.cpu_samples,
                           runner.stacks)
@@ -677,18 +712,17 @@ def main(argv=None) -> int:
         paths = write_charts(result, runner.steps, Path(args.charts), runner.shapes, cfg.get("chart_setting"))
         result["charts"] = [str(p) for p in paths]
         print(f"[bench] charts: {', '.join(str(p) for p in paths)}")
-    elapsed = time.perf_counter() - t_start
-    result["elapsed_s"] = {"total": elapsed, "startup": runner.startup_s, "steps": t_runs - t_start - runner.startup_s,
-                           "analysis": time.perf_counter() - t_runs, "measured_steps": len(runner.steps)}
-    result["steps_file"] = str(args.reanalyze or steps_path)
+    return result
+
+
+def _write_result(result: dict, out: Path) -> list[str]:
+    """Write ``result`` to ``out``; returns its schema problems (printed to stderr), empty when none."""
     problems = check_schema(result)
     if problems:
         print("[bench] schema problems:\n  " + "\n  ".join(problems), file=sys.stderr)
     with open(out, "w") as f:
         json.dump(result, f, indent=1, default=_json_default)
-    print(f"[bench] wrote {out}{'' if args.reanalyze else f' and {steps_path}'}; elapsed {elapsed:.1f}s "
-          f"(stack start-up {runner.startup_s:.1f}s, {len(runner.steps)} measured steps)")
-    return 1 if problems else 0
+    return problems
 
 
 def _chosen_settings(ap: argparse.ArgumentParser, settings: list[dict], names: str | None) -> list[dict]:
