@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import uuid4
 
@@ -71,6 +72,28 @@ def sample_index() -> int:
     return int(adm.request.index) if adm is not None else 0
 
 
+@dataclass
+class _Episode:
+    """One trajectory's state as its turns build it: the tokens so far, their response mask and log-probs, the
+    messages, and the episode's facts for ``reward_extra_info``."""
+
+    messages: list
+    runtime_ids: list[int]
+    prompt_len: int
+    response_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None
+    extra_fields: dict[str, Any] = field(default_factory=dict)
+    gen_s: float = 0.0
+    tool_s: float = 0.0
+    preempted: int | None = None
+    last_text: str = ""
+    turns_done: int = 0
+    tool_calls: int = 0
+    tool_messages: int = 0
+    tool_failed: bool = False
+    truncated: bool = False
+
+
 @register(AGENT_NAME)
 class MultiTurnEnvAgentLoop(AgentLoopBase):
     def __init__(self, *args, **kwargs):
@@ -81,92 +104,110 @@ class MultiTurnEnvAgentLoop(AgentLoopBase):
     @rollout_trace_op
     async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs) -> AgentLoopOutput:
         priority = int(priority)  # may arrive as np.int64 from non_tensor_batch
-        env = self.env
-        plan = plan_episode(env, task_key(kwargs), sample_index())
+        plan = plan_episode(self.env, task_key(kwargs), sample_index())
         ground_truth = (kwargs.get("reward_model") or {}).get("ground_truth")
         messages = list(kwargs["raw_prompt"])
         request_id = f"det-{priority}" if getattr(self.rollout_config, "full_determinism", False) else uuid4().hex
 
         runtime_ids = await self.ct_build_initial_tokens(messages)
-        prompt_len = len(runtime_ids)
-        response_mask: list[int] = []
-        logprobs: list[float] | None = None
-        extra_fields: dict[str, Any] = {}
-        gen_s = tool_s = 0.0
-        preempted = None
-        last_text, turns_done, tool_calls, tool_messages, tool_failed, truncated = "", 0, 0, 0, False, False
-
+        ep = _Episode(messages=messages, runtime_ids=runtime_ids, prompt_len=len(runtime_ids))
         for turn in range(plan.turns):
-            budget = self.response_length - len(response_mask)
+            budget = self.response_length - len(ep.response_mask)
             if budget <= 0:
-                truncated = True
+                ep.truncated = True
                 break
-            params = dict(sampling_params)
-            params["max_tokens"] = min(int(params.get("max_tokens", env.turn_max_tokens)), env.turn_max_tokens, budget)
-            if plan.turn_tokens:  # forced turn lengths (EnvConfig.turn_tokens): the same work in every mode
-                params["max_tokens"] = min(plan.turn_tokens[turn], budget)
-                params["ignore_eos"] = True
-            t0 = time.perf_counter()
-            if turn:  # its next turn's admission (a window slot on its replica): queueing, as inside vLLM
-                await turn_gate.next_turn()
-            out = await self.server_manager.generate(request_id=request_id, prompt_ids=runtime_ids,
-                                                     sampling_params=params, priority=priority)
-            gen_s += time.perf_counter() - t0
-            turns_done += 1
-            if out.num_preempted is not None:
-                preempted = (preempted or 0) + int(out.num_preempted)
-            _merge_versions(extra_fields, out.extra_fields)
-            if out.log_probs and logprobs is None:
-                logprobs = [0.0] * len(response_mask)
-            merge, response_mask, logprobs = await self.ct_merge_assistant_token(
-                runtime_ids, out.token_ids, response_mask, logprobs,
-                assistant_logprobs=out.log_probs if out.log_probs else None)
-            runtime_ids = merge.token_ids
-            last_text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+            await self._model_turn(ep, turn, self._turn_params(sampling_params, plan, turn, budget), request_id,
+                                   priority)
             if turn == plan.turns - 1:
                 break
-            if len(response_mask) >= self.response_length:
-                truncated = True
+            if len(ep.response_mask) >= self.response_length:
+                ep.truncated = True
                 break
-            # the tool: no request in vLLM while it runs, and no admission slot held
-            turn_gate.turn_done()
-            t0 = time.perf_counter()
-            await asyncio.sleep(plan.latencies_s[turn])
-            tool_s += time.perf_counter() - t0
-            tool_calls += 1
-            if plan.failures[turn]:
-                if env.on_tool_failure == "fail_request":
-                    raise ToolFailure(f"tool call {turn} of task {task_key(kwargs)} sample {sample_index()} failed")
-                tool_failed = True
+            if not await self._tool_turn(ep, turn, plan, kwargs):
                 break
-            messages.append({"role": "assistant", "content": last_text})
-            previous = list(messages)
-            messages.append({"role": "tool", "content": observation(last_text, plan.turns - 1 - turn)})
-            merge, mask, lp = await self.ct_merge_context_msg(previous, messages, runtime_ids, response_mask, logprobs)
-            if len(mask) >= self.response_length:  # as verl's ToolAgentLoop: a context that does not fit ends it
-                truncated = True
-                break
-            runtime_ids, response_mask, logprobs = merge.token_ids, mask, lp
-            tool_messages += 1
+        return self._output(ep, ground_truth)
 
-        response_ids = runtime_ids[prompt_len:]
-        assert len(response_ids) == len(response_mask), (len(response_ids), len(response_mask))
-        extra_fields.update({
+    def _turn_params(self, sampling_params: dict[str, Any], plan, turn: int, budget: int) -> dict[str, Any]:
+        """A model turn's sampling parameters: its max_tokens capped by the environment's turn limit and the
+        response budget left; forced turn lengths (EnvConfig.turn_tokens) give the same work in every mode."""
+        env = self.env
+        params = dict(sampling_params)
+        params["max_tokens"] = min(int(params.get("max_tokens", env.turn_max_tokens)), env.turn_max_tokens, budget)
+        if plan.turn_tokens:
+            params["max_tokens"] = min(plan.turn_tokens[turn], budget)
+            params["ignore_eos"] = True
+        return params
+
+    async def _model_turn(self, ep: _Episode, turn: int, params: dict[str, Any], request_id: str,
+                          priority: int) -> None:
+        """One ``generate`` call (after the turn's admission, for every turn but the first), its tokens appended
+        with response_mask 1 and their log-probs."""
+        t0 = time.perf_counter()
+        if turn:  # its next turn's admission (a window slot on its replica): queueing, as inside vLLM
+            await turn_gate.next_turn()
+        out = await self.server_manager.generate(request_id=request_id, prompt_ids=ep.runtime_ids,
+                                                 sampling_params=params, priority=priority)
+        ep.gen_s += time.perf_counter() - t0
+        ep.turns_done += 1
+        if out.num_preempted is not None:
+            ep.preempted = (ep.preempted or 0) + int(out.num_preempted)
+        _merge_versions(ep.extra_fields, out.extra_fields)
+        if out.log_probs and ep.logprobs is None:
+            ep.logprobs = [0.0] * len(ep.response_mask)
+        merge, ep.response_mask, ep.logprobs = await self.ct_merge_assistant_token(
+            ep.runtime_ids, out.token_ids, ep.response_mask, ep.logprobs,
+            assistant_logprobs=out.log_probs if out.log_probs else None)
+        ep.runtime_ids = merge.token_ids
+        ep.last_text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+
+    async def _tool_turn(self, ep: _Episode, turn: int, plan, kwargs: dict) -> bool:
+        """The tool after model turn ``turn``: no request in vLLM while it runs and no admission slot held; its
+        ``tool`` message appended with response_mask 0. False when the episode ends here (the tool failed, or its
+        context does not fit); raises ToolFailure when a failed tool fails the request."""
+        turn_gate.turn_done()
+        t0 = time.perf_counter()
+        await asyncio.sleep(plan.latencies_s[turn])
+        ep.tool_s += time.perf_counter() - t0
+        ep.tool_calls += 1
+        if plan.failures[turn]:
+            if self.env.on_tool_failure == "fail_request":
+                raise ToolFailure(f"tool call {turn} of task {task_key(kwargs)} sample {sample_index()} failed")
+            ep.tool_failed = True
+            return False
+        ep.messages.append({"role": "assistant", "content": ep.last_text})
+        previous = list(ep.messages)
+        ep.messages.append({"role": "tool", "content": observation(ep.last_text, plan.turns - 1 - turn)})
+        merge, mask, lp = await self.ct_merge_context_msg(previous, ep.messages, ep.runtime_ids, ep.response_mask,
+                                                          ep.logprobs)
+        if len(mask) >= self.response_length:  # as verl's ToolAgentLoop: a context that does not fit ends it
+            ep.truncated = True
+            return False
+        ep.runtime_ids, ep.response_mask, ep.logprobs = merge.token_ids, mask, lp
+        ep.tool_messages += 1
+        return True
+
+    def _output(self, ep: _Episode, ground_truth) -> AgentLoopOutput:
+        """The trajectory as verl's AgentLoopOutput: the environment's reward and the episode's facts."""
+        prompt_len = ep.prompt_len
+        response_ids = ep.runtime_ids[prompt_len:]
+        assert len(response_ids) == len(ep.response_mask), (len(response_ids), len(ep.response_mask))
+        ep.extra_fields.update({
             "turn_scores": [], "tool_rewards": [],
-            "reward_extra_info": {"mt_turns": turns_done, "mt_tool_calls": tool_calls,
-                                  "mt_tool_failed": tool_failed, "mt_truncated": truncated,
-                                  "mt_tool_wait_s": round(tool_s, 6), "mt_gen_s": round(gen_s, 6)},
+            "reward_extra_info": {"mt_turns": ep.turns_done, "mt_tool_calls": ep.tool_calls,
+                                  "mt_tool_failed": ep.tool_failed, "mt_truncated": ep.truncated,
+                                  "mt_tool_wait_s": round(ep.tool_s, 6), "mt_gen_s": round(ep.gen_s, 6)},
         })
+        logprobs = ep.logprobs
         return AgentLoopOutput(
-            prompt_ids=runtime_ids[:prompt_len],
+            prompt_ids=ep.runtime_ids[:prompt_len],
             response_ids=response_ids[: self.response_length],
-            response_mask=response_mask[: self.response_length],
+            response_mask=ep.response_mask[: self.response_length],
             response_logprobs=logprobs[: self.response_length] if logprobs else None,
-            reward_score=reward(last_text, ground_truth, tool_failed),
-            num_turns=1 + turns_done + tool_messages,  # user + assistant + tool messages, as verl counts
-            metrics={"generate_sequences": gen_s, "tool_calls": tool_s,
-                     "num_preempted": preempted if preempted is not None else -1},
-            extra_fields=extra_fields,
+            reward_score=reward(ep.last_text, ground_truth, ep.tool_failed),
+            num_turns=1 + ep.turns_done + ep.tool_messages,  # user + assistant + tool messages, as verl counts
+            metrics={"generate_sequences": ep.gen_s, "tool_calls": ep.tool_s,
+                     "num_preempted": ep.preempted if ep.preempted is not None else -1},
+            extra_fields=ep.extra_fields,
         )
 
 
