@@ -36,6 +36,7 @@ from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrain
 from verl_pipe.actor_backend import ActorBackend, StepOutcome, train_step
 from verl_pipe.config import ConfigError, cgp_estimator_problem, groups_per_unit
 from verl_pipe.frontier import FCFSPolicy, FrontierPolicy
+from verl_pipe.group_filter import GroupFilters
 from verl_pipe.group_queue import Group, GroupQueue
 from verl_pipe.knobs import StepKnobs, step_knobs
 from verl_pipe.release import DispatchOrderRelease
@@ -54,7 +55,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["RolloutPipeTrainer", "StepFailedError"]  # StepFailedError lives in verl_pipe/rollback.py
 
 
-class RolloutPipeTrainer(RunLoop, OneStepOffRayTrainer):
+class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
     backend_cls = ActorBackend  # executes the step's schedule on verl's worker group (fit_step can be given another)
     # Extension hooks: the admission policy classes a step is built with (verl_pipe.frontier), their extra
     # constructor arguments from ``admission_kwargs`` (docs/extending.md).
@@ -200,7 +201,7 @@ class RolloutPipeTrainer(RunLoop, OneStepOffRayTrainer):
             if versions != {version}:
                 raise RuntimeError(f"step {self.global_steps}: group {g} has weight versions {versions}, "
                                    f"expected exactly {{{version}}} (off-policy sample)")
-            trainable = self.group_is_trainable(g, piece)
+            trainable = self.keeps_group(g, piece)
             if trainable:
                 group = Group(g, piece, version, time.perf_counter())
                 queue.put(group) if release is None else release.hold(g, group)
@@ -227,7 +228,8 @@ class RolloutPipeTrainer(RunLoop, OneStepOffRayTrainer):
 
         Default: DAPO dynamic sampling when rolloutpipe.filter_zero_variance is on (a group whose rewards are all
         equal has zero advantages and carries no signal). An untrainable group is replaced by the next one
-        (oversampled prompts, rolloutpipe.oversample)."""
+        (oversampled prompts, rolloutpipe.oversample). A caller's filter for some steps: ``filtering_groups``
+        (verl_pipe/group_filter.py)."""
         return is_trainable(piece, self.filter_zero_variance)
 
     def _sampling_overrides(self, num_groups: int, knobs: StepKnobs):

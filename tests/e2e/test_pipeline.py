@@ -254,13 +254,9 @@ def _merged_batch(pipe, prompts: int) -> dict:
 def test_untrainable_groups_are_replaced_and_leftovers_aborted(pipe):
     """With oversampling, the step trains the first train_batch_size trainable groups (FIFO) and
     aborts what is left; the next step starts clean with the next weight version."""
-    trainer = pipe.trainer
-    trainer.group_is_trainable = lambda group, piece: group != 0  # group 0 carries no signal
-    try:
+    with pipe.trainer.filtering_groups(lambda group, piece: group != 0):  # group 0 carries no signal
         rec = pipe.step(mode="cgp", granularity="minibatch", fgd=True, fgd_window=2 * N,
                         batch_dict=_merged_batch(pipe, GROUPS + 4), workload=LONGTAIL)
-    finally:
-        del trainer.group_is_trainable
     trained = rec["trained_groups"]
     assert len(trained) == GROUPS and len(set(trained)) == GROUPS and 0 not in trained
     tm = rec["timeline"]
