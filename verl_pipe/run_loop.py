@@ -2,7 +2,7 @@
 
 One job: what verl's ``SeparateRayPPOTrainer.fit`` does before, between and after its steps, on the trainer it is
 mixed into: ``begin`` (logger, checkpoint, θ_0 into the rollout pool, the validation before training, verl's
-profiler state), the epochs (a resumed run goes on in its checkpoint's epoch; ``trainer.val_only`` stops after the
+profiler state), ``restore`` / ``replay`` (a live run back to a saved step; a recorded step trained again), the epochs (a resumed run goes on in its checkpoint's epoch; ``trainer.val_only`` stops after the
 validation), a stop request from the launcher, and ``end``. verl seams (verl 0.9.1, RayPPOTrainer /
 SeparateRayPPOTrainer): ``_load_checkpoint``, ``_validate``, ``_init_dump_executor`` / ``_shutdown_dump_executor``,
 ``checkpoint_manager.update_weights``, ``total_training_steps``, ``is_last_step`` and the profiler attributes
@@ -86,6 +86,21 @@ class RunLoop:
             stop_request.clear(self.stop_key)
             return True
         return False
+
+    def restore(self, checkpoint_dir: str, global_steps: int) -> None:
+        """A live run back to a saved step: the actor and its optimizer from ``checkpoint_dir`` (written by
+        ``actor_wg.save_checkpoint``), the step counter at ``global_steps``, those weights into the rollout pool."""
+        self.actor_wg.load_checkpoint(checkpoint_dir)
+        self.global_steps = global_steps
+        self.checkpoint_manager.update_weights(global_steps - 1)
+
+    def replay(self, queue, global_step: int, timeline, **changes):
+        """Trains the groups already in ``queue`` as step ``global_step``, with that step's metrics fresh and no
+        rollout: a recorded step trained again, e.g. under another schedule (``changes``: StepKnobs fields, as
+        ``train`` takes them). Returns the StepOutcome."""
+        self.global_steps = global_step
+        self.metrics = {}
+        return self.train(queue, timeline, **changes)
 
     def end(self) -> None:
         if self.progress_bar is not None:

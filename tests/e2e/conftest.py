@@ -125,7 +125,6 @@ def train_same_responses(session, tmp_path, runs) -> dict:
         out["groups"] = groups = queue.drain()
         for name, train, q in runs(groups, version):
             trainer.actor_wg.load_checkpoint(ckpt)
-            trainer.metrics = {}
             outcome = train(q, StepTimeline(0, trainer.groups_per_unit))
             assert [g.index for g in outcome.trained] == sorted(g.index for g in groups), name
             out[name] = {"norms": [m["actor/grad_norm"] for m in outcome.unit_metrics],
@@ -138,7 +137,8 @@ def train_same_responses(session, tmp_path, runs) -> dict:
 
 def trainer_in(trainer, mode: str, granularity: str):
     """The trainer's training of one step's queue in ``mode`` / ``granularity``: (queue, timeline) -> StepOutcome."""
-    return lambda queue, timeline: trainer.train(queue, timeline, mode=mode, granularity=granularity)
+    return lambda queue, timeline: trainer.replay(queue, trainer.global_steps, timeline, mode=mode,
+                                                  granularity=granularity)
 
 
 def update_deviation(state, base_state, theta_k) -> float:
@@ -236,15 +236,13 @@ class KillAtFirstUnit:
 
 @pytest.fixture(scope="module")
 def learn_pipe(tmp_path_factory):
-    """A live stack of the tiny default as `make demo` runs it (its SFT warm-start, its learning settings) with the
-    steering reward (verl_pipe/assets/target_reward.py), driven step by step."""
+    """A live stack of the tiny default as `make demo` runs it (its SFT warm-start, its reward, its learning settings),
+    driven step by step."""
     from verl_pipe.session import PipeSession, compose
 
     ckpt = tmp_path_factory.mktemp("ckpt")
     cfg = compose(["trainer.total_training_steps=1000", "trainer.test_freq=-1", "trainer.val_before_train=false",
-                   f"trainer.default_local_dir={ckpt}",
-                   "reward.custom_reward_function.path=pkg://verl_pipe.assets.target_reward",
-                   "reward.custom_reward_function.name=compute_score"])
+                   f"trainer.default_local_dir={ckpt}"])
     session = PipeSession(cfg)
     yield session
     session.close()

@@ -4,9 +4,8 @@
   replaying them from the same weights and optimizer state (the same groups per step; no order hook: sync forms its
   mini-batches in dispatch order, and so did CGP). With mini-batch units the old log-probs, gradient norms and final
   parameters are bit-identical; group granularity agrees to the tolerance asserted (docs/learning.md).
-- Learning: GRPO moves the policy toward what its reward asks, fast enough to assert in a dozen steps (the steering
-  reward, verl_pipe/assets/target_reward.py). The digit-math accuracy itself rises too slowly and noisily on the
-  tiny model for a short test to assert it reliably: its curves are the learning benchmark's (docs/learning.md).
+- Learning: CGP+FGD's GRPO steps raise the held-out accuracy of the digit-math task (verl's greedy validation, 128
+  questions) from the warm-start's well above its noise within 20 steps, as `make demo` does (docs/learning.md).
 """
 
 import pytest
@@ -15,15 +14,8 @@ import torch
 pytestmark = pytest.mark.e2e
 
 K = 5  # steps of the exactness runs
-STEER_STEPS = 16
-
-
-def _restore(pipe, ckpt: str, global_steps: int) -> None:
-    """The actor, its optimizer and the rollout replica back to the weights the run started from."""
-    trainer = pipe.trainer
-    trainer.actor_wg.load_checkpoint(ckpt)
-    trainer.global_steps = global_steps
-    trainer.checkpoint_manager.update_weights(global_steps - 1)
+LEARN_STEPS = 20
+ACC = "val-core/verl_pipe/digit_math/acc/mean@1"
 
 
 @pytest.mark.parametrize("granularity", ["minibatch", "group"])
@@ -57,12 +49,10 @@ def test_cgp_and_sync_agree_over_five_real_steps(learn_pipe, tmp_path, granulari
         trainer.actor_wg.load_checkpoint(ckpt)
         worst_lp = 0.0
         for k, step in enumerate(chain):
-            trainer.global_steps = first + k
             order = step["order"]
             assert order == sorted(order), f"step {k}: CGP trained {order}, not in dispatch order"
-            trainer.metrics = {}
-            outcome = trainer.train(prefilled_queue(step["groups"], first + k - 1),
-                                    StepTimeline(0, trainer.groups_per_unit), mode="sync", granularity="minibatch")
+            outcome = trainer.replay(prefilled_queue(step["groups"], first + k - 1), first + k,
+                                     StepTimeline(0, trainer.groups_per_unit), mode="sync", granularity="minibatch")
             assert [g.index for g in outcome.trained] == order, f"step {k}: sync trained other groups"
             lp = outcome.batch.batch["old_log_probs"]
             worst_lp = max(worst_lp, float((lp - step["old_log_probs"]).abs().max()))
@@ -78,7 +68,7 @@ def test_cgp_and_sync_agree_over_five_real_steps(learn_pipe, tmp_path, granulari
         sync_state = pipe.actor_state()
     finally:
         pipe.change(unit_fill="completion")  # the default again for the module's other tests
-        _restore(pipe, ckpt, first)
+        trainer.restore(ckpt, first)  # the weights the run started from, for the module's other tests
     worst = max(float((cgp_state[n] - sync_state[n]).abs().max()) for n in cgp_state)
     dev = update_deviation(cgp_state, sync_state, theta_start)
     print(f"[exactness] {granularity}: {K} steps (rewards {[round(s['reward'], 3) for s in chain]}); old log-probs "
@@ -89,12 +79,18 @@ def test_cgp_and_sync_agree_over_five_real_steps(learn_pipe, tmp_path, granulari
         assert dev < 1e-3, f"group granularity's update after {K} steps deviates by {dev:.2e}"
 
 
-def test_grpo_learns_what_the_reward_asks(learn_pipe):
-    """GRPO steps under the steering reward (verl_pipe/assets/target_reward.py): the share of responses whose answer
-    is the target rises well above its start. Measured (docs/learning.md): 0.04 over the first three steps, 0.22 over
-    steps 10-12; the assertion asks the last four of 16 steps for 0.12 more than the first four."""
+def test_grpo_raises_held_out_accuracy(learn_pipe):
+    """LEARN_STEPS real CGP+FGD steps from the warm-start: verl's validation (greedy, the 128 held-out questions) before
+    and after. Measured (docs/learning.md): 0.508 before; after 20 steps 0.742-0.773 in the demo's two runs and
+    0.719-0.844 in the learning bench's nine (three modes x three seeds: a rise of 0.21-0.34). The assertion asks for
+    0.10 more than the start: one standard error of a 128-question accuracy is ~0.04, and
+    a loop that stops learning (advantages of the wrong sign, rewards joined to the wrong responses, an optimizer that
+    does not step, weights that never reach vLLM) stays within it or falls."""
+    trainer = learn_pipe.trainer
+    before = trainer._validate()[ACC]
     rewards = [learn_pipe.step(mode="cgp", fgd=True, workload=None)["metrics"]["critic/score/mean"]
-               for _ in range(STEER_STEPS)]
-    start, end = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
-    print(f"[learning] steering reward per step: {[round(r, 3) for r in rewards]}")
-    assert end >= start + 0.12, f"GRPO did not learn what the reward asks: {start:.3f} -> {end:.3f} ({rewards})"
+               for _ in range(LEARN_STEPS)]
+    after = trainer._validate()[ACC]
+    print(f"[learning] validation accuracy {before:.3f} -> {after:.3f} after {LEARN_STEPS} CGP+FGD steps; reward per "
+          f"step {[round(r, 3) for r in rewards]}")
+    assert after >= before + 0.10, f"GRPO did not raise held-out accuracy: {before:.3f} -> {after:.3f} ({rewards})"
