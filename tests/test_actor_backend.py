@@ -19,9 +19,9 @@ from verl import DataProto
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
 from verl_pipe.actor_backend import ActorBackend, StepOutcome
-from verl_pipe.group_queue import Group, GroupQueue
+from verl_pipe.core.group_queue import Group, GroupQueue
+from verl_pipe.core.timeline import StepTimeline
 from verl_pipe.knobs import StepKnobs
-from verl_pipe.timeline import StepTimeline
 from verl_pipe.trainer import RolloutPipeTrainer
 from verl_pipe.trainer_seam import TrainerSeam
 

@@ -12,10 +12,10 @@ from verl_pipe.bench.calib import (PaddedWorkload, StepShape, engine_intervals, 
                                    trainer_span_samples)
 from verl_pipe.bench.report import (MODES, REPORTED, check_schema, format_setting, format_sim_validation, format_sweep,
                                     mode_entry, setting_entry, train_to_rollout_ratio)
+from verl_pipe.core.workload import from_spec
 from verl_pipe.sim.engine import CPU_TINY
 from verl_pipe.sim.simulate import simulate_step
 from verl_pipe.sim.trainer import TrainerParams
-from verl_pipe.workload import from_spec
 
 
 def fake_metrics(r2t, wait, rollout=4.0, busy=6.0, **kw):
@@ -353,7 +353,7 @@ def test_simulator_is_calibrated_per_model_size():
 
 
 def test_adaptive_fgd_window_is_recorded_by_name_and_simulated_as_the_trainer_resolves_it():
-    from verl_pipe.frontier import AdaptiveWindow
+    from verl_pipe.core.frontier import AdaptiveWindow
 
     assert bench.window_label(AdaptiveWindow(capacity=8, floor=4)) == "adaptive"
     assert bench.window_label(16) == 16

@@ -11,9 +11,9 @@ from verl_pipe.bench.preemptions import PREEMPTIONS, counter_total, step_delta
 from verl_pipe.bench.report import check_schema, format_setting
 from verl_pipe.bench.sim_windows import stack_shape
 from verl_pipe.config import validate
+from verl_pipe.core.workload import from_spec
 from verl_pipe.session import compose
 from verl_pipe.sim.simulate import simulate_step
-from verl_pipe.workload import from_spec
 
 QUEUE = bench.CONF_DIR / "queue.yaml"
 TINY_KV_TOKENS_PER_GIB = 1 << 20  # the tiny model: 1 KiB of fp32 KV per token

@@ -2,7 +2,7 @@ import time
 
 import pytest
 
-from verl_pipe.deadline import DeadlineExceeded, call_with_deadline
+from verl_pipe.core.deadline import DeadlineExceeded, call_with_deadline
 
 
 def test_returns_value_and_reraises_errors():

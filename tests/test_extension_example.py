@@ -12,7 +12,7 @@ import torch
 from verl import DataProto
 
 from verl_pipe.config import validate
-from verl_pipe.frontier import FCFSPolicy, FrontierPolicy, Request
+from verl_pipe.core.frontier import FCFSPolicy, FrontierPolicy, Request
 from verl_pipe.session import compose
 
 RECIPE = "tiny_cpu_extension_example"

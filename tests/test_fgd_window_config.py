@@ -1,10 +1,10 @@
 """rolloutpipe.fgd.window: 'adaptive' is the default, validated with the other spellings, and resolves to the
-policy's AdaptiveWindow (verl_pipe.frontier) the way the trainer resolves it."""
+policy's AdaptiveWindow (verl_pipe.core.frontier) the way the trainer resolves it."""
 
 import pytest
 
 from verl_pipe.config import ConfigError, validate
-from verl_pipe.frontier import AdaptiveWindow, resolve_window
+from verl_pipe.core.frontier import AdaptiveWindow, resolve_window
 from verl_pipe.session import compose
 
 CGP_FGD = ["rolloutpipe.mode=cgp", "rolloutpipe.fgd.enable=true"]

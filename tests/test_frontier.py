@@ -1,4 +1,4 @@
-"""Tests of the admission policies (verl_pipe.frontier): pure logic, so a random driver checks the invariants."""
+"""Tests of the admission policies (verl_pipe.core.frontier): pure logic, so a random driver checks the invariants."""
 
 import random
 from collections import defaultdict
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_pipe.frontier import (ADAPTIVE_BURST_FACTOR, Admission, AdaptiveWindow, FCFSPolicy, FrontierPolicy, Request,
-                                auto_frontier, resolve_window)
+from verl_pipe.core.frontier import (ADAPTIVE_BURST_FACTOR, Admission, AdaptiveWindow, FCFSPolicy, FrontierPolicy,
+                                     Request, auto_frontier, resolve_window)
 
 
 def finish_group(policy, g, trainable=True, replica=None):

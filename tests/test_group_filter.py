@@ -1,4 +1,4 @@
-"""The trainer's run-time group filter (verl_pipe/group_filter.py): ``with trainer.filtering_groups(keep):`` adds a
+"""The trainer's run-time group filter (verl_pipe/core/group_filter.py): ``with trainer.filtering_groups(keep):`` adds a
 filter beside the ``group_is_trainable`` hook for the block's steps, and ``keeps_group`` (what the rollout asks of each
 materialized group) needs both. Pure: the mixin on a small class, then on a RolloutPipeTrainer built without workers."""
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from verl_pipe.group_filter import GroupFilters
+from verl_pipe.core.group_filter import GroupFilters
 
 
 class _Hooked(GroupFilters):

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from verl_pipe.group_queue import Group, GroupQueue, WrongWeightVersion
+from verl_pipe.core.group_queue import Group, GroupQueue, WrongWeightVersion
 
 
 def _g(i, version=3):

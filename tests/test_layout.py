@@ -120,6 +120,30 @@ def test_no_import_circles():
 def test_peer_configurations_are_the_variant_tables():
     """bench/settings.py checks a setting's ``peers`` against the variant table, not bench/peer (no circle)."""
     from verl_pipe.bench.peer.configs import CONFIGS
-    from verl_pipe.variants import PEER_MODE_NAMES
+    from verl_pipe.core.variants import PEER_MODE_NAMES
 
     assert set(CONFIGS) == set(PEER_MODE_NAMES)
+
+
+def test_core_is_pure():
+    """verl_pipe/core holds the pure cores: each of its modules imports, at any level, only the standard library
+    (asyncio excepted), numpy and the other modules of verl_pipe.core; no verl, vLLM, Ray, torch or omegaconf."""
+    import sys
+
+    allowed = (set(sys.stdlib_module_names) - {"asyncio"}) | {"numpy", "__future__"}
+    core = ROOT / "verl_pipe" / "core"
+    files = sorted(core.glob("*.py"))
+    assert len(files) > 1, f"{core} holds no modules"
+    bad = []
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = ["verl_pipe.core"] if node.level == 1 else [node.module or "."]
+            else:
+                continue
+            for n in names:
+                if not (n.split(".")[0] in allowed or n == "verl_pipe.core" or n.startswith("verl_pipe.core.")):
+                    bad.append(f"{f.name}:{node.lineno} imports {n}")
+    assert not bad, bad

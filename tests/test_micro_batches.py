@@ -1,11 +1,12 @@
-"""The update's row order (verl_pipe/micro_batches.py) and the worker log's records (verl_pipe/bench/worker_log.py)."""
+"""The update's row order (verl_pipe/core/micro_batches.py) and the worker log's records
+(verl_pipe/bench/worker_log.py)."""
 
 import json
 
 import pytest
 
 from verl_pipe.bench import worker_log
-from verl_pipe.micro_batches import length_order, padded_tokens
+from verl_pipe.core.micro_batches import length_order, padded_tokens
 
 
 def test_padded_tokens_pads_each_micro_batch_to_its_longest():

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap, _agent_loop_registry
 from verl.workers.rollout.replica import TokenOutput
 from verl_pipe.assets.multiturn_env import TailSpec, ToolFailure, plan_episode
-from verl_pipe.frontier import Admission, Request
+from verl_pipe.core.frontier import Admission, Request
 from verl_pipe.rollout.client import CURRENT_ADMISSION
 from verl_pipe.rollout.multiturn import AGENT_NAME, MultiTurnEnvAgentLoop, env_config, task_key
 

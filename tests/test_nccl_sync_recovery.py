@@ -26,7 +26,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from verl_pipe.deadline import DeadlineExceeded
+from verl_pipe.core.deadline import DeadlineExceeded
 from verl_pipe.platform.recoverable_sync import GROUP_PREFIX, RecoverableSync, SyncMetadata
 from verl_pipe.platform.sync_guard import SyncAborted, SyncGuard
 from verl_pipe.weight_sync import GIB, WeightSync, bytes_deadline_s, sync_deadline

@@ -14,6 +14,7 @@ from dataclasses import replace
 import pytest
 from omegaconf import OmegaConf
 
+from verl_pipe.core.workload import lognormal
 from verl_pipe.plan import lengths as L
 from verl_pipe.plan.calibrate import calibrate_run
 from verl_pipe.plan.hardware import MODELS, profile
@@ -23,7 +24,6 @@ from verl_pipe.sim.engine import CPU_TINY
 from verl_pipe.sim.simulate import simulate_step
 from verl_pipe.sim.trainer import TrainerParams
 from verl_pipe.step_record import step_record, write_trace
-from verl_pipe.workload import lognormal
 
 SHAPE = Shape(num_groups=16, n=8, groups_per_unit=4, rollout_gpus=2, train_gpus=2, max_num_seqs=64,
               max_num_batched_tokens=8192, max_response_length=4096, max_prompt_length=512,

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from verl_pipe.bench.calib import PaddedWorkload, StepShape, calibration_summary
+from verl_pipe.core.workload import lognormal
 from verl_pipe.plan.calibrate import calibrate_run, fit_verl_trainer, peer_totals, verl_check
 from verl_pipe.sim.engine import CPU_TINY
 from verl_pipe.sim.simulate import simulate_step
 from verl_pipe.sim.trainer import TrainerParams
-from verl_pipe.workload import lognormal
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK = REPO / "docs/bench/trainer_gap_quick_steps_2026-12-01.json.gz"

@@ -25,10 +25,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from verl_pipe.core.workload import lognormal
 from verl_pipe.plan import verl_log as V
 from verl_pipe.plan.hardware import MODELS, profile
 from verl_pipe.sim.simulate import rollout_for_mode, timeline_for
-from verl_pipe.workload import lognormal
 
 VERL_LOGGER = Path(importlib.util.find_spec("verl").submodule_search_locations[0]) / "utils/logger/aggregate_logger.py"
 VERL_TRACKING = VERL_LOGGER.parents[1] / "tracking.py"

@@ -1,10 +1,10 @@
-"""rolloutpipe.cgp.unit_fill: the dispatch-order release (verl_pipe/release.py), pure."""
+"""rolloutpipe.cgp.unit_fill: the dispatch-order release (verl_pipe/core/release.py), pure."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_pipe.release import DispatchOrderRelease, check_fill, dispatch_release_times
+from verl_pipe.core.release import DispatchOrderRelease, check_fill, dispatch_release_times
 
 
 def test_a_group_waits_for_every_group_dispatched_before_it():
@@ -77,7 +77,7 @@ def test_simulated_release_times():
 def test_simulator_fills_units_in_dispatch_order():
     """Group 1 completes first (lengths 1), group 0 last: completion fill trains group 1 first, dispatch fill
     waits for group 0 and trains the units in dispatch order, as sync does."""
-    from verl_pipe import workload as W
+    from verl_pipe.core import workload as W
     from verl_pipe.sim.engine import EngineParams
     from verl_pipe.sim.simulate import simulate_step
     from verl_pipe.sim.trainer import TrainerParams

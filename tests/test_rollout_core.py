@@ -1,5 +1,5 @@
-"""The rollout core (verl_pipe/rollout_core.py), pure: hand-written fault sequences, and random event orders checked
-against its invariants (every group ends exactly once, no request submitted twice, retries bounded)."""
+"""The rollout core (verl_pipe/core/rollout_core.py), pure: hand-written fault sequences, and random event orders
+checked against its invariants (every group ends exactly once, no request submitted twice, retries bounded)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_pipe.frontier import FCFSPolicy, FrontierPolicy, Request
-from verl_pipe.rollout_core import (GROUP_ENDS, Cancel, FailStep, GiveUp, GroupEnded, HandOver, Restart, Retire,
-                                    Retry, RolloutCore, Submit, Take)
+from verl_pipe.core.frontier import FCFSPolicy, FrontierPolicy, Request
+from verl_pipe.core.rollout_core import (GROUP_ENDS, Cancel, FailStep, GiveUp, GroupEnded, HandOver, Restart, Retire,
+                                         Retry, RolloutCore, Submit, Take)
 
 
 def _core(groups=3, n=2, target=3, replicas=(0,), window=None, **kw):
@@ -137,7 +137,7 @@ def test_arguments_are_checked():
 
 
 def test_the_core_is_pure_python():
-    code = ("import sys, verl_pipe.rollout_core; "
+    code = ("import sys, verl_pipe.core.rollout_core; "
             "print(sorted(m for m in ('asyncio', 'ray', 'torch', 'verl', 'vllm', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -1,4 +1,4 @@
-"""The trainer's schedule (verl_pipe/schedule.py), pure: every mode over arbitrary arrival orders and timings.
+"""The trainer's schedule (verl_pipe/core/schedule.py), pure: every mode over arbitrary arrival orders and timings.
 
 A fake FIFO feeds the schedule: groups arrive in a drawn order, a drawn number of them arrive while the trainer
 works, and the rollout may end with fewer groups than the batch (a short last unit). A checker executes the
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_pipe import schedule as S
+from verl_pipe.core import schedule as S
 
 
 class FakeRun:

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_pipe.frontier import AdaptiveWindow, FCFSPolicy, FrontierPolicy, resolve_window
-from verl_pipe import workload as W
+from verl_pipe.core import workload as W
+from verl_pipe.core.frontier import AdaptiveWindow, FCFSPolicy, FrontierPolicy, resolve_window
 from verl_pipe.sim.engine import EngineParams, Replica, Seq, fit_engine_params
 from verl_pipe.sim.grid import format_setting, run_grid
 from verl_pipe.sim.simulate import make_policy, rollout_for_mode, simulate_rollout, simulate_step, timeline_for
@@ -67,7 +67,7 @@ def test_hand_computed_trainer(mode, swap, end, spans):
 
 
 def test_hand_computed_group_bursts():
-    # verl_pipe/schedule.py group_schedule: the trainer takes every group that has arrived (up
+    # verl_pipe/core/schedule.py group_schedule: the trainer takes every group that has arrived (up
     # to the unit's remainder) in one call. A call costs 1 s + 1 s per group (10 tokens at 10 tokens/s);
     # old_log_prob half of that; optimizer step 0.5 s; CPU copies 0.1 s. Units of 3 groups, groups done at
     # 1, 2, 3 | 4, 5, 9.

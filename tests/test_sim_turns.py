@@ -5,7 +5,7 @@ them."""
 import pytest
 
 from verl_pipe.assets.multiturn_env import EnvConfig, TailSpec, plan_episode
-from verl_pipe.frontier import FCFSPolicy, FrontierPolicy
+from verl_pipe.core.frontier import FCFSPolicy, FrontierPolicy
 from verl_pipe.sim.engine import EngineParams
 from verl_pipe.sim.simulate import rollout_for_mode, simulate_rollout
 from verl_pipe.sim.turns import Episodes, from_env

@@ -7,11 +7,11 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from verl_pipe.group_queue import Group
+from verl_pipe.core.group_queue import Group
+from verl_pipe.core.timeline import StepTimeline
 from verl_pipe.knobs import StepKnobs
 from verl_pipe.rollout.stream import StepResult
 from verl_pipe.step_record import StepHistory, record_step, summary_line
-from verl_pipe.timeline import StepTimeline
 
 T0 = 1000.0
 
@@ -106,7 +106,7 @@ def test_trace_dir_gets_the_chrome_trace_and_a_steps_line(tmp_path):
 
 
 def test_exact_lengths_overrides():
-    from verl_pipe.workload import equal_lengths, exact_lengths
+    from verl_pipe.core.workload import equal_lengths, exact_lengths
 
     f = exact_lengths(equal_lengths(2, 3, length=17, prompt_len=0))
     assert f(1, 2) == {"max_tokens": 17, "ignore_eos": True}

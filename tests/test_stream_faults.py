@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from verl_pipe.frontier import FCFSPolicy
+from verl_pipe.core.frontier import FCFSPolicy
+from verl_pipe.core.timeline import StepTimeline
 from verl_pipe.rollout.stream import ReplicaLostError, StepRequest, StreamingRollout
-from verl_pipe.timeline import StepTimeline
 
 
 class EngineDeadError(Exception):

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_pipe.timeline import StepTimeline, summarize, write_chrome_trace
+from verl_pipe.core.timeline import StepTimeline, summarize, write_chrome_trace
 
 T0 = 1000.0  # absolute clock value of the first submit; every reported time must be relative to it
 
@@ -341,7 +341,7 @@ def test_chrome_trace_many_concurrent_requests_keep_replicas_apart():
 
 
 def test_group_granularity_ideal_bound_uses_first_group_and_last_group_tail():
-    from verl_pipe.timeline import StepTimeline
+    from verl_pipe.core.timeline import StepTimeline
 
     tl = StepTimeline(step=1, groups_per_unit=2)
     for g, done in enumerate([1.0, 2.0, 3.0, 4.0]):

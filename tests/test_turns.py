@@ -1,6 +1,6 @@
-"""Turn-aware admission (verl_pipe.frontier, verl_pipe.rollout_core): a trajectory waiting on its tool holds no window
-slot; its next turn goes to the same replica with the same priority, in group-rank order ahead of later groups' first
-turns. Pure logic: a random driver checks the invariants over many event orders."""
+"""Turn-aware admission (verl_pipe.core.frontier, verl_pipe.core.rollout_core): a trajectory waiting on its tool holds
+no window slot; its next turn goes to the same replica with the same priority, in group-rank order ahead of later
+groups' first turns. Pure logic: a random driver checks the invariants over many event orders."""
 
 import random
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_pipe.frontier import AdaptiveWindow, FCFSPolicy, FrontierPolicy, Request
-from verl_pipe.rollout_core import HandOver, NextTurn, RolloutCore, Submit
+from verl_pipe.core.frontier import AdaptiveWindow, FCFSPolicy, FrontierPolicy, Request
+from verl_pipe.core.rollout_core import HandOver, NextTurn, RolloutCore, Submit
 
 
 def test_tool_wait_frees_the_slot_and_next_turn_is_sticky():
@@ -253,8 +253,8 @@ def _run_turn_driver(plan, groups, window):
 
     import numpy as np
 
+    from verl_pipe.core.timeline import StepTimeline
     from verl_pipe.rollout.stream import StepRequest
-    from verl_pipe.timeline import StepTimeline
 
     drv = _turn_driver_class()(plan)
     gen_batch = SimpleNamespace(non_tensor_batch={"raw_prompt": np.array([f"p{g}" for g in range(groups)])})

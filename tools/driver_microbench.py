@@ -3,13 +3,13 @@
     .venv/bin/python tools/driver_microbench.py [--groups 32] [--n 8] [--slots 256] [--window adaptive]
         [--repeats 5] [--materialize] [--verl-agent-loop [--tokenizer DIR]] [--profile]
 
-The driver runs, per request: the admission policy (verl_pipe/frontier.py), the step's rollout core
-(verl_pipe/rollout_core.py: every decision about a request or a group), the step's timeline (verl_pipe/timeline.py),
-an asyncio task and a wake-up (verl_pipe/rollout/stream.py's ``_StepRun``, which carries the core's actions out, and
-``StreamingRollout._one``, which builds the request's arguments); per group: the materialization
-(verl_pipe/rollout/materialize.py: verl's DataProto repeat + union, reward extraction, GRPO advantages) and the
-trainer's queue (verl_pipe/group_queue.py). The layers are timed one on top of the other, in a random completion
-order (the same for every layer):
+The driver runs, per request: the admission policy (verl_pipe/core/frontier.py), the step's rollout core
+(verl_pipe/core/rollout_core.py: every decision about a request or a group), the step's timeline
+(verl_pipe/core/timeline.py), an asyncio task and a wake-up (verl_pipe/rollout/stream.py's ``_StepRun``, which carries
+the core's actions out, and ``StreamingRollout._one``, which builds the request's arguments); per group: the
+materialization (verl_pipe/rollout/materialize.py: verl's DataProto repeat + union, reward extraction, GRPO advantages)
+and the trainer's queue (verl_pipe/core/group_queue.py). The layers are timed one on top of the other, in a random
+completion order (the same for every layer):
 
 - ``policy``: the policy's calls alone, as the core makes them;
 - ``policy + core``: the same policy driven through ``RolloutCore``, its actions handled as ``_StepRun`` handles them;
@@ -39,11 +39,11 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from verl_pipe.frontier import FrontierPolicy, resolve_window
-from verl_pipe.group_queue import Group, GroupQueue
+from verl_pipe.core.frontier import FrontierPolicy, resolve_window
+from verl_pipe.core.group_queue import Group, GroupQueue
+from verl_pipe.core.rollout_core import Cancel, GroupEnded, HandOver, RolloutCore, Submit, Take
+from verl_pipe.core.timeline import StepTimeline
 from verl_pipe.rollout import stream  # imports verl (and ray, not started): outside every timing
-from verl_pipe.rollout_core import Cancel, GroupEnded, HandOver, RolloutCore, Submit, Take
-from verl_pipe.timeline import StepTimeline
 
 
 def make_policy(a) -> FrontierPolicy:

@@ -1,4 +1,4 @@
-"""The real executor of the trainer's schedule (verl_pipe/schedule.py): its actions on verl's actor worker group.
+"""The real executor of the trainer's schedule (verl_pipe/core/schedule.py): its actions on verl's actor worker group.
 
 ``train_step`` runs one step's schedule: an ``ActorBackend`` takes groups from the step's GroupQueue, keeps each
 trained piece's DataProto, and calls into verl through the trainer's seam (verl_pipe/trainer_seam.py: verl's
@@ -18,12 +18,12 @@ from verl import DataProto
 from verl.utils.metric import reduce_metrics
 
 from verl_pipe import estimators
-from verl_pipe import schedule as S
-from verl_pipe.group_queue import Group, GroupQueue
+from verl_pipe.core import schedule as S
+from verl_pipe.core.group_queue import Group, GroupQueue
+from verl_pipe.core.micro_batches import length_order
+from verl_pipe.core.timeline import StepTimeline
 from verl_pipe.knobs import StepKnobs
-from verl_pipe.micro_batches import length_order
 from verl_pipe.rollout.materialize import advantages
-from verl_pipe.timeline import StepTimeline
 from verl_pipe.trainer_seam import TrainerSeam
 from verl_pipe.whitening import affine_coefficients, basis_advantages, combination, has_aux_loss
 
@@ -41,7 +41,7 @@ class StepOutcome:
 def train_step(seam: TrainerSeam, queue: GroupQueue, timeline: StepTimeline, knobs: StepKnobs, *,
                groups_per_unit: int, units: int, use_ref: bool, backend_cls=None) -> StepOutcome:
     """Trains the step's groups from ``queue`` as ``knobs`` say (mode, granularity, coalescing, unit order): the
-    pure schedule (verl_pipe/schedule.py) executed by ``backend_cls`` (default ActorBackend) on verl's worker
+    pure schedule (verl_pipe/core/schedule.py) executed by ``backend_cls`` (default ActorBackend) on verl's worker
     group. ``units``: the step's units (train_batch_size / groups_per_unit)."""
     how = estimators.streaming(str(seam.config.algorithm.adv_estimator))
     seam.begin_training()
@@ -209,7 +209,7 @@ class ActorBackend:
 
     def _verl_update(self, batch: DataProto, worker_group, config) -> DataProto:
         """verl's RayPPOTrainer._update_actor (or a subclass's) with the worker group (None: verl's) and the config
-        given explicitly, on the rows in ``rolloutpipe.micro_batch_order`` (verl_pipe/micro_batches.py)."""
+        given explicitly, on the rows in ``rolloutpipe.micro_batch_order`` (verl_pipe/core/micro_batches.py)."""
         return self.actor.update_actor(self._in_micro_batch_order(batch), config, worker_group)
 
     def _in_micro_batch_order(self, batch: DataProto) -> DataProto:

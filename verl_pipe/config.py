@@ -25,9 +25,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from verl_pipe import estimators
-from verl_pipe.micro_batches import ORDERS as MICRO_BATCH_ORDERS
-from verl_pipe.release import UNIT_FILLS
-from verl_pipe.variants import GRANULARITIES, TRAINER_MODES as MODES
+from verl_pipe.core.micro_batches import ORDERS as MICRO_BATCH_ORDERS
+from verl_pipe.core.release import UNIT_FILLS
+from verl_pipe.core.variants import GRANULARITIES, TRAINER_MODES as MODES
 PLATFORMS = ("cpu", "gpu")
 ON_REQUEST_FAILURE = ("fail", "drop_group")
 # Which estimators stream, and how: verl_pipe/estimators.py (register_streaming, beside verl's register_adv_est).
@@ -143,7 +143,7 @@ INTERNAL = object()  # written by the launcher (data check counts), not set by u
 
 
 def _check_workload(value, key: str, config: DictConfig) -> None:
-    """rolloutpipe.workload: null or a length spec as verl_pipe.workload.from_spec reads it."""
+    """rolloutpipe.workload: null or a length spec as verl_pipe.core.workload.from_spec reads it."""
     if value is None:
         return
     if not isinstance(value, DictConfig):

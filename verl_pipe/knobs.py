@@ -14,9 +14,9 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from verl_pipe.frontier import AdaptiveWindow, resolve_window
-from verl_pipe.release import check_fill
-from verl_pipe.variants import GRANULARITIES, TRAINER_MODES, name_of
+from verl_pipe.core.frontier import AdaptiveWindow, resolve_window
+from verl_pipe.core.release import check_fill
+from verl_pipe.core.variants import GRANULARITIES, TRAINER_MODES, name_of
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class StepKnobs:
     # window FGD would use, recorded with FGD off too
     fgd_window: int | AdaptiveWindow | None = None
     coalesce_log_probs: bool = True  # rolloutpipe.cgp.coalesce_log_probs
-    # rolloutpipe.cgp.unit_fill: the order groups reach the trainer's FIFO (verl_pipe/release.py): completion (the
+    # rolloutpipe.cgp.unit_fill: the order groups reach the trainer's FIFO (verl_pipe/core/release.py): completion (the
     # paper's) or dispatch (units are sync's mini-batches)
     unit_fill: str = "completion"
     baseline_order: str = "group_major"  # the dispatch without FGD (rolloutpipe.dispatch.order, resolved)

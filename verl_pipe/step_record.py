@@ -16,9 +16,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from verl_pipe.core.timeline import StepTimeline, write_chrome_trace
 from verl_pipe.data_check import skip_metrics
 from verl_pipe.knobs import StepKnobs
-from verl_pipe.timeline import StepTimeline, write_chrome_trace
 
 KEEP_TIMELINES = 16  # the last steps' StepTimelines kept in memory (StepHistory.timelines)
 

@@ -93,15 +93,15 @@ def _collect_zombies() -> None:
 
 def run_ignoring(fn: Callable[[], Any], timeout_s: float, signals=(signal.SIGTERM, signal.SIGINT),
                  poll_s: float = 0.001) -> bool:
-    """Runs ``fn`` (verl_pipe.deadline.call_with_deadline) while ``signals`` stay ignored; True if it returned within
-    ``timeout_s`` (an error it raised is logged, not raised: this is for teardown).
+    """Runs ``fn`` (verl_pipe.core.deadline.call_with_deadline) while ``signals`` stay ignored; True if it returned
+    within ``timeout_s`` (an error it raised is logged, not raised: this is for teardown).
 
     Why the polling: Ray's driver installs absl's failure-signal handler on ``ray.init`` (SIGSEGV, SIGILL, SIGFPE,
     SIGABRT, SIGTERM) and ``ray.shutdown`` puts those signals back to SIG_DFL (RayLog::UninstallSignalAction), over
     our SIG_IGN: a second SIGTERM during the shutdown then killed the launcher mid-teardown and left its processes
     behind. The main thread re-asserts SIG_IGN every ``poll_s`` until ``fn`` is done, and once more after; the
     window left is that poll interval."""
-    from verl_pipe.deadline import DeadlineExceeded, call_with_deadline
+    from verl_pipe.core.deadline import DeadlineExceeded, call_with_deadline
 
     def ignore() -> None:
         for s in signals:

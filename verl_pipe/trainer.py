@@ -14,7 +14,7 @@ only after the step's last unit, so every sample trained in step k was generated
 
 A step runs as its knobs say (verl_pipe/knobs.py: mode, granularity, FGD and its window, ...; default the config's).
 The trainer's parts live beside it, one job each: the run around the steps (verl_pipe/run_loop.py), the step's
-training plan (verl_pipe/schedule.py) and its executor on verl's worker group (verl_pipe/actor_backend.py), the
+training plan (verl_pipe/core/schedule.py) and its executor on verl's worker group (verl_pipe/actor_backend.py), the
 failed step's rollback (verl_pipe/rollback.py), the completed step's metrics, record, trace and summary
 (verl_pipe/step_record.py), the weights into the rollout pool (verl_pipe/weight_sync.py). The executor, the rollback
 and the record see the trainer only through its seam (verl_pipe/trainer_seam.py).
@@ -35,18 +35,18 @@ from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrain
 
 from verl_pipe.actor_backend import ActorBackend, StepOutcome, train_step
 from verl_pipe.config import ConfigError, cgp_estimator_problem, groups_per_unit
-from verl_pipe.frontier import FCFSPolicy, FrontierPolicy
-from verl_pipe.group_filter import GroupFilters
-from verl_pipe.group_queue import Group, GroupQueue
+from verl_pipe.core.frontier import FCFSPolicy, FrontierPolicy
+from verl_pipe.core.group_filter import GroupFilters
+from verl_pipe.core.group_queue import Group, GroupQueue
+from verl_pipe.core.release import DispatchOrderRelease
+from verl_pipe.core.timeline import StepTimeline
 from verl_pipe.knobs import StepKnobs, step_knobs
-from verl_pipe.release import DispatchOrderRelease
 from verl_pipe.rollback import StepFailedError, drop_train_state_snapshot, fail_step
 from verl_pipe.rollout.materialize import is_trainable, materialize_group, weight_versions
 from verl_pipe.rollout.replicas import ReplicaSupervisor
 from verl_pipe.rollout.stream import StepRequest, StreamingRollout, group_rows
 from verl_pipe.run_loop import RunLoop
 from verl_pipe.step_record import StepHistory, record_step
-from verl_pipe.timeline import StepTimeline
 from verl_pipe.trainer_seam import TrainerSeam
 from verl_pipe.weight_sync import RolloutWeights
 
@@ -57,7 +57,7 @@ __all__ = ["RolloutPipeTrainer", "StepFailedError"]  # StepFailedError lives in 
 
 class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
     backend_cls = ActorBackend  # executes the step's schedule on verl's worker group (fit_step can be given another)
-    # Extension hooks: the admission policy classes a step is built with (verl_pipe.frontier), their extra
+    # Extension hooks: the admission policy classes a step is built with (verl_pipe.core.frontier), their extra
     # constructor arguments from ``admission_kwargs`` (docs/extending.md).
     fgd_policy_cls = FrontierPolicy
     baseline_policy_cls = FCFSPolicy
@@ -208,7 +208,7 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
             return trainable
 
         # unit_fill=dispatch: groups reach the FIFO in dispatch order, so units are sync's mini-batches
-        # (verl_pipe/release.py); completion: as they complete
+        # (verl_pipe/core/release.py); completion: as they complete
         release = DispatchOrderRelease(queue.put, len(gen_batch)) if knobs.unit_fill == "dispatch" else None
         request = StepRequest(step=self.global_steps, gen_batch=gen_batch, n=self.n,
                               policy=self._make_policy(len(gen_batch), batch, knobs), timeline=timeline,
@@ -229,14 +229,14 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
         Default: DAPO dynamic sampling when rolloutpipe.filter_zero_variance is on (a group whose rewards are all
         equal has zero advantages and carries no signal). An untrainable group is replaced by the next one
         (oversampled prompts, rolloutpipe.oversample). A caller's filter for some steps: ``filtering_groups``
-        (verl_pipe/group_filter.py)."""
+        (verl_pipe/core/group_filter.py)."""
         return is_trainable(piece, self.filter_zero_variance)
 
     def _sampling_overrides(self, num_groups: int, knobs: StepKnobs):
         """Per-request sampling overrides: the knobs' own, else a controlled workload's lengths (knobs.workload)."""
         if knobs.sampling_overrides is not None or not knobs.workload:
             return knobs.sampling_overrides
-        from verl_pipe.workload import exact_lengths, from_spec
+        from verl_pipe.core.workload import exact_lengths, from_spec
 
         seed = int(knobs.workload.get("seed", 0)) + self.global_steps
         return exact_lengths(from_spec(knobs.workload, num_groups, self.n, prompt_len=0, seed=seed))

@@ -20,7 +20,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from verl_pipe.deadline import DeadlineExceeded, call_with_deadline
+from verl_pipe.core.deadline import DeadlineExceeded, call_with_deadline
 
 logger = logging.getLogger(__name__)
 

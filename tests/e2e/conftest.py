@@ -56,7 +56,7 @@ def assert_every_group_once_at(rec: dict, batch, groups: int, n: int, version: i
 
 def prefilled_queue(groups, version):
     """A closed queue holding ``groups``: the whole batch is there before training starts."""
-    from verl_pipe.group_queue import GroupQueue
+    from verl_pipe.core.group_queue import GroupQueue
 
     q = GroupQueue(weight_version=version)
     for g in sorted(groups, key=lambda g: g.index):
@@ -71,7 +71,7 @@ def trickled_queue(groups, version, first: int):
     import threading
     import time
 
-    from verl_pipe.group_queue import GroupQueue
+    from verl_pipe.core.group_queue import GroupQueue
 
     q = GroupQueue(weight_version=version)
     ordered = sorted(groups, key=lambda g: g.index)
@@ -109,8 +109,8 @@ def train_same_responses(session, tmp_path, runs) -> dict:
     train function (queue, timeline) -> StepOutcome, queue)] from the same θ_k and optimizer state. Returns ``theta_k`` (parameters), the
     ``groups``, and per run the unit grad norms, the parameters after, the step's metrics and the trained
     batch. Leaves the actor at θ_k, as the vLLM replica has it."""
-    from verl_pipe.group_queue import GroupQueue
-    from verl_pipe.timeline import StepTimeline
+    from verl_pipe.core.group_queue import GroupQueue
+    from verl_pipe.core.timeline import StepTimeline
 
     trainer = session.trainer
     version = trainer.global_steps - 1

@@ -27,7 +27,7 @@ def test_cgp_and_sync_agree_over_five_real_steps(learn_pipe, tmp_path, granulari
     in dispatch order like verl's. Every step's old log-probs, gradient norms and the final parameters agree: bit for
     bit with mini-batch units, to rounding with group granularity."""
     from tests.e2e.conftest import prefilled_queue, update_deviation
-    from verl_pipe.timeline import StepTimeline
+    from verl_pipe.core.timeline import StepTimeline
 
     pipe = learn_pipe
     trainer = pipe.trainer

@@ -217,7 +217,7 @@ def test_fgd_makes_the_first_unit_ready_earlier(pipe):
     requests per replica, as when max_num_seqs binds): verl's stock dispatch (the batch chunked over
     its default 8 agent workers, one prompt each here, whose requests interleave) versus
     frontier-group dispatch."""
-    from verl_pipe.workload import from_spec
+    from verl_pipe.core.workload import from_spec
 
     lengths = from_spec({**LONGTAIL, "seed": 123}, GROUPS, N, prompt_len=0, seed=123).lengths
     fixed = lambda g, i: {"max_tokens": int(lengths[g][i]), "ignore_eos": True}  # noqa: E731

@@ -9,7 +9,7 @@ calculator on the model's text (the first ``a + b``, ``a * b`` or ``a % b`` it f
 digit-math reward's ``extract_answer``) equals the record's ground truth, else 0.0; 0.0 for an episode whose tool
 failed (``on_tool_failure: zero_reward``).
 
-The tails. Like ``verl_pipe/workload.py``'s lengths, the number of turns and each call's latency are log-normal
+The tails. Like ``verl_pipe/core/workload.py``'s lengths, the number of turns and each call's latency are log-normal
 with a shared per-group latent Z_g (one per task, i.e. per prompt, so the n samples of a group share it)::
 
     log X = log(median) + sigma * (sqrt(rho) * Z_g + sqrt(1 - rho) * E),   then clipped to [1, max] / [0, cap]

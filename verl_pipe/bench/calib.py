@@ -35,10 +35,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from verl_pipe.core.variants import OURS, SIMULATED, variant
+from verl_pipe.core.workload import Workload
 from verl_pipe.sim.engine import CPU_TINY, EngineParams, fit_engine_params
 from verl_pipe.sim.trainer import TrainerParams
-from verl_pipe.variants import OURS, SIMULATED, variant
-from verl_pipe.workload import Workload
 
 # Requests shorter than this say more about per-request latency than about decode steps.
 MIN_TOKENS_FOR_STEP_SAMPLE = 4

@@ -28,7 +28,7 @@ import math
 import time
 from pathlib import Path
 
-from verl_pipe.variants import variant
+from verl_pipe.core.variants import variant
 
 # The variants the curves compare: one entry per bench mode name, its overrides of the tiny default.
 LEARN_MODES = {name: variant(name).overrides() for name in ("sync", "cgp", "cgp_fgd")}

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 
-from verl_pipe.timeline import summarize
-from verl_pipe.variants import BASE, OURS as MODES, PEERS  # the bench's mode names (verl_pipe/variants.py)
+from verl_pipe.core.timeline import summarize
+from verl_pipe.core.variants import BASE, OURS as MODES, PEERS  # the bench's mode names (verl_pipe/core/variants.py)
 
 # The per-mode figures docs/metrics.md's schema names; every mode entry has them (plus runs and spread).
 REPORTED = ("rollout_to_train_end_s", "trainer_wait_ratio", "first_unit_ready_s", "rollout_end_s",

@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 
 from verl_pipe.bench.provenance import env_info
-from verl_pipe.bench.report import BASE, MODES, PEERS, check_schema, format_setting, format_sim_validation, \
-    format_sweep, setting_entry
+from verl_pipe.bench.report import (BASE, MODES, PEERS, check_schema, format_setting, format_sim_validation,
+                                    format_sweep, setting_entry)
 from verl_pipe.bench.settings import CONF_DIR, load_config, stack_of, stack_overrides, workload_for
+from verl_pipe.core.variants import GRANULARITIES, name_of, variant
 from verl_pipe.knobs import window_label  # noqa: F401 -- FGD's window as the results record it (tests, callers)
-from verl_pipe.variants import GRANULARITIES, name_of, variant
 
 SEPARATE_ASYNC = "verl_separate_async"
 
@@ -39,7 +39,7 @@ SEPARATE_ASYNC = "verl_separate_async"
 
 
 def mode_kwargs(mode: str, granularity: str = "minibatch") -> dict:
-    """session.step() arguments of a benchmark mode (verl_pipe/variants.py; ``granularity``: cgp_fgd's choice)."""
+    """session.step() arguments of a benchmark mode (verl_pipe/core/variants.py; ``granularity``: cgp_fgd's choice)."""
     return variant(mode).step_args(granularity)
 
 
@@ -217,7 +217,7 @@ class BenchRunner:
             return 1 << 20
 
     def _overrides_fn(self, wl):
-        from verl_pipe.workload import exact_lengths
+        from verl_pipe.core.workload import exact_lengths
 
         return exact_lengths(wl)
 
@@ -511,8 +511,8 @@ def simulated_section(settings, steps, granularity, shapes, fits, tr_points) -> 
     """The calibrated simulator on each measured setting's workloads, for every mode (peers included), and a
     T/R sweep on the balanced setting's workloads by scaling the trainer's cost."""
     from verl_pipe.bench.calib import simulate_like
+    from verl_pipe.core.timeline import summarize
     from verl_pipe.sim.trainer import MODES as SIM_MODES
-    from verl_pipe.timeline import summarize
 
     any_fit = next(iter(fits.values()))
     out = {"note": ("simulated with the engine and trainer calibrated on this run, per model size "

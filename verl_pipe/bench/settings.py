@@ -13,7 +13,7 @@ import yaml
 
 from verl_pipe.bench.report import MODES
 from verl_pipe.conf import ROOT as _CONF_ROOT
-from verl_pipe.variants import PEER_MODE_NAMES
+from verl_pipe.core.variants import PEER_MODE_NAMES
 
 CONF_DIR = _CONF_ROOT / "bench"  # conf/bench in a checkout, verl_pipe/conf/bench installed
 
@@ -60,6 +60,6 @@ def stack_overrides(cfg: dict, stack: str) -> list[str]:
 
 
 def workload_for(spec: dict, num_groups: int, n: int, seed: int):
-    from verl_pipe.workload import from_spec
+    from verl_pipe.core.workload import from_spec
 
     return from_spec(dict(spec), num_groups, n, prompt_len=0, seed=seed)

@@ -21,9 +21,9 @@ import math
 from pathlib import Path
 
 from verl_pipe.bench.calib import StepShape, simulate_like
+from verl_pipe.core.timeline import summarize
 from verl_pipe.sim.engine import CPU_TINY, EngineParams
 from verl_pipe.sim.trainer import TrainerParams
-from verl_pipe.timeline import summarize
 
 CPU_BLOCK_TOKENS = 128  # vLLM-CPU's default KV block size (vllm/platforms/cpu.py): num_gpu_blocks_override's unit
 FIGURES = ("rollout_to_train_end_s", "rollout_end_s", "first_unit_ready_s", "trainer_wait_ratio")
@@ -76,7 +76,7 @@ def simulate_setting(setting: dict, shape: StepShape, num_groups: int, calibrati
                      rounds: int, seed: int, prompt_len: float, client_s: float = 0.0) -> dict:
     """Mean figures per mode over ``rounds`` workloads: sync, cgp, ``cgp_fgd[<window>]`` per window."""
     from verl_pipe.bench.settings import workload_for
-    from verl_pipe.frontier import resolve_window
+    from verl_pipe.core.frontier import resolve_window
 
     alone = engine_from_summary(calibration["engine_alone"], shape)
     overlapped = engine_from_summary(calibration["engine_overlapped"], shape)

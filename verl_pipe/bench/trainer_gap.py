@@ -24,10 +24,10 @@ from collections import defaultdict
 
 from verl_pipe.bench import worker_log
 from verl_pipe.bench.readme_tables import trainer_spans
-from verl_pipe.micro_batches import padded_tokens
+from verl_pipe.core.micro_batches import padded_tokens
 
-# A call kind: the trainer's span kinds (verl_pipe/schedule.py) and the worker calls (verl_pipe/workers.py) it covers.
-# Group granularity's update is its forward/backward passes and its optimizer step.
+# A call kind: the trainer's span kinds (verl_pipe/core/schedule.py) and the worker calls (verl_pipe/workers.py) it
+# covers. Group granularity's update is its forward/backward passes and its optimizer step.
 KINDS = {"old_log_prob": (("old_log_prob",), ("compute_log_prob",)),
          "update": (("update", "forward_backward", "optimizer_step"), ("update_actor", "accumulate_group", "finish_unit"))}
 

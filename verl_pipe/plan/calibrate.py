@@ -28,8 +28,8 @@ import numpy as np
 
 from verl_pipe.bench.calib import (Calibration, StepShape, TrainerFit, _validation_table, calibrate,
                                    calibration_summary, nonneg_lstsq, rel_error, simulate_like)
+from verl_pipe.core.variants import OURS, name_of
 from verl_pipe.sim.trainer import TrainerParams
-from verl_pipe.variants import OURS, name_of
 
 KV_UNBOUNDED = 1 << 40  # the fit assumes the run's KV cache never bound (the bench's assumption too)
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from verl_pipe.workload import SETTINGS, Workload, from_spec
+from verl_pipe.core.workload import SETTINGS, Workload, from_spec
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,9 @@ import time
 from dataclasses import dataclass
 
 from verl_pipe.bench.calib import PaddedWorkload
-from verl_pipe.frontier import AdaptiveWindow, resolve_window
+from verl_pipe.core.frontier import AdaptiveWindow, resolve_window
+from verl_pipe.core.variants import variant
+from verl_pipe.core.workload import Workload
 from verl_pipe.plan.calibrate import KV_UNBOUNDED, RunCalibration
 from verl_pipe.plan.hardware import Hardware, ModelShape, weight_sync_s
 from verl_pipe.plan.lengths import Lengths
@@ -22,8 +24,6 @@ from verl_pipe.plan.runconfig import Shape
 from verl_pipe.sim.engine import EngineParams
 from verl_pipe.sim.simulate import RolloutResult, rollout_for_mode, timeline_for
 from verl_pipe.sim.trainer import PLACEMENTS, TrainerParams, schedule
-from verl_pipe.variants import variant
-from verl_pipe.workload import Workload
 
 ROWS = ("sync", "cgp", "cgp_group", "cgp_fgd", "verl_separate_async", "verl_one_step_off")
 LABELS = {"sync": "sync (separate pools)", "cgp": "cgp (mini-batch)", "cgp_group": "cgp (group)",
@@ -216,7 +216,7 @@ def simulate_shape(shape: Shape, ro: Rollouts, seeds, *, windows=WINDOWS, placem
         if "sync" in rows:
             add("sync", timeline_for(ro.get(shape, seed, "alone"), wl, trainer, "sync", gpu, ws).metrics())
         fc = ro.get(shape, seed, "stock") if set(rows) - {"sync", "cgp_fgd"} else None
-        for name in ("cgp", "cgp_group"):  # CGP at each granularity the estimator allows (verl_pipe/variants.py)
+        for name in ("cgp", "cgp_group"):  # CGP at each granularity the estimator allows (verl_pipe/core/variants.py)
             gran = variant(name).granularity
             if name in rows and gran in shape.granularities:
                 add(name, timeline_for(fc, wl, trainer, name, gpu, ws, gran, unit_fill=shape.unit_fill).metrics())

@@ -46,7 +46,7 @@ class Shape:
     cpu: bool
     rollout_nnodes: int = 1
     train_nnodes: int = 1
-    unit_fill: str = "completion"  # rolloutpipe.cgp.unit_fill (verl_pipe/release.py)
+    unit_fill: str = "completion"  # rolloutpipe.cgp.unit_fill (verl_pipe/core/release.py)
 
     @property
     def units(self) -> int:

@@ -29,10 +29,10 @@ import numpy as np
 from verl_pipe.bench.calib import PaddedWorkload, StepShape, calibrate, simulate_like
 from verl_pipe.bench.settings import workload_for
 from verl_pipe.bench.sim_windows import engine_from_summary, trainer_from_summary
+from verl_pipe.core.variants import OURS, PEERS, variant
 from verl_pipe.plan.calibrate import fit_verl_trainer, steps_file
 from verl_pipe.plan.predict import one_step_off
 from verl_pipe.sim.simulate import rollout_for_mode
-from verl_pipe.variants import OURS, PEERS, variant
 
 BEGIN, END = "<!-- plan-validation:begin -->", "<!-- plan-validation:end -->"
 

@@ -188,7 +188,7 @@ def scale_engine(e, s: float):
 
 
 def _draw(num_groups: int, n: int, mean_param: float, sigma: float, cap: int, prompt: int, seed: int):
-    from verl_pipe.workload import lognormal
+    from verl_pipe.core.workload import lognormal
 
     return lognormal(num_groups, n, sigma=sigma, rho=ASSUMED_RHO, cap=cap, prompt_len=prompt, seed=seed,
                      mean=max(mean_param, 1.0))

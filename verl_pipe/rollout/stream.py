@@ -5,12 +5,12 @@ done. Pipelining needs every response the moment it finishes, so this module
 drives verl's own ``AgentLoopWorker`` per request instead (``agent_worker.PipeAgentLoopWorker``: the same, its
 per-request agent-loop object built without Hydra's overhead): the same agent loop,
 tokenization, padding and streamed reward (``RewardLoopWorker``) as verl's path,
-but each request is admitted by an admission policy (``verl_pipe.frontier``) and
+but each request is admitted by an admission policy (``verl_pipe.core.frontier``) and
 handed back as soon as it is done. When all n responses of a group are in, the
 caller's ``on_group`` callback materializes it.
 
 What happens to a request or a group (retries, dropped groups, dead replicas, late groups, the
-leftovers once the batch is full) is decided by ``verl_pipe.rollout_core.RolloutCore``, the same
+leftovers once the batch is full) is decided by ``verl_pipe.core.rollout_core.RolloutCore``, the same
 code the simulator drives; ``_StepRun`` here only awaits the tasks and carries out its actions.
 
 The driver runs an asyncio loop in a background thread, so the trainer's main
@@ -33,15 +33,15 @@ import numpy as np
 
 from verl import DataProto
 
-from verl_pipe.frontier import Admission, AdmissionPolicy, Request
+from verl_pipe.core.frontier import Admission, AdmissionPolicy, Request
+from verl_pipe.core.rollout_core import (Cancel, FailStep, GiveUp, GroupEnded, HandOver, NextTurn, Restart, Retire,
+                                         Retry, RolloutCore, Submit, Take)
+from verl_pipe.core.timeline import StepTimeline
 from verl_pipe.rollout.agent_worker import PipeAgentLoopWorker
 from verl_pipe.rollout.client import CURRENT_ADMISSION, AdmissionRoutedClient
 from verl_pipe.rollout.completions import Completions
 from verl_pipe.rollout.replicas import ReplicaLostError, is_replica_death  # noqa: F401 (re-exported)
 from verl_pipe.rollout.turns import CURRENT_TURN_GATE, TurnGate
-from verl_pipe.rollout_core import (Cancel, FailStep, GiveUp, GroupEnded, HandOver, NextTurn, Restart, Retire, Retry,
-                                    RolloutCore, Submit, Take)
-from verl_pipe.timeline import StepTimeline
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class StepRequest:
     on_request_failure: str = "fail"
     weight_version: int = 0  # θ_k: what a restarted replica must be loaded with
     # Called in the rollout thread with (group index, how it ended: rollout_core.GROUP_ENDS) once the rollout has
-    # settled a group, after on_group for a handed-over one (the dispatch-order unit fill, verl_pipe/release.py).
+    # settled a group, after on_group for a handed-over one (the dispatch-order unit fill, verl_pipe/core/release.py).
     on_group_ended: Callable[[int, str], None] | None = None
 
 
@@ -165,8 +165,8 @@ class StreamingRollout:
 
 
 class _StepRun:
-    """One step's I/O around its ``RolloutCore`` (verl_pipe/rollout_core.py): an asyncio task per submitted request,
-    one per replica restart, the responses of incomplete groups, the timeline. Every decision is the core's.
+    """One step's I/O around its ``RolloutCore`` (verl_pipe/core/rollout_core.py): an asyncio task per submitted
+    request, one per replica restart, the responses of incomplete groups, the timeline. Every decision is the core's.
 
     Seams on the ``StreamingRollout`` it runs for: ``_one(req, admission, attempt)`` (one request through verl's
     agent loop; a timeout or error raises), ``worker._postprocess`` (pads a group's n outputs), ``supervisor``

@@ -10,12 +10,12 @@ from dataclasses import fields
 
 import yaml
 
+from verl_pipe.core.timeline import summarize
+from verl_pipe.core.variants import BASE, variant
+from verl_pipe.core.workload import from_spec
 from verl_pipe.sim.engine import EngineParams
 from verl_pipe.sim.simulate import rollout_for_mode, timeline_for
 from verl_pipe.sim.trainer import TrainerParams, placement_costs
-from verl_pipe.variants import BASE, variant
-from verl_pipe.workload import from_spec
-from verl_pipe.timeline import summarize
 
 
 def _strip(x):

@@ -1,9 +1,9 @@
 """Discrete-event simulation of one RL step: admission policy -> replicas -> group completions -> trainer.
 
 The rollout is an event loop (heapq) over replica segment ends; the admission policy is the real one from
-``verl_pipe.frontier``, and what happens to each response and group (hand-over, abort once the batch is full) is
-decided by the real driver's ``verl_pipe.rollout_core.RolloutCore``, so this file holds only the clock and the
-engine model. Every boundary is recorded into the real ``verl_pipe.timeline.StepTimeline``, so
+``verl_pipe.core.frontier``, and what happens to each response and group (hand-over, abort once the batch is full) is
+decided by the real driver's ``verl_pipe.core.rollout_core.RolloutCore``, so this file holds only the clock and the
+engine model. Every boundary is recorded into the real ``verl_pipe.core.timeline.StepTimeline``, so
 the simulator and the real trainer cannot disagree on what a metric means. The trainer never feeds back into
 the rollout (separate pools, weights fixed for the step), so its schedule is computed from the completion
 times afterwards (``trainer.schedule``), and the rollout can be reused across trainer modes.
@@ -17,15 +17,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from verl_pipe.frontier import AdaptiveWindow, FCFSPolicy, FrontierPolicy, Request, resolve_window
-from verl_pipe.release import check_fill, dispatch_release_times
-from verl_pipe.rollout_core import Cancel, GroupEnded, HandOver, NextTurn, RolloutCore, Take
+from verl_pipe.core.frontier import AdaptiveWindow, FCFSPolicy, FrontierPolicy, Request, resolve_window
+from verl_pipe.core.release import check_fill, dispatch_release_times
+from verl_pipe.core.rollout_core import Cancel, GroupEnded, HandOver, NextTurn, RolloutCore, Take
+from verl_pipe.core.timeline import StepTimeline
+from verl_pipe.core.variants import variant
+from verl_pipe.core.workload import Workload
 from verl_pipe.sim.engine import EngineParams, Replica, Seq
 from verl_pipe.sim.trainer import MODES, TrainerParams, schedule
 from verl_pipe.sim.turns import Episodes
-from verl_pipe.variants import variant
-from verl_pipe.workload import Workload
-from verl_pipe.timeline import StepTimeline
 
 _EVENT, _PLAN = 0, 1  # at equal times, arrivals and completions are all in before any replica schedules
 
@@ -354,7 +354,7 @@ def timeline_for(rollout: RolloutResult, workload: Workload, trainer: TrainerPar
                  groups_per_unit: int, weight_sync_s: float, granularity: str = "minibatch",
                  step: int = 0, unit_fill: str = "completion") -> StepTimeline:
     """Schedule the trainer on a finished rollout and record everything into a fresh StepTimeline.
-    ``unit_fill``: how our modes' FIFO is filled (verl_pipe/release.py; verl's peer always in completion order)."""
+    ``unit_fill``: how our modes' FIFO is filled (verl_pipe/core/release.py; verl's peer always in completion order)."""
     arrivals = rollout.arrivals(unit_fill if variant(mode).ours else "completion")
     plan = schedule(mode, arrivals, workload.seq_lens, trainer, groups_per_unit, rollout.rollout_end, granularity)
     tl = StepTimeline(step, groups_per_unit, clock=lambda: 0.0)  # every event carries its simulated time

@@ -10,7 +10,7 @@ overhead per micro-batch, where the micro-batches per GPU are ceil(tokens / GPUs
 by ``time_scale``, the knob of the T/R sweep (CPU model copies and polling are not compute and are not scaled).
 
 The rollout never waits for the trainer (separate pools, fixed weights), so the trainer is a single server
-that consumes group completions in order. Our modes run the real trainer's own schedule (``verl_pipe.schedule``,
+that consumes group completions in order. Our modes run the real trainer's own schedule (``verl_pipe.core.schedule``,
 the same generator ``verl_pipe/trainer.py`` executes on verl's workers) on ``CostModel``, which prices each
 action; what that gives per mode:
 
@@ -39,8 +39,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from verl_pipe import schedule as S
-from verl_pipe.variants import SIMULATED as MODES, variant
+from verl_pipe.core import schedule as S
+from verl_pipe.core.variants import SIMULATED as MODES, variant
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,7 @@ class _Trainer:
 
 
 class CostModel:
-    """Executes verl_pipe.schedule's actions on the clock: the simulator's executor of the real trainer's schedule.
+    """Executes verl_pipe.core.schedule's actions on the clock: the simulator's executor of the real trainer's schedule.
 
     The FIFO is the completion list: a ``Take`` waits for its groups' completion times (or the rollout's end)
     like ``GroupQueue.take``; each compute action costs what ``TrainerParams`` says and runs
@@ -229,7 +229,7 @@ def schedule(mode: str, completions: list[tuple[float, int]], seq_lens, p: Train
 
     ``completions``: (time, group) of the groups to train, in completion order (the GroupQueue FIFO).
     ``seq_lens(group)`` -> the group's prompt+response lengths. Our modes run the real trainer's schedule
-    (verl_pipe.schedule) at the variant's granularity (verl_pipe/variants.py; ``granularity``: the choice of a
+    (verl_pipe.core.schedule) at the variant's granularity (verl_pipe/core/variants.py; ``granularity``: the choice of a
     variant whose granularity is free, cgp_fgd); verl_separate_async is a model of verl's own trainer.
     """
     if mode not in MODES:

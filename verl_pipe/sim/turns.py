@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from verl_pipe.workload import Workload
+from verl_pipe.core.workload import Workload
 
 
 @dataclass(frozen=True)

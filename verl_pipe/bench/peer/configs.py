@@ -7,10 +7,10 @@ verl 0.9.1's ppo_trainer.yaml (read by PPOTrainer / PPOTrainerSeparateAsync / Re
 
 from __future__ import annotations
 
-from verl_pipe.variants import PEER_MODE_NAMES
+from verl_pipe.core.variants import PEER_MODE_NAMES
 
 # Mode names under which the integrator drops the results into the bench report (one per configuration): the
-# variant table's (verl_pipe/variants.py).
+# variant table's (verl_pipe/core/variants.py).
 MODE_NAMES = dict(PEER_MODE_NAMES)
 
 # What each configuration sets in verl. onpolicy: nothing generated ahead (num_warmup_batches=0), staleness

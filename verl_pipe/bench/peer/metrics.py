@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from verl_pipe.timeline import StepTimeline
+from verl_pipe.core.timeline import StepTimeline
 
 # Trainer spans of one mini-step, by our kind name <- the verl method wrapped by hooks.PeerTrainerMixin.
 SPAN_KINDS = {"_compute_old_log_prob": "old_log_prob", "_compute_ref_log_prob": "ref_log_prob",

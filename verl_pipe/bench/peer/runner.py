@@ -28,7 +28,7 @@ def workload_seed(submission: int, seed: int, warmup_steps: int) -> int:
 def _lengths_fn(workload: dict | None, seed: int, warmup_steps: int):
     if not workload:
         return None
-    from verl_pipe.workload import from_spec
+    from verl_pipe.core.workload import from_spec
 
     def lengths(submission: int, num_prompts: int, n: int):
         wl = from_spec(dict(workload), num_prompts, n, prompt_len=0,

@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
-from verl_pipe.variants import GRANULARITIES, TRAINER_MODES as MODES
+from verl_pipe.core.variants import GRANULARITIES, TRAINER_MODES as MODES
 
 
 # ---------------------------------------------------------------------------------------------- actions

@@ -1,7 +1,7 @@
 """The rollout side of a step as pure code: one event handler, driven by the real rollout and by the simulator.
 
 Pure Python (no asyncio, Ray, verl, torch or vLLM), like ``frontier.py`` and ``schedule.py``. ``RolloutCore`` wraps
-the step's admission policy (``verl_pipe.frontier``) and holds what happens to a request or a group between its
+the step's admission policy (``verl_pipe.core.frontier``) and holds what happens to a request or a group between its
 admission and its end: a response taken, a complete group handed to the trainer (or found late: complete after the
 batch was full), a failed or timed-out request retried or given up on (the step fails, or its group is dropped and
 the next group in dispatch order, an oversampled one, takes its place), a dead replica's requests requeued and the
@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from verl_pipe.frontier import Admission, AdmissionPolicy, Request
+from verl_pipe.core.frontier import Admission, AdmissionPolicy, Request
 
 ON_REQUEST_FAILURE = ("fail", "drop_group")
 GROUP_ENDS = ("trained", "untrainable", "late", "dropped", "aborted", "failed")

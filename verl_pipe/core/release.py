@@ -38,7 +38,7 @@ class DispatchOrderRelease:
 
     Driver protocol (the rollout thread): ``hold(index, group)`` when a group is materialized and trainable, then
     ``ended(index)`` once the rollout has settled the group however it ended (every group of the step ends exactly
-    once: verl_pipe/rollout_core.py ``GroupEnded``); ``flush()`` when the rollout is over (groups it ended without
+    once: verl_pipe/core/rollout_core.py ``GroupEnded``); ``flush()`` when the rollout is over (groups it ended without
     a report, e.g. aborted once the batch was full, release nothing; what is held goes out in order). A group is
     put once every group dispatched before it has ended.
     """

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-TRAINER_MODES = ("sync", "cgp")  # rolloutpipe.mode: the trainer's schedule (verl_pipe/schedule.py)
+TRAINER_MODES = ("sync", "cgp")  # rolloutpipe.mode: the trainer's schedule (verl_pipe/core/schedule.py)
 GRANULARITIES = ("minibatch", "group")  # rolloutpipe.cgp.granularity: a unit trained at once, or group by group
 BASE = "sync"  # the variant every other is compared against
 
