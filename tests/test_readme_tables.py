@@ -59,7 +59,7 @@ def test_cli_check_exits_1_on_a_mismatch(tmp_path, capsys):
 
 
 def test_every_readme_table_with_measured_figures_is_marked():
-    # issue 25: the README's tables match their JSONs. A table of timings or percentages outside a marker would be
+    # The README's tables match their JSONs. A table of timings or percentages outside a marker would be
     # checked by nothing; config and key tables (no "N s" or "N%") need no marker.
     figure = re.compile(r"\d(?:[\d.,]*)\s?(?:s|%)(?:\W|$)")
     unmarked, inside, table = [], False, []

@@ -58,7 +58,7 @@ def test_process_kind(name, cmdline, kind):
 
 
 def test_a_soak_result_records_its_composed_config_and_the_machine(tmp_path, monkeypatch):
-    # issue 25: every bench JSON keeps every rolloutpipe.* value as composed and the host it ran on. The live session is
+    # Every bench JSON keeps every rolloutpipe.* value as composed and the host it ran on. The live session is
     # a stand-in here (no Ray, no vLLM); the config is composed for real.
     import json
 

@@ -11,8 +11,9 @@ import ray
 class PipeTaskRunner:
     def run(self, config, stop_file: str | None = None, stop_key: str | None = None) -> dict:
         t0 = time.perf_counter()
-        trainer = build_trainer(config, stop_file=stop_file)  # the launcher's stop request (RunLoop.stop_requested)
-        trainer.stop_key = stop_key  # the same request through the cluster's GCS (verl_pipe/stop_request.py)
+        # The launcher's stop request (RunLoop.stop_requested): a file on its node, and the same request through the
+        # cluster's GCS (verl_pipe/stop_request.py).
+        trainer = build_trainer(config, stop_file=stop_file, stop_key=stop_key)
         trainer.init_workers()
         startup_s = time.perf_counter() - t0
         print(f"[verl_pipe] workers ready in {startup_s:.1f}s", flush=True)
@@ -25,7 +26,7 @@ class PipeTaskRunner:
                 "timelines": [t.to_dict() for t in history.timelines]}  # the last ones (step_record.KEEP_TIMELINES)
 
 
-def build_trainer(config, stop_file: str | None = None):
+def build_trainer(config, stop_file: str | None = None, stop_key: str | None = None):
     from omegaconf import OmegaConf
 
     from verl.experimental.separation.utils import create_resource_pool_manager, create_role_worker_mapping
@@ -71,5 +72,5 @@ def build_trainer(config, stop_file: str | None = None):
         config=config, tokenizer=tokenizer, processor=processor, role_worker_mapping=role_worker_mapping,
         resource_pool_manager=resource_pool_manager, ray_worker_group_cls=ray_worker_group_cls,
         train_dataset=train_dataset, val_dataset=val_dataset, collate_fn=collate_fn, train_sampler=train_sampler,
-        device_name=config.trainer.device, stop_file=stop_file,
+        device_name=config.trainer.device, stop_file=stop_file, stop_key=stop_key,
     )

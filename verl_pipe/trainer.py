@@ -62,9 +62,9 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
     fgd_policy_cls = FrontierPolicy
     baseline_policy_cls = FCFSPolicy
 
-    def __init__(self, *args, stop_file: str | None = None, **kwargs):
+    def __init__(self, *args, stop_file: str | None = None, stop_key: str | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.stop_file = stop_file  # the launcher's stop request (RunLoop.stop_requested)
+        self.stop_file, self.stop_key = stop_file, stop_key  # the launcher's stop request (RunLoop.stop_requested)
         self.n = int(self.config.actor_rollout_ref.rollout.n)
         self.groups_per_unit = groups_per_unit(self.config)
         self.filter_zero_variance = bool(self.config.rolloutpipe.filter_zero_variance)
