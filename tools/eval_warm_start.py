@@ -64,13 +64,13 @@ def generate(model, tok, prompts: list[str], do_sample: bool) -> list[str]:
     return tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
-def _default_paths() -> tuple[str, str, str]:
+def _default_paths() -> tuple[str, str]:
+    """The default config's warm-start (its directory carries its tokenizer) and validation file."""
     from verl_pipe.main_grpo import prepare_config
     from verl_pipe.session import compose
 
     config = prepare_config(compose([]))
-    tokenizer = config.actor_rollout_ref.model.path  # the warm-start's directory carries its tokenizer
-    return config.actor_rollout_ref.model.path, config.data.val_files, tokenizer
+    return config.actor_rollout_ref.model.path, config.data.val_files
 
 
 def main() -> None:
@@ -82,7 +82,7 @@ def main() -> None:
     args = ap.parse_args()
     model_dir, val, tok_dir = (args.model, args.val, args.tokenizer)
     if not (model_dir and val):
-        default_model, default_val, _ = _default_paths()
+        default_model, default_val = _default_paths()
         model_dir, val = model_dir or default_model, val or default_val
     torch.set_num_threads(1)
     torch.manual_seed(0)

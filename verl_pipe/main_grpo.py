@@ -170,6 +170,7 @@ def ray_env_defaults(environ=os.environ) -> dict[str, str]:
 
 
 def start_ray(config: DictConfig) -> None:
+    global _attached
     import ray
 
     if ray.is_initialized():
@@ -184,7 +185,7 @@ def start_ray(config: DictConfig) -> None:
     if attaches(kwargs):
         print(f"[verl_pipe] attaching to the running Ray cluster at {kwargs.get('address') or os.environ['RAY_ADDRESS']}"
               " (the run's actors end with the run; the cluster stays up)", flush=True)
-        _ATTACHED.append(True)
+        _attached = True
     ray.init(**kwargs)
 
 
@@ -192,12 +193,12 @@ def start_ray(config: DictConfig) -> None:
 STOP_FILE = Path(tempfile.gettempdir()) / f"verl_pipe_stop_{os.getpid()}"
 # The same request through the Ray cluster, for a TaskRunner on another node (verl_pipe/stop_request.py).
 RUN_ID = f"{socket.gethostname()}-{os.getpid()}"
-_ATTACHED: list[bool] = []  # non-empty once start_ray attached to a cluster this launcher did not start
+_attached = False  # start_ray attached to a cluster this launcher did not start
 
 
 def request_stop() -> None:
     STOP_FILE.touch()
-    if not _ATTACHED:
+    if not _attached:
         # A Ray this launcher started is on this node, and so is its TaskRunner, which reads the file. Its GCS is in
         # the launcher's process group and gets the same signal: a put would wait for a dead GCS (Ray's client gives
         # up after 60 s and ends the process) instead of tearing the run down.
