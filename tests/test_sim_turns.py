@@ -61,6 +61,20 @@ def test_next_turn_prefills_only_the_tool_message():
     assert res.rollout_end == pytest.approx(0.04 + 0.1 + 0.05 + 0.1)
 
 
+def test_a_next_turn_finds_its_context_cached_in_whole_kv_blocks():
+    slow_prefill = FLAT.with_(prefill_flops_per_token=1.0, prefill_flops_per_s=100.0)  # 10 ms per prefilled token
+    # prompt 4 + turn 10 = 14 tokens before the 5-token tool message; the last sampled token never had its KV
+    eps = Episodes(turns=[[(10, 10, 10)]], tool_s=[[(0.0, 0.0)]], tool_tokens=5, cache_block=8)
+    assert [eps.cached_before(0, 0, k, 4) for k in (1, 2)] == [8, 24]  # 13 -> one block; 4+10+5+10-1 = 28 -> three
+    res = _run(eps, FrontierPolicy(1, 1, 1, 1, [0], window=1), engine=slow_prefill)
+    # prefilled: 4 (prompt), 19 - 8 = 11 (turn 1), 34 - 24 = 10 (turn 2); 30 decode steps of 10 ms
+    assert res.rollout_end == pytest.approx(0.01 * (4 + 11 + 10) + 0.3)
+    big = Episodes(turns=[[(10, 10)]], tool_s=[[(0.0,)]], tool_tokens=5, cache_block=128)
+    assert big.cached_before(0, 0, 1, 4) == 0  # vLLM-CPU's 128-token blocks: a short context is prefilled again
+    with pytest.raises(ValueError, match="cache_block"):
+        Episodes(turns=[[(1,)]], tool_s=[[()]], cache_block=0)
+
+
 def test_a_trajectory_can_end_on_its_tool():
     eps = Episodes(turns=[[(10,)]], tool_s=[[(0.5,)]])
     res = _run(eps, FCFSPolicy(1, 1, 1, 1, [0]))

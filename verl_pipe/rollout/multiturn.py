@@ -32,7 +32,9 @@ and is resubmitted from its first turn when it fails or its replica dies.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import uuid4
@@ -65,11 +67,22 @@ def task_key(kwargs: dict) -> str:
     return f"{extra.get('split', '')}/{int(index)}"
 
 
-def sample_index() -> int:
-    """The trajectory's index within its group: the admission's in the streaming rollout; 0 elsewhere (verl's
-    validation, n=1)."""
+# The episode seed of the trajectories run in this asyncio task's context, when a driver other than ours runs rounds
+# with different seeds on one long-lived agent-loop worker (the bench's verl peer: verl's AgentLoopWorkerTQ actors
+# hold the run's config from their start). None: ``rolloutpipe.multiturn.seed`` of the worker's config.
+EPISODE_SEED: ContextVar[int | None] = ContextVar("verl_pipe_episode_seed", default=None)
+
+
+def sample_index(kwargs: dict | None = None) -> int:
+    """The trajectory's index within its group: the admission's in the streaming rollout; in verl's TransferQueue
+    agent-loop worker (``AgentLoopWorkerTQ._run_prompt``, verl's V1 trainers: the bench's separate_async peer) the
+    ``session_id`` it passes into the agent loop's kwargs, i.e. verl's own seam: it runs a prompt's n samples as
+    ``session_id`` 0..n-1; 0 elsewhere (verl's legacy worker, as its validation with n=1)."""
     adm = CURRENT_ADMISSION.get()
-    return int(adm.request.index) if adm is not None else 0
+    if adm is not None:
+        return int(adm.request.index)
+    session = (kwargs or {}).get("session_id")
+    return int(session) if session is not None else 0
 
 
 @dataclass
@@ -104,7 +117,9 @@ class MultiTurnEnvAgentLoop(AgentLoopBase):
     @rollout_trace_op
     async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs) -> AgentLoopOutput:
         priority = int(priority)  # may arrive as np.int64 from non_tensor_batch
-        plan = plan_episode(self.env, task_key(kwargs), sample_index())
+        seed = EPISODE_SEED.get()
+        env = self.env if seed is None else dataclasses.replace(self.env, seed=int(seed))
+        plan = plan_episode(env, task_key(kwargs), sample_index(kwargs))
         ground_truth = (kwargs.get("reward_model") or {}).get("ground_truth")
         messages = list(kwargs["raw_prompt"])
         request_id = f"det-{priority}" if getattr(self.rollout_config, "full_determinism", False) else uuid4().hex
@@ -171,7 +186,7 @@ class MultiTurnEnvAgentLoop(AgentLoopBase):
         ep.tool_calls += 1
         if plan.failures[turn]:
             if self.env.on_tool_failure == "fail_request":
-                raise ToolFailure(f"tool call {turn} of task {task_key(kwargs)} sample {sample_index()} failed")
+                raise ToolFailure(f"tool call {turn} of task {task_key(kwargs)} sample {sample_index(kwargs)} failed")
             ep.tool_failed = True
             return False
         ep.messages.append({"role": "assistant", "content": ep.last_text})

@@ -70,9 +70,9 @@ def simulate_rollout(workload: Workload, engine: EngineParams, policy, num_repli
 
     ``episodes``: multi-turn trajectories (``verl_pipe.sim.turns``; ``workload`` is then ``episodes.workload(...)``):
     each model turn is one engine request, a tool wait holds no engine or window slot (the policy's turn-aware
-    admission), the next turn goes to the same replica with its earlier context in the prefix cache (only the tool
-    message is prefilled). Turn events cost the driver nothing; a next turn's submission costs
-    ``client_s_per_request`` like a first turn's."""
+    admission), the next turn goes to the same replica with its earlier context in the prefix cache, in whole KV
+    blocks (``Episodes.cached_before``: with a block of 1 token only the tool message is prefilled). Turn events
+    cost the driver nothing; a next turn's submission costs ``client_s_per_request`` like a first turn's."""
     if engine.step_time(1, 0) <= 0:
         raise ValueError("engine step time must be positive")
     if client_s_per_request < 0:
@@ -227,7 +227,7 @@ class _SimRollout:
         req = adm.request
         g, i, k = req.group, req.index, adm.turn
         ctx = self.workload.prompt_len + self.episodes.context_before(g, i, k)
-        cached = ctx - self.episodes.tool_tokens  # the earlier context, on this replica's prefix cache
+        cached = self.episodes.cached_before(g, i, k, self.workload.prompt_len)  # on this replica's prefix cache
         return Seq(next(self.rids), g, i, self.episodes.turns[g][i][k], ctx, adm.priority, t, next(self.order),
                    cached=cached, turn=k)
 

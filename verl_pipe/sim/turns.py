@@ -25,6 +25,9 @@ class Episodes:
     turns: list[list[tuple[int, ...]]]  # [group][sample]: model tokens of each turn (>= 1 turn, each >= 1 token)
     tool_s: list[list[tuple[float, ...]]]  # [group][sample]: seconds of the tool call after each turn
     tool_tokens: int = 0  # tokens one tool message adds to the context (masked in the response)
+    # The engine's prefix-cache granularity in tokens: vLLM caches whole KV blocks (16 tokens by default on GPU, 128
+    # on vLLM-CPU), so a next turn finds its earlier context cached only up to the last full block. 1: all of it.
+    cache_block: int = 1
 
     def __post_init__(self):
         if len(self.turns) != len(self.tool_s):
@@ -40,6 +43,8 @@ class Episodes:
                                      f"at most one after the last; got {len(w)} for {len(t)} turns")
         if self.tool_tokens < 0:
             raise ValueError(f"tool_tokens must be >= 0, got {self.tool_tokens}")
+        if not (isinstance(self.cache_block, int) and self.cache_block >= 1):
+            raise ValueError(f"cache_block must be an integer >= 1 (tokens per KV block), got {self.cache_block!r}")
 
     @property
     def num_groups(self) -> int:
@@ -55,6 +60,16 @@ class Episodes:
     def context_before(self, group: int, index: int, turn: int) -> int:
         """Response tokens in the context before model turn ``turn``: earlier turns and their tool messages."""
         return sum(self.turns[group][index][:turn]) + turn * self.tool_tokens
+
+    def cached_before(self, group: int, index: int, turn: int, prompt_len: int) -> int:
+        """Tokens of model turn ``turn``'s context (``prompt_len`` + ``context_before``) found in the replica's prefix
+        cache: what the trajectory's previous turn left (everything but the tool message since), in whole blocks of
+        ``cache_block`` tokens; the previous turn's last sampled token was never fed to the engine, so its KV is not
+        there. With ``cache_block`` 1, the whole earlier context (only the tool message is prefilled)."""
+        known = prompt_len + self.context_before(group, index, turn) - self.tool_tokens
+        if self.cache_block == 1:
+            return known
+        return (max(0, known - 1) // self.cache_block) * self.cache_block
 
     def response_tokens(self, group: int, index: int) -> int:
         """The trained response: every model turn and every tool message between two turns."""
@@ -87,10 +102,11 @@ def _episode(plan, turn_tokens: int, response_length: int, tool_tokens: int) -> 
 
 
 def from_env(env, num_groups: int, n: int, *, response_length: int, tool_tokens: int,
-             task: Callable[[int], str] = lambda g: f"train/{g}") -> Episodes:
+             task: Callable[[int], str] = lambda g: f"train/{g}", cache_block: int = 1) -> Episodes:
     """The episodes of ``env`` (an ``EnvConfig``) for groups ``task(0..num_groups-1)`` (a prompt's task key, as
     ``verl_pipe.rollout.multiturn.task_key`` builds it: "<split>/<dataset index>"). A turn is ``turn_tokens`` long
-    when forced, else ``env.turn_max_tokens`` (the model ending its turn earlier is not modelled)."""
+    when forced, else ``env.turn_max_tokens`` (the model ending its turn earlier is not modelled). ``cache_block``:
+    the engine's KV block in tokens (``Episodes.cache_block``)."""
     from verl_pipe.assets.multiturn_env import plan_episode
 
     if response_length < 1:
@@ -101,4 +117,4 @@ def from_env(env, num_groups: int, n: int, *, response_length: int, tool_tokens:
                for i in range(n)]
         turns.append([e[0] for e in eps])
         waits.append([e[1] for e in eps])
-    return Episodes(turns, waits, tool_tokens)
+    return Episodes(turns, waits, tool_tokens, cache_block)

@@ -31,6 +31,9 @@ patch_separate_async_logger()  # verl 0.9.1's logger.info(..., flush=True) in _s
 
 # Per-prompt tensor of the n response lengths, carried in the batch from the trainer to the agent-loop worker.
 LENGTHS_KEY = "verl_pipe_response_lengths"
+# Per-prompt multi-turn episode seed (the bench round's), carried the same way; the worker pops it (it never reaches
+# TransferQueue) and sets it in the prompt's asyncio task context for verl_pipe's multi-turn agent loop.
+EPISODE_SEED_KEY = "verl_pipe_episode_seed"
 
 
 class PeerAgentLoopWorkerImpl(AgentLoopWorkerTQ.__ray_actor_class__):
@@ -42,11 +45,20 @@ class PeerAgentLoopWorkerImpl(AgentLoopWorkerTQ.__ray_actor_class__):
         self._peer_events: dict[str, dict] = {}
 
     async def _run_prompt(self, prompt: dict, sampling_params: dict, trajectory: dict, trace: bool = False):
+        """One group. A multi-turn episode seed rides in this task's context (copied into the n session tasks verl
+        creates here); each session's sample index is verl's own ``session_id`` kwarg (``sample_index``)."""
+        from verl_pipe.rollout.multiturn import EPISODE_SEED, task_key
+
         uid = prompt["uid"]
         lengths = prompt.pop(LENGTHS_KEY, None)
         if lengths is not None:
             self._peer_lengths[uid] = [int(x) for x in lengths.tolist()]
+        seed = prompt.pop(EPISODE_SEED_KEY, None)
+        if seed is not None:
+            EPISODE_SEED.set(int(seed))  # this task's context only (a task per prompt: verl's generate_sequences)
         ev = self._peer_events.setdefault(uid, {"requests": {}, "done": None, "received": time.time()})
+        if "index" in prompt:
+            ev["task"] = task_key(prompt)
         try:
             return await super()._run_prompt(prompt, sampling_params, trajectory, trace)
         finally:
@@ -98,11 +110,14 @@ class PeerAgentLoopManager(AgentLoopManagerTQ):
 class PeerSeparateAsyncTrainer(PPOTrainerSeparateAsync):
     """verl's separate_async trainer, pinned like our modes, with imposed lengths and recorded events."""
 
-    def __init__(self, config, lengths_fn=None, on_record=None):
+    def __init__(self, config, lengths_fn=None, on_record=None, episode_seed_fn=None):
         """lengths_fn(submission_index, num_prompts, n) -> lengths[prompt][session] or None (model decides);
-        on_record(record): called with each step's record (metrics.step_record) as it completes."""
+        on_record(record): called with each step's record (metrics.step_record) as it completes;
+        episode_seed_fn(submission_index) -> the multi-turn episode seed of that batch's prompts (None: the config's
+        ``rolloutpipe.multiturn.seed``)."""
         super().__init__(config)
         self._lengths_fn = lengths_fn
+        self._episode_seed_fn = episode_seed_fn
         self._on_record = on_record
         self.peer_records: list[dict] = []
         self._submissions = 0
@@ -127,6 +142,9 @@ class PeerSeparateAsyncTrainer(PPOTrainerSeparateAsync):
             lengths = self._lengths_fn(self._submissions, len(batch), n)
             if lengths is not None:
                 batch[LENGTHS_KEY] = torch.tensor(lengths, dtype=torch.int64)
+        if self._episode_seed_fn is not None:
+            batch[EPISODE_SEED_KEY] = torch.full((len(batch),), int(self._episode_seed_fn(self._submissions)),
+                                                 dtype=torch.int64)
         now = time.time()
         if self._step_start is not None and self._step_t0 is None:
             self._step_t0 = now  # the step's own submission (prepare_step): t0 of its metrics
@@ -177,6 +195,7 @@ class PeerSeparateAsyncTrainer(PPOTrainerSeparateAsync):
                 groups[u] = dict(events[u], group=gid, **({"submitted": submitted} if submitted else {}))
         record = step_record(int(global_steps), self.groups_per_unit, groups, list(self._spans), self._sync,
                              self._step_start, step_end, dict(timing_raw), list(batch.tags), self._step_t0)
+        record["tasks"] = [g.get("task") for g in sorted(groups.values(), key=lambda g: g["group"])]
         record["verl_metrics"] = {k: float(v) for k, v in metrics.items()
                                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
         self.peer_records.append(record)

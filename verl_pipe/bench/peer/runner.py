@@ -1,7 +1,9 @@
 """Runs verl's V1 separate_async trainer for real, in THIS process and its own Ray cluster.
 
 ``python -m verl_pipe.bench.peer.runner SPEC.json OUT.json``: SPEC = {"config", "steps", "overrides",
-"workload", "seed"}; OUT gets the mode entry (see ``__init__.run_peer``, which launches this as a subprocess).
+"workload", "seed"}, and for a multi-turn setting "config_name" (the recipe) and "multiturn" (its
+``rolloutpipe.multiturn`` node: each submission's episodes use the bench round's seed); OUT gets the mode entry
+(see ``__init__.run_peer``, which launches this as a subprocess).
 Built like our stack (verl_pipe.session: compose -> prepare_config -> start_ray: same assets, pools, CPU env
 and core pinning), then what verl's TaskRunnerV1.run does (tq.init, trainer.init, agent-loop manager, fit),
 with the hooks' subclasses in place of verl's classes.
@@ -67,8 +69,10 @@ def _train(config, spec: dict, t_start: float, t_ray: float) -> tuple[list[dict]
 
     tq.init(config.transfer_queue)
     try:
-        lengths_fn = _lengths_fn(spec.get("workload"), int(spec.get("seed", 0)), warmup)
-        trainer = PeerSeparateAsyncTrainer(config, lengths_fn, on_record)
+        seed = int(spec.get("seed", 0))
+        lengths_fn = _lengths_fn(spec.get("workload"), seed, warmup)
+        seed_fn = (lambda k: workload_seed(k, seed, warmup)) if spec.get("multiturn") else None
+        trainer = PeerSeparateAsyncTrainer(config, lengths_fn, on_record, episode_seed_fn=seed_fn)
         trainer.init()
         manager = PeerAgentLoopManager.create(config=config, llm_client=trainer.get_llm_client(),
                                               teacher_client=trainer.get_teacher_client(),
@@ -81,14 +85,28 @@ def _train(config, spec: dict, t_start: float, t_ray: float) -> tuple[list[dict]
         tq.close()
 
 
+def compose_spec(spec: dict):
+    """The peer's config: the spec's recipe (default: rolloutpipe_trainer) with the peer's overrides and, for a
+    multi-turn setting, its ``rolloutpipe.multiturn`` node (as the multi-turn bench composes our modes')."""
+    from omegaconf import OmegaConf, open_dict
+
+    from verl_pipe.bench.peer.configs import peer_overrides
+    from verl_pipe.session import compose
+
+    overrides = peer_overrides(spec["config"], list(spec.get("overrides", [])), int(spec["steps"]))
+    config = compose(overrides, config_name=spec.get("config_name") or "rolloutpipe_trainer")
+    if spec.get("multiturn"):
+        with open_dict(config):
+            config.rolloutpipe.multiturn = OmegaConf.create(dict(spec["multiturn"]))
+    return config
+
+
 def run(spec: dict) -> dict:
     t_start = time.time()
     from verl_pipe.bench.peer.configs import MODE_NAMES, peer_overrides
     from verl_pipe.main_grpo import prepare_config, start_ray
-    from verl_pipe.session import compose
 
-    config = prepare_config(compose(peer_overrides(spec["config"], list(spec.get("overrides", [])),
-                                                   int(spec["steps"]))))
+    config = prepare_config(compose_spec(spec))
     start_ray(config)
     t_ray = time.time()
     import ray
