@@ -389,7 +389,9 @@ def test_bench_configs_name_their_stacks_and_modes(tmp_path):
     assert stack_of({"name": "longtail-x", "model_size": "tiny"}, cfg) == "tiny"
     assert stack_of({"name": "longtail-x"}, cfg) == cfg["model_size"]
     for bad, msg in [({"stack": "nope"}, "stack 'nope' is not under stacks"),
-                     ({"modes": ["sync", "fast"]}, "unknown modes \\['fast'\\]")]:
+                     ({"modes": ["sync", "fast"]}, "unknown modes \\['fast'\\]"),
+                     # refused before any run (it used to fail in the analysis, after the runs)
+                     ({"modes": ["cgp_fgd", "cgp"]}, "lack 'sync'")]:
         c = {"model_size": "bench", "stacks": {"paper": {"model_size": "bench"}},
              "settings": [dict({"name": "longtail-a", "workload": {"kind": "equal", "length": 4}}, **bad)]}
         (tmp_path / "c.yaml").write_text(yaml.safe_dump(c))

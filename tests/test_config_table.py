@@ -72,6 +72,7 @@ ROLLOUTPIPE_BAD = [
     (["rolloutpipe.nccl_sync.setup_s=null"], "rolloutpipe.nccl_sync.setup_s", "a number of seconds > 0"),
     (["rolloutpipe.nccl_sync.setup_s=-5"], "rolloutpipe.nccl_sync.setup_s", "a number of seconds > 0"),
     (["rolloutpipe.request_timeout_s=soon"], "rolloutpipe.request_timeout_s", "seconds > 0"),
+    (["rolloutpipe.reward.score_by_group=maybe"], "rolloutpipe.reward.score_by_group", "true or false"),
     (["rolloutpipe.weight_sync_timeout_s=-1"], "rolloutpipe.weight_sync_timeout_s", "seconds > 0"),
     (["++rolloutpipe.multiturn=3"], "rolloutpipe.multiturn", "null (single-turn) or a mapping"),
     ([*MT, "++rolloutpipe.multiturn.turns.median=0.5"], "rolloutpipe.multiturn", "turns.median must be >= 1"),

@@ -118,6 +118,25 @@ def test_a_group_completed_after_the_batch_filled_is_late_and_close_aborts_the_r
     assert (core.counts.late_groups, core.counts.aborted) == (1, 1)
 
 
+def test_a_group_still_being_built_when_the_batch_fills_ends_late():
+    core = _core(groups=3, n=1, target=1)
+    core.admit()
+    assert core.response_done(Request(0, 0), 0) == [Take(Request(0, 0)), HandOver(0)]
+    assert core.response_done(Request(1, 0), 0) == [Take(Request(1, 0)), HandOver(1)]  # built off the loop, later
+    with pytest.raises(RuntimeError, match="not full"):
+        core.too_late(1)
+    assert core.handed_over(0, True) == [GroupEnded(0, "trained")]
+    assert core.batch_full
+    with pytest.raises(RuntimeError, match="being handed over"):
+        core.close()
+    assert core.too_late(1) == [GroupEnded(1, "late")]
+    with pytest.raises(RuntimeError, match="not handed over"):
+        core.too_late(1)
+    core.close()
+    assert core.outcomes() == {0: "trained", 1: "late", 2: "aborted"}
+    assert core.counts.late_groups == 1 and core.counts.groups_done == 1
+
+
 def test_submitting_a_request_twice_is_refused():
     class Twice(FCFSPolicy):
         def admit(self):

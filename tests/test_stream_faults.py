@@ -30,7 +30,7 @@ class Driver(StreamingRollout):
         self.default_agent = "single_turn_agent"
         self.calls = []
         self.worker = SimpleNamespace(_run_agent_loop=self._fake_agent_loop,
-                                      _postprocess=lambda outputs, validate: outputs)
+                                      _postprocess=lambda outputs, validate: outputs, score_by_group=False)
         self.client = SimpleNamespace(_servers=[None, None])
 
     async def _fake_agent_loop(self, sampling_params, trajectory, trace=False, **kwargs):
@@ -155,3 +155,43 @@ def test_no_replica_left_is_a_clear_error(supervisor):
     req, _ = _request()
     with pytest.raises(ReplicaLostError, match="no replica is left"):
         Driver(behave, supervisor).run(req)
+
+
+def test_groups_scored_off_the_loop_are_handed_over_in_completion_order(monkeypatch):
+    """rolloutpipe.reward.score_by_group: a group's reward call runs while the loop goes on; a slow call for an
+    early group holds the later groups back (hand-over in completion order, so the batch takes the same groups as
+    when every response is scored on its own), and groups still scoring when the batch fills end late."""
+    import verl_pipe.rollout.stream as stream
+
+    scoring_s = {0: 0.3}  # group 0's reward call is slow; the others answer at once
+    scored = []
+
+    async def fake_score_group(outputs, handles):
+        g = outputs[0].group
+        await asyncio.sleep(scoring_s.get(g, 0.0))
+        scored.append(g)
+
+    monkeypatch.setattr(stream, "score_group", fake_score_group)
+    # group g completes at 0.02 * g s; 6 groups for a batch of 4 (oversampled)
+    drv = Driver(lambda g, i, attempt, r: 0.02 * g)
+    drv.worker.score_by_group, drv.worker.reward_loop_worker_handles = True, [object()]
+    req, trained = _request(groups=6, target=4)
+    result = drv.run(req)
+    assert [g for g, _ in trained] == [0, 1, 2, 3], "handed over in completion order, group 0 first"
+    assert result.groups_done == 4 and result.late_groups + result.aborted >= 1
+    assert 0 in scored
+
+
+def test_a_failing_group_reward_call_fails_the_step_naming_the_group(monkeypatch):
+    import verl_pipe.rollout.stream as stream
+
+    async def broken(outputs, handles):
+        if outputs[0].group == 2:
+            raise ValueError("reward function raised")
+
+    monkeypatch.setattr(stream, "score_group", broken)
+    drv = Driver(lambda g, i, attempt, r: 0.0)
+    drv.worker.score_by_group, drv.worker.reward_loop_worker_handles = True, [object()]
+    req, _ = _request()
+    with pytest.raises(RuntimeError, match=r"scoring group 2's responses failed.*score_by_group"):
+        drv.run(req)

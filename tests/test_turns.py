@@ -218,7 +218,8 @@ class _TurnDriver:
 
         self.plan, self.log = plan, []
         self.supervisor, self._tasks, self.sampling_params, self.default_agent = None, {}, {}, "x"
-        self.worker = SimpleNamespace(_run_agent_loop=self._agent_loop, _postprocess=lambda outputs, validate: outputs)
+        self.worker = SimpleNamespace(_run_agent_loop=self._agent_loop, _postprocess=lambda outputs, validate: outputs,
+                                      score_by_group=False)
         self.client = SimpleNamespace(_servers=[None])
 
     async def _agent_loop(self, sampling_params, trajectory, trace=False, **kwargs):

@@ -257,6 +257,7 @@ ROLLOUTPIPE: dict[str, Any] = {
     "allow_ray_store_on_gpu": BOOLEAN,
     "oversample": integer(0),
     "request_timeout_s": SECONDS,
+    "reward": {"score_by_group": BOOLEAN},
     "weight_sync_timeout_s": SECONDS,
     "nccl_sync": {
         "min_gib_per_s": Rule("null (weight_sync_timeout_s alone) or a bandwidth floor in GiB/s > 0",

@@ -13,7 +13,7 @@ import yaml
 
 from verl_pipe.bench.report import MODES
 from verl_pipe.conf import ROOT as _CONF_ROOT
-from verl_pipe.core.variants import PEER_MODE_NAMES
+from verl_pipe.core.variants import BASE, PEER_MODE_NAMES
 
 CONF_DIR = _CONF_ROOT / "bench"  # conf/bench in a checkout, verl_pipe/conf/bench installed
 
@@ -31,9 +31,13 @@ def load_config(path: str | Path) -> dict:
             raise ValueError(f"setting {s['name']!r}: names start with longtail- or notail-")
         if s.get("stack") is not None and s["stack"] not in stacks:
             raise ValueError(f"setting {s['name']!r}: stack {s['stack']!r} is not under stacks: {sorted(stacks)}")
-        bad = set(s.get("modes", [])) - set(MODES)
+        modes = s.get("modes") or cfg.get("modes") or list(MODES)
+        bad = set(modes) - set(MODES)
         if bad:
             raise ValueError(f"setting {s['name']!r}: unknown modes {sorted(bad)} (known: {list(MODES)})")
+        if BASE not in modes:  # refused before any run: the analysis reports every mode against it
+            raise ValueError(f"setting {s['name']!r}: modes {list(modes)} lack {BASE!r}; every figure of a setting is "
+                             f"relative to its {BASE} runs (list {BASE} among the setting's or the config's modes)")
         # The peer's configurations: the variant table's (verl_pipe/bench/peer/configs.py CONFIGS has the same keys).
         bad = set(s.get("peers") or []) - set(PEER_MODE_NAMES)
         if bad:

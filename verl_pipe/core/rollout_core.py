@@ -18,7 +18,8 @@ Driver protocol (one step)::
     do(core.turn_done(req, replica))            # multi-turn: a model turn ended, the trajectory waits on its tool
     do(core.tool_done(req, replica))            # its tool returned: a later admit() gives NextTurn
     do(core.response_done(req, replica))        # Take; then HandOver(g), or GroupEnded(g, "late")
-    do(core.handed_over(g, trainable))          # right after HandOver, with the driver's verdict: GroupEnded
+    do(core.handed_over(g, trainable))          # after HandOver, with the driver's verdict: GroupEnded
+    do(core.too_late(g))                        # or, HandOver'd but not built when the batch filled: GroupEnded
     do(core.request_failed(req, replica))       # raised or timed out: Retry; or GiveUp + FailStep | drop
     do(core.replica_died(replica, restart))     # Restart | Retire, Cancel (its requests are requeued); or FailStep
     do(core.replica_back(replica, ok))          # a Restart finished: nothing, or FailStep (no replica left)
@@ -258,6 +259,18 @@ class RolloutCore:
         self.counts.groups_done += 1
         self.counts.untrainable += 0 if trainable else 1
         return [self._end(group, "trained" if trainable else "untrainable")]
+
+    def too_late(self, group: int) -> list:
+        """A group given HandOver whose build the driver had not finished when the batch filled (it builds groups off
+        its loop, e.g. scoring their rewards): it ends late, as a group completing after the batch filled does."""
+        if group not in self._handing:
+            raise RuntimeError(f"group {group} was not handed over")
+        if not self.policy.batch_full:
+            raise RuntimeError(f"group {group}: the batch is not full, hand it over")
+        self._handing.remove(group)
+        self.policy.on_group_done(group, False)
+        self.counts.late_groups += 1
+        return [self._end(group, "late")]
 
     def request_failed(self, request: Request, replica: int) -> list:
         """``request`` raised or timed out on ``replica`` (not because the replica died: ``replica_died``). [] when

@@ -25,12 +25,34 @@ from verl.experimental.agent_loop.agent_loop import (AgentLoopWorker, DictConfig
                                                      _agent_loop_registry)
 from verl.utils.rollout_trace import rollout_trace_attr
 
+from verl_pipe.rollout.group_scores import DEFERRED_ROW, CaptureHandle
+
 # sha256 of inspect.getsource(verl 0.9.1's AgentLoopWorker._run_agent_loop)
 VERL_RUN_AGENT_LOOP_SHA256 = "32c3d607c5d4c9fa124c9d53a476689b63aeb2662f28c9cc1933fc6ec3e9e989"
 
 
 class PipeAgentLoopWorker(AgentLoopWorker):
     _classes: dict[str, type] = {}  # "_target_" -> class, resolved once per process
+    # rolloutpipe.reward.score_by_group: keep each response's reward row for one call per group
+    # (verl_pipe/rollout/group_scores.py); the driver scores the group when it completes
+    score_by_group = False
+
+    async def _compute_score(self, outputs: list, kwargs: dict) -> None:
+        """verl's method; with ``score_by_group``, the reward row it builds is kept on the response
+        (``DEFERRED_ROW``) instead of being sent: verl's own code builds it, against a ``CaptureHandle`` in place
+        of the reward workers' handles (swapped and restored with no await between: nothing else runs meanwhile).
+        A trajectory of several outputs (one score for all its rows) is sent as verl sends it."""
+        handles = self.reward_loop_worker_handles
+        if not self.score_by_group or handles is None or len(outputs) != 1:
+            return await super()._compute_score(outputs, kwargs)
+        capture = CaptureHandle()
+        self.reward_loop_worker_handles = [capture]
+        try:
+            await super()._compute_score(outputs, kwargs)
+        finally:
+            self.reward_loop_worker_handles = handles
+        if capture.data is not None:
+            outputs[-1].extra_fields[DEFERRED_ROW] = capture.data
 
     def _agent_loop(self, agent_loop_config) -> Any:
         """What ``hydra.utils.instantiate(config=agent_loop_config, **kwargs)`` builds in verl's method."""

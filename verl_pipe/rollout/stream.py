@@ -40,6 +40,7 @@ from verl_pipe.core.timeline import StepTimeline
 from verl_pipe.rollout.agent_worker import PipeAgentLoopWorker
 from verl_pipe.rollout.client import CURRENT_ADMISSION, AdmissionRoutedClient
 from verl_pipe.rollout.completions import Completions
+from verl_pipe.rollout.group_scores import score_group
 from verl_pipe.rollout.replicas import ReplicaLostError, is_replica_death  # noqa: F401 (re-exported)
 from verl_pipe.rollout.turns import CURRENT_TURN_GATE, TurnGate
 
@@ -94,6 +95,8 @@ class StreamingRollout:
         self._tasks: dict = {}  # the running step's request tasks
         self.client = AdmissionRoutedClient(config, load_balancer_handle=load_balancer_handle, servers=servers)
         self.worker = PipeAgentLoopWorker(config, self.client, None, reward_loop_worker_handles)
+        reward_cfg = config.rolloutpipe.get("reward") or {}
+        self.worker.score_by_group = bool(reward_cfg.get("score_by_group", False))
         rollout_cfg = config.actor_rollout_ref.rollout
         self.sampling_params = dict(
             temperature=rollout_cfg.temperature,
@@ -179,6 +182,8 @@ class _StepRun:
         self.tasks: dict[asyncio.Task, Admission] = {}
         self.task_of: dict[Request, asyncio.Task] = {}
         self.restarting: dict[asyncio.Task, tuple[int, float]] = {}  # restart task -> (replica, when death noticed)
+        self.scoring: dict[asyncio.Task, int] = {}  # a group's reward call -> group
+        self.handing: dict[int, tuple[list, asyncio.Task]] = {}  # completed, scoring: group -> (outputs, its call)
         self.completions = Completions()  # every task above and in `restarting` is added here when created
         self.outputs: dict[int, dict[int, Any]] = {}  # group -> index -> agent-loop output, until the group ends
         self.turn_reports: dict[asyncio.Future, TurnGate] = {}  # multi-turn: a trajectory reported turn events
@@ -193,10 +198,11 @@ class _StepRun:
         start = time.perf_counter()
         core = self.core
         await self.do(core.admit())
-        while (self.tasks or self.restarting) and not core.all_done:
+        while (self.tasks or self.restarting or self.scoring) and not core.all_done:
             for task in await self.completions.wait():
                 await self.finished(task)
             if core.batch_full:  # after every response of this wake-up: the ones that completed a group were late
+                await self.do(self.scored_too_late())
                 await self.do(core.close())
                 break
             await self.do(core.admit())
@@ -211,6 +217,9 @@ class _StepRun:
         """A task finished: a restart, or a request (its response, its failure, or its replica's death)."""
         if task in self.restarting:
             await self.restarted(task, self.restarting.pop(task))
+            return
+        if task in self.scoring:
+            await self.scored(task)
             return
         gate = self.turn_reports.pop(task, None)
         if gate is not None:
@@ -235,10 +244,50 @@ class _StepRun:
                 self.outputs.setdefault(r.group, {})[r.index] = out
             elif isinstance(act, HandOver):
                 outs = self.outputs.pop(r.group)
-                gen_out = self.rollout.worker._postprocess([outs[i] for i in range(self.core.n)], validate=False)
-                await self.do(self.core.handed_over(r.group, self.req.on_group(r.group, gen_out)))
+                group_outs = [outs[i] for i in range(self.core.n)]
+                worker = self.rollout.worker
+                if worker.score_by_group:  # one reward call for the group, while the loop goes on admitting
+                    scoring = self.completions.add(
+                        asyncio.create_task(score_group(group_outs, worker.reward_loop_worker_handles)))
+                    self.scoring[scoring] = r.group
+                    self.handing[r.group] = (group_outs, scoring)
+                else:
+                    await self.hand_over(r.group, group_outs)
             else:
                 await self.do([act])
+
+    async def scored(self, task: asyncio.Task) -> None:
+        """A group's rewards came back (``rolloutpipe.reward.score_by_group``). Groups are handed over in the order
+        they completed, as without it (the first trainable groups to complete fill the batch): this one and the
+        scored ones after it, up to the first still scoring. A reward call that raised fails the step, naming the
+        group (verl's per-response call would fail its request)."""
+        group = self.scoring.pop(task)
+        try:
+            task.result()
+        except Exception as e:
+            raise RuntimeError(f"step {self.req.step}: scoring group {group}'s responses failed "
+                               f"(rolloutpipe.reward.score_by_group=true): {_brief(e)}") from e
+        while self.handing and not self.core.batch_full:
+            first, (group_outs, scoring) = next(iter(self.handing.items()))
+            if not scoring.done():
+                break
+            del self.handing[first]
+            await self.hand_over(first, group_outs)
+
+    def scored_too_late(self) -> list:
+        """The batch filled while groups that completed after the last one it took were still scoring: they end
+        late, as a group completing after the batch filled does."""
+        actions = []
+        for group, (_, scoring) in list(self.handing.items()):
+            scoring.cancel()
+            self.scoring.pop(scoring, None)
+            actions += self.core.too_late(group)
+        self.handing.clear()
+        return actions
+
+    async def hand_over(self, group: int, group_outs: list) -> None:
+        gen_out = self.rollout.worker._postprocess(group_outs, validate=False)
+        await self.do(self.core.handed_over(group, self.req.on_group(group, gen_out)))
 
     def report_turn(self, gate: TurnGate) -> None:
         """A trajectory's turn event (verl_pipe/rollout/turns.py): wakes the loop, which calls ``turn_events``."""
