@@ -90,3 +90,24 @@ def test_preemption_counter_is_summed_over_engines_and_absent_without_stats():
     assert counter_total(reg.collect()) == 7.0
     assert counter_total(prometheus_client.CollectorRegistry().collect()) is None
     assert step_delta(3.0, 10.0) == 7.0 and step_delta(None, 10.0) is None and step_delta(3.0, None) is None
+
+
+def test_a_capped_kv_stack_borrows_the_engine_of_an_uncapped_stack_of_the_same_model():
+    from verl_pipe.bench.calib import StepShape
+    from verl_pipe.bench.run import capped_kv_tokens, engine_donors
+
+    cap = "++actor_rollout_ref.rollout.engine_kwargs.vllm.num_gpu_blocks_override=32"
+    assert capped_kv_tokens(["a=1", cap]) == 32 * 128  # vLLM-CPU's block of 128 tokens
+    assert capped_kv_tokens(["actor_rollout_ref.rollout.max_num_seqs=32"]) is None
+
+    def shape(seqs, kv):
+        return StepShape(n=8, groups_per_unit=4, micro_rows=8, max_num_seqs=seqs, max_num_batched_tokens=2048,
+                         kv_capacity_tokens=kv)
+
+    shapes = {"kv": shape(256, 4096), "seqs": shape(32, 1 << 20), "other": shape(32, 1 << 20)}
+    stacks = {"kv": {"overrides": ["rolloutpipe.tiny_assets.size=tiny", cap]},
+              "seqs": {"overrides": ["rolloutpipe.tiny_assets.size=tiny"]},
+              "other": {"overrides": ["rolloutpipe.tiny_assets.size=bench"]}}
+    assert engine_donors(shapes, stacks) == {"kv": "seqs"}
+    del stacks["seqs"], shapes["seqs"]
+    assert engine_donors(shapes, stacks) == {}  # no uncapped stack of the same model: its own runs calibrate it

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "docs" / "bench"
 # where the figures legitimately differ: when and how long the analysis ran, where the steps were read from, and the
 # CPU probe of the machine the reanalysis runs on (steps files older than env's recording do not carry the run's)
-NOT_FIGURES = {"elapsed_s", "steps_file", "reanalysis", "env"}
+NOT_FIGURES = {"elapsed_s", "steps_file", "reanalysis", "env", "charts"}  # charts: written only with --charts
 
 
 def bench_results() -> list[Path]:

@@ -31,6 +31,7 @@ the simulator.
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -434,7 +435,19 @@ def _validation_table(steps: list[dict], fits_for, shape: StepShape) -> dict:
             "max_rel_error": float(max(r["rel_error"] for r in rows)) if rows else math.nan}
 
 
-def sim_validation(steps: list[dict], shape: StepShape, target: float = 0.15) -> dict:
+def with_engine_of(cal: Calibration, donor: Calibration, shape: StepShape) -> Calibration:
+    """``cal`` with the engine fits of ``donor`` (the same model on the same machine), sized to ``shape``'s slots and
+    KV pool: for a stack whose KV pool binds, where the per-request fit cannot see how many requests run (vLLM admits
+    by free blocks and preempts; the fit assumes every admitted request runs)."""
+    def sized(fit: EngineFit) -> EngineFit:
+        return dataclasses.replace(fit, params=fit.params.with_(max_num_seqs=shape.max_num_seqs,
+                                                                kv_capacity_tokens=shape.kv_capacity_tokens))
+
+    return Calibration(alone=sized(donor.alone), overlapped=sized(donor.overlapped), trainer=cal.trainer)
+
+
+def sim_validation(steps: list[dict], shape: StepShape, target: float = 0.15,
+                   engine_donor: Calibration | None = None) -> dict:
     """Calibrate on every measured step, re-simulate each one, compare rollout_to_train_end_s.
 
     Also a leave-one-setting-out check: each setting predicted by a fit on the other settings only.
@@ -447,6 +460,8 @@ def sim_validation(steps: list[dict], shape: StepShape, target: float = 0.15) ->
     steps = [s for s in steps if s["mode"] in SIMULATED]
     ours = [s for s in steps if s["mode"] in OURS]
     cal = calibrate(ours, shape)
+    if engine_donor is not None:
+        cal = with_engine_of(cal, engine_donor, shape)
     in_sample = _validation_table(steps, lambda s: cal, shape)
     settings = sorted({s["setting"] for s in ours})
     holdout = None
@@ -456,6 +471,8 @@ def sim_validation(steps: list[dict], shape: StepShape, target: float = 0.15) ->
             others = [s for s in ours if s["setting"] != name]
             try:
                 fits[name] = calibrate(others, shape)
+                if engine_donor is not None:
+                    fits[name] = with_engine_of(fits[name], engine_donor, shape)
             except ValueError:
                 fits = None
                 break

@@ -17,6 +17,7 @@ included, and a T/R sweep). Charts with ``--charts`` (``charts``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -63,6 +64,18 @@ def peer_status() -> str:
 # ---------------------------------------------------------------------------------------------- runs
 
 
+def capped_kv_tokens(overrides: list[str]) -> int | None:
+    """The capped KV pool, in tokens, of a stack whose recorded overrides set vLLM's
+    ``num_gpu_blocks_override`` (``kv_override_tokens`` of the composed config, from the record)."""
+    from verl_pipe.bench.sim_windows import CPU_BLOCK_TOKENS
+
+    for o in overrides:
+        key, _, value = o.lstrip("+").partition("=")
+        if key == "actor_rollout_ref.rollout.engine_kwargs.vllm.num_gpu_blocks_override" and value.strip().isdigit():
+            return int(value) * CPU_BLOCK_TOKENS
+    return None
+
+
 class BenchRunner:
     """Runs the configured settings on live sessions and keeps every measured step."""
 
@@ -99,6 +112,10 @@ class BenchRunner:
         self.cpu_samples = d.get("cpu_samples", [])
         self.stacks = d.get("stacks", {})  # absent in steps files written before it was recorded
         self.env = d.get("env")  # the machine the steps ran on; absent in steps files written before it was recorded
+        for stack, shape in self.shapes.items():  # runs before the capped KV pool was read took the whole cache
+            capped = capped_kv_tokens(self.stacks.get(stack, {}).get("overrides") or [])
+            if capped and shape.kv_capacity_tokens != capped:
+                self.shapes[stack] = dataclasses.replace(shape, kv_capacity_tokens=capped)
 
     def overrides(self, stack: str) -> list[str]:
         return stack_overrides(self.cfg, stack)
@@ -206,7 +223,13 @@ class BenchRunner:
 
     @staticmethod
     def _kv_capacity_tokens(session) -> int:
-        """KV tokens a replica holds: the CPU KV cache size over the model's bytes per token (fp32)."""
+        """KV tokens a replica holds: the capped block pool where the config caps it, else the CPU KV cache size over
+        the model's bytes per token (fp32)."""
+        from verl_pipe.bench.sim_windows import kv_override_tokens
+
+        capped = kv_override_tokens(session.config.actor_rollout_ref.rollout)
+        if capped:
+            return capped
         try:
             with open(Path(session.config.actor_rollout_ref.model.path) / "config.json") as f:
                 mc = json.load(f)
@@ -345,7 +368,7 @@ def build_result(cfg: dict, settings: list[dict], steps: list[dict], skipped_mod
 
     from verl_pipe.bench.report import paper_targets
 
-    sv, fits = validate_per_size(steps, shapes)
+    sv, fits = validate_per_size(steps, shapes, stacks)
     sim = simulated_section(settings, steps, granularity, shapes, fits, tr_sim_points) if fits else {}
     targets = paper_targets({"settings": result_settings})
     cpu = {}
@@ -466,20 +489,51 @@ def _size(st: dict) -> str:
     return st.get("model_size", "bench")
 
 
-def validate_per_size(steps: list[dict], shapes: dict) -> tuple[dict, dict]:
-    """``sim_validation`` over every model size (each calibrated on its own runs); returns it and the fits."""
-    from verl_pipe.bench.calib import sim_validation
+def engine_donors(shapes: dict, stacks: dict | None) -> dict[str, str]:
+    """Stack -> the stack whose engine fit it borrows: a stack whose KV pool is capped (vLLM's
+    ``num_gpu_blocks_override`` in its recorded overrides) takes the engine of an uncapped stack with the same model
+    (``rolloutpipe.tiny_assets.size``) and row shape, when the run has one; the KV-bound runs' own request timings
+    cannot calibrate an engine (how many requests run is vLLM's, by free blocks)."""
+    def model(stack):
+        ovs = (stacks or {}).get(stack, {}).get("overrides") or []
+        return next((o.split("=", 1)[1] for o in ovs if o.startswith("rolloutpipe.tiny_assets.size=")), None)
+
+    donors = {}
+    for stack, shape in shapes.items():
+        if not capped_kv_tokens((stacks or {}).get(stack, {}).get("overrides") or []):
+            continue
+        for other, osh in shapes.items():
+            if (other != stack and model(other) is not None and model(other) == model(stack)
+                    and not capped_kv_tokens((stacks or {}).get(other, {}).get("overrides") or [])
+                    and (osh.n, osh.micro_rows) == (shape.n, shape.micro_rows)):
+                donors[stack] = other
+                break
+    return donors
+
+
+def validate_per_size(steps: list[dict], shapes: dict, stacks: dict | None = None) -> tuple[dict, dict]:
+    """``sim_validation`` over every model size (each calibrated on its own runs, or with a capped KV pool on the
+    engine of an uncapped stack of the same model: ``engine_donors``); returns it and the fits."""
+    from verl_pipe.bench.calib import calibrate, sim_validation
 
     per_size, fits, rows, errors = {}, {}, [], []
-    for size, shape in shapes.items():
+    donors = engine_donors(shapes, stacks)
+    for size, shape in sorted(shapes.items(), key=lambda kv: kv[0] in donors):  # donors first
         mine = [st for st in steps if _size(st) == size]
         if not mine:
             continue
+        donor = donors.get(size)
         try:
-            sv, fit = sim_validation(mine, shape)
+            donor_cal = None
+            if donor is not None:
+                donor_cal = fits.get(donor) or calibrate(
+                    [st for st in steps if _size(st) == donor and variant(st["mode"]).ours], shapes[donor])
+            sv, fit = sim_validation(mine, shape, engine_donor=donor_cal)
         except ValueError as e:  # too little data to calibrate: say so, keep the schema
             errors.append(f"{size}: {e}")
             continue
+        if donor is not None:
+            sv["engine_from"] = donor
         fits[size] = fit
         per_size[size] = sv
         rows += [dict(r, model_size=size) for r in sv["rows"]]
@@ -504,6 +558,9 @@ def validate_per_size(steps: list[dict], shapes: dict) -> tuple[dict, dict]:
         out["holdout_max_rel_error"] = max(holdouts)
     if errors:
         out["errors"] = errors
+    borrowed = {size: sv["engine_from"] for size, sv in per_size.items() if "engine_from" in sv}
+    if borrowed:
+        out["engine_from"] = borrowed
     return out, fits
 
 

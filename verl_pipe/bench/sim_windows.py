@@ -49,6 +49,13 @@ def trainer_from_summary(t: dict) -> TrainerParams:
         swap_restore_s=swap, swap_cycle_s=0.0, opt_snapshot_s=0.0)
 
 
+def kv_override_tokens(rollout_cfg) -> int | None:
+    """The KV pool a replica gets when the config caps its blocks (``engine_kwargs.vllm.num_gpu_blocks_override``,
+    which verl forwards to vLLM as is), in tokens; None when it does not."""
+    blocks = ((rollout_cfg.get("engine_kwargs") or {}).get("vllm") or {}).get("num_gpu_blocks_override")
+    return int(blocks) * CPU_BLOCK_TOKENS if blocks else None
+
+
 def stack_shape(cfg: dict, stack: str, kv_tokens_per_gib: int) -> tuple[StepShape, int]:
     """The step's shape on a bench stack and its number of prompts, from the Hydra config its overrides compose to."""
     from verl_pipe.bench.settings import stack_overrides
@@ -56,8 +63,7 @@ def stack_shape(cfg: dict, stack: str, kv_tokens_per_gib: int) -> tuple[StepShap
 
     c = compose(stack_overrides(cfg, stack))
     roll = c.actor_rollout_ref.rollout
-    blocks = ((roll.get("engine_kwargs") or {}).get("vllm") or {}).get("num_gpu_blocks_override")
-    kv = int(blocks) * CPU_BLOCK_TOKENS if blocks else int(c.rolloutpipe.cpu.kv_cache_gib) * kv_tokens_per_gib
+    kv = kv_override_tokens(roll) or int(c.rolloutpipe.cpu.kv_cache_gib) * kv_tokens_per_gib
     workers = int(roll.agent.num_workers)  # the trainer's stock order (trainer._verl_dispatch_order)
     order = c.rolloutpipe.dispatch.order or (f"interleave:{workers}" if workers > 1 else "group_major")
     shape = StepShape(n=int(roll.n), groups_per_unit=int(c.actor_rollout_ref.actor.ppo_mini_batch_size),
