@@ -22,7 +22,9 @@ def test_the_readme_benchmark_tables_are_marked():
     marked = {(b["path"], b["kind"]) for b in rt.blocks(README.read_text())}
     assert marked >= {("docs/bench/bench_2026-11-30.json", "balanced"), ("docs/bench/bench_2026-11-30.json", "paper"),
                       ("docs/bench/bench_paper_tiny_coalesced_2026-12-01.json", "paper_vs_peer"),
-                      ("docs/bench/bench_paper_tiny_coalesced_2026-12-01.json", "trainer_costs")}
+                      ("docs/bench/bench_paper_tiny_coalesced_2026-12-01.json", "trainer_costs"),
+                      ("docs/bench/bench_queue_2026-12-02.json", "fgd_vs_cgp"),
+                      ("docs/bench/bench_paper_tiny_adaptive_2026-12-02.json", "fgd_vs_cgp")}
 
 
 def test_a_drifted_figure_is_reported_and_write_restores_it():

@@ -182,7 +182,26 @@ def trainer_spans(result: dict) -> list[str]:
                   rows)
 
 
-KINDS = {"balanced": balanced, "paper": paper, "paper_vs_peer": paper_vs_peer, "trainer_costs": trainer_costs,
+def fgd_vs_cgp(result: dict) -> list[str]:
+    """FGD against cgp on every setting that ran both (means over the rounds): rollout→train end and its change,
+    first unit ready, rollout end, and vLLM's preemptions per step where counted."""
+    rows = []
+    for s in result["settings"]:
+        modes = s["modes"]
+        if not all(m in modes and "skipped" not in modes[m] for m in ("cgp", "cgp_fgd")):
+            continue
+        c, f = modes["cgp"], modes["cgp_fgd"]
+        pre = [e.get("vllm_preemptions") for e in (c, f)]
+        rows.append([f"`{s['name']}`", seconds(c["rollout_to_train_end_s"]), seconds(f["rollout_to_train_end_s"]),
+                     change(100.0 * (1.0 - f["rollout_to_train_end_s"] / c["rollout_to_train_end_s"])),
+                     f"{c['first_unit_ready_s']:.2f} / {f['first_unit_ready_s']:.2f} s",
+                     f"{c['rollout_end_s']:.2f} / {f['rollout_end_s']:.2f} s",
+                     BASELINE if None in pre else f"{pre[0]:.0f} / {pre[1]:.0f}"])
+    return _table(["setting", "cgp", "cgp + fgd", "fgd vs cgp", "first unit ready: cgp / fgd",
+                   "rollout end: cgp / fgd", "preemptions per step: cgp / fgd"], rows)
+
+
+KINDS = {"fgd_vs_cgp": fgd_vs_cgp, "balanced": balanced, "paper": paper, "paper_vs_peer": paper_vs_peer, "trainer_costs": trainer_costs,
          "trainer_gap": trainer_gap, "trainer_spans": trainer_spans}
 
 
