@@ -65,6 +65,14 @@ KWARGS = {"data_source": "arith", "reward_model": {"ground_truth": "7"}, "index"
 RESPONSES = [[5, 6, 7], [9], [4, 4, 4, 4, 4, 4], [8, 2]]
 
 
+async def keep_then_score(outs, fake) -> None:
+    """What the driver does with score_by_group: each response's row kept as it completes, then one group call."""
+    w = worker([fake], by_group=True)
+    for o in outs:
+        await w._compute_score([o], KWARGS)
+    await score_group(outs, [fake])
+
+
 def test_the_kept_rows_are_what_verl_sends_and_one_call_scores_the_group():
     sent = FakeRewardWorker()
     verl_way = [output([1, 2, 3], r) for r in RESPONSES]
@@ -114,14 +122,7 @@ def test_padding_only_extends_the_response_side():
 def test_prompts_of_different_widths_are_scored_row_by_row():
     fake = FakeRewardWorker()
     outs = [output([1, 2, 3], [5, 6]), output([1, 2], [5, 6, 7])]
-
-    async def run():
-        w = worker([fake], by_group=True)
-        for o in outs:
-            await w._compute_score([o], KWARGS)
-        await score_group(outs, [fake])
-
-    asyncio.run(run())
+    asyncio.run(keep_then_score(outs, fake))
     assert not fake.batches and len(fake.single) == 2
     assert all(o.reward_score is not None for o in outs)
 
@@ -146,13 +147,6 @@ def test_a_failing_reward_worker_raises_from_the_group_call():
 
     fake = Broken()
     outs = [output([1, 2, 3], r) for r in RESPONSES]
-
-    async def run():
-        w = worker([fake], by_group=True)
-        for o in outs:
-            await w._compute_score([o], KWARGS)
-        await score_group(outs, [fake])
-
     with pytest.raises(ValueError, match="reward function raised"):
-        asyncio.run(run())
+        asyncio.run(keep_then_score(outs, fake))
     assert np.all([o.reward_score is None for o in outs])
