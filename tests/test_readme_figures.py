@@ -96,6 +96,46 @@ def _eff_range(key: str) -> str:
     return lo if lo == hi else f"{lo}–{hi}"
 
 
+SIM, BASE44 = "sim_cluster_grid_2026-12-02.json", "longtail-D1-base-early-4R4T"
+PLACE = "sim_cluster_placements_2026-12-02.json"
+
+
+def _sim(name: str) -> dict:
+    (s,) = [s for s in bench(SIM)["settings"] if s["name"] == name]
+    return s
+
+
+def _sim_at_tr1(s: dict) -> dict:
+    (tr,) = [t for t in s["tr_sweep"] if t["target_train_to_rollout"] == 1.0]
+    return tr["modes"]
+
+
+def _wait_cut(modes: dict, m: str) -> float:
+    """How much less the trainer waited than in sync, in %."""
+    return 100 * (1 - modes[m]["trainer_wait_ratio"] / modes["sync"]["trainer_wait_ratio"])
+
+
+def _placed(name: str, m: str, placement: str) -> float:
+    (s,) = [s for s in bench(PLACE)["settings"] if s["name"] == name]
+    return s["placements"][placement][m]["reduction_vs_sync_pct"]
+
+
+def _placement_spread(a: str, b: str) -> float:
+    """The most points any pipelined mode on any setting gains from placement ``b`` over ``a``."""
+    return max(s["placements"][b][m]["reduction_vs_sync_pct"] - s["placements"][a][m]["reduction_vs_sync_pct"]
+               for s in bench(PLACE)["settings"] for m in s["placements"][a] if m.startswith("cgp"))
+
+
+def _cluster_tr1() -> str:
+    """CGP+FGD's range at T/R = 1 over the grid's settings, as the README writes it."""
+    ss = bench(SIM)["settings"]
+    notail = [_sim_at_tr1(s)["cgp_fgd"]["reduction_vs_sync_pct"] for s in ss if s["name"].startswith("notail")]
+    tail = [_sim_at_tr1(s)["cgp_fgd"]["reduction_vs_sync_pct"] for s in ss if s["name"].startswith("longtail")]
+    waits = [_wait_cut(_sim_at_tr1(s), "cgp_fgd") for s in ss]
+    return (f"from {MINUS}{notail[0]:.1f}% (no tail) and {MINUS}{min(tail):.1f}% to {MINUS}{max(tail):.1f}% with "
+            f"{MINUS}{min(waits):.0f}% to {MINUS}{max(waits):.0f}% wait")
+
+
 FIGURES = {
     # README: the paper regime's FGD window sweep and its targets (bench_2026-11-30.json)
     "README window sweep": ("README.md", lambda: (
@@ -138,6 +178,13 @@ FIGURES = {
     # README: the span-by-span A/B (ab_paper_2026-12-01.json, per round)
     "README A/B rounds": ("README.md", lambda: (
         f"sync {_per_run('sync')} s, cgp {_per_run('cgp')} s, verl on-policy {_per_run('verl_separate_async')} s")),
+    "README A/B trainer busy": ("README.md", lambda: (
+        "The trainers were busy " + ", ".join(
+            f"{label} {mode(AB, PAPER, m)['trainer_busy_s']:.1f} s"
+            for label, m in (("sync", "sync"), ("cgp", "cgp"), ("verl", "verl_separate_async")))
+        + f" per step (`trainer_busy_s`, the two rounds' mean): ours "
+        f"{100 * (mode(AB, PAPER, 'cgp')['trainer_busy_s'] / mode(AB, PAPER, 'verl_separate_async')['trainer_busy_s'] - 1):.0f}% "
+        "more than verl's")),
     "README A/B rollout": ("README.md", lambda: "sync rollout " + "–".join(
         f"{f(r['rollout_end_s'] for r in mode(AB, PAPER, 'sync')['per_run']):.1f}" for f in (min, max)) + " s"),
     # README: paper_tiny (bench_paper_tiny_2026-12-01.json and the coalesced rerun)
@@ -167,9 +214,32 @@ FIGURES = {
         f"twice as long ({mode(SYSR, TINY, 'sync')['rollout_end_s']:.1f} s vs {mode(COAL, TINY, 'sync')['rollout_end_s']:.1f} s), "
         f"so every mode is slower in absolute terms (sync {mode(SYSR, TINY, 'sync')['rollout_to_train_end_s']:.1f} s, "
         f"cgp {mode(SYSR, TINY, 'cgp')['rollout_to_train_end_s']:.1f} s)")),
+    "README paper_tiny trainer busy": ("README.md", lambda: (
+        "the pipelined trainer is busy " + "–".join(
+            f"{f(mode(COAL, TINY, m)['trainer_busy_s'] for m in ('cgp', 'cgp_group', 'cgp_fgd')):.1f}" for f in (min, max))
+        + f" s per step where sync's is busy {mode(COAL, TINY, 'sync')['trainer_busy_s']:.1f} s")),
+    "README per-call A/B trainer busy": ("README.md", lambda: (
+        f"with the trainer about as busy (cgp {mode(PERCALL, TINY, 'cgp')['trainer_busy_s']:.2f} s vs "
+        f"{mode(COAL, TINY, 'cgp')['trainer_busy_s']:.2f} s)")),
     "README per-call A/B": ("README.md", lambda: (
         f"(cgp {mode(PERCALL, TINY, 'cgp')['rollout_to_train_end_s']:.2f} s vs "
         f"{mode(COAL, TINY, 'cgp')['rollout_to_train_end_s']:.2f} s)")),
+    # README: the cluster-scale simulation (sim_cluster_grid_2026-12-02.json, python -m verl_pipe.sim --grid cluster_grid)
+    "README cluster grid, 4+4": ("README.md", lambda: (
+        f"{MINUS}{_sim(BASE44)['modes']['cgp_fgd']['reduction_vs_sync_pct']:.1f}% and "
+        f"{MINUS}{_wait_cut(_sim(BASE44)['modes'], 'cgp_fgd'):.0f}% trainer wait on the 4+4 split of the base long-tail "
+        f"distribution (T/R {_sim(BASE44)['sync_train_to_rollout_ratio']:.2f})")),
+    "README cluster grid, T/R 1": ("README.md", _cluster_tr1),
+    "README cluster placements": ("README.md", lambda: (
+        f"CGP loses up to {_placement_spread('pageable', 'pinned'):.0f} points (cgp on the 6+2 split of the base "
+        f"distribution {MINUS}{_placed('longtail-D1-base-early-6R2T', 'cgp', 'pageable'):.1f}% instead of "
+        f"{MINUS}{_placed('longtail-D1-base-early-6R2T', 'cgp', 'pinned'):.1f}%, group granularity on the no-tail control "
+        f"{MINUS}{_placed('notail-equal1000-4R4T', 'cgp_group', 'pageable'):.1f}% instead of "
+        f"{MINUS}{_placed('notail-equal1000-4R4T', 'cgp_group', 'pinned'):.1f}%); `device` adds at most "
+        f"{_placement_spread('pinned', 'device'):.1f} points over `pinned`")),
+    "README cluster grid, vs verl": ("README.md", lambda: (
+        f"e.g. {MINUS}{_sim(BASE44)['modes']['cgp_fgd']['reduction_vs_sync_pct']:.1f}% vs "
+        f"{MINUS}{_sim(BASE44)['modes']['verl_separate_async']['reduction_vs_sync_pct']:.1f}% on that split")),
     # docs/cpu.md: the same system_cores A/B
     "cpu.md system_cores": ("docs/cpu.md", lambda: (
         f"(cgp's updates {_cost(SYSR, 'cgp', 'update', 'during_rollout')} s per 1,000 padded tokens during the rollout "
@@ -201,3 +271,11 @@ def test_a_drifted_figure_fails():
     doc, phrase = FIGURES["README window sweep"]
     assert phrase() in text(doc)
     assert phrase().replace("+0.2%", "+0.3%") not in text(doc)
+
+
+def test_simulated_cgp_fgd_beats_verls_peer_on_every_cluster_setting():
+    """The README's "beats verl's separate_async (simulated) on every setting", as is and at T/R = 1."""
+    assert "it beats verl's separate_async (simulated, see below) on every setting" in text("README.md")
+    for s in bench(SIM)["settings"]:
+        for modes in (s["modes"], _sim_at_tr1(s)):
+            assert modes["cgp_fgd"]["reduction_vs_sync_pct"] > modes["verl_separate_async"]["reduction_vs_sync_pct"], s["name"]
