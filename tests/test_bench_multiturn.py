@@ -223,3 +223,18 @@ def test_the_peers_measured_steps_become_rounds_and_a_failure_is_reported(cfg, m
     monkeypatch.setattr(peer, "run_peer", fail)
     entries, steps = mtb.run_peers(cfg, 2, rounds, log=lambda *a: None)
     assert steps == [] and "exit code 1" in entries[0]["error"]
+
+
+def test_the_calibration_check_re_simulates_the_calibration_steps(cfg):
+    from verl_pipe.sim.engine import CPU_TINY
+    from verl_pipe.sim.trainer import TrainerParams
+
+    engine = CPU_TINY.with_(**TRUE_ENGINE)
+    live = _recorded_run(cfg, engine, TrainerParams(use_ref=False))
+    check = mts.calibration_check(live["calibration"], live["shape"], engine)
+    assert len(check) == 2
+    for c in check:  # the engine that recorded them reproduces them
+        assert c["rel_error"]["first_unit_ready_s"] == pytest.approx(0.0, abs=1e-9)
+        assert c["rel_error"]["rollout_end_s"] == pytest.approx(0.0, abs=1e-9)
+    slow = mts.calibration_check(live["calibration"], live["shape"], engine.with_(t0_s=4e-3))
+    assert all(c["rel_error"]["rollout_end_s"] > 0.05 for c in slow)

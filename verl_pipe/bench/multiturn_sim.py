@@ -17,6 +17,8 @@ the real step's, so "first unit ready" means the same in both.
 
 from __future__ import annotations
 
+import re
+
 METRICS = ("first_unit_ready_s", "rollout_end_s", "rollout_to_train_end_s")
 PEER_MODE = "verl_separate_async"
 
@@ -40,6 +42,32 @@ def fit_engine_on(calibration: list[dict], shape: dict):
     if not steps:
         return None
     return fit_engine(steps, shape["max_num_seqs"], CPU_TINY.with_(max_num_seqs=shape["max_num_seqs"]))
+
+
+def calibration_check(calibration: list[dict], shape: dict, engine) -> list[dict]:
+    """The fitted engine on its own calibration steps: each step re-simulated from its measured response lengths
+    (single-turn), its second group's completion and rollout end against the measured ones (signed error)."""
+    from verl_pipe.sim.simulate import rollout_for_mode
+    from verl_pipe.sim.turns import Episodes
+
+    out = []
+    for c in calibration:
+        ev = c["events"]
+        t0 = min(r["t"] for r in ev["requests"])
+        n, groups = shape["n"], sorted({r["group"] for r in ev["requests"]})
+        # a request id ends with its sample index ("s4-g0-r1" live, "0-1" simulated)
+        lengths = {(r["group"], int(re.findall(r"\d+", r["request_id"])[-1])): int(r["num_tokens"])
+                   for r in ev["responses"]}
+        eps = Episodes([[(lengths[(g, i)],) for i in range(n)] for g in groups], [[()] * n for _ in groups])
+        res = rollout_for_mode("sync", eps.workload(prompt_len=round(c["prompt_len"])),
+                               engine.with_(max_num_seqs=shape["max_num_seqs"]), shape["replicas"],
+                               shape["groups_per_unit"], shape.get("baseline_window"), episodes=eps)
+        done = sorted(g["t"] - t0 for g in ev["groups"])
+        k = shape["groups_per_unit"] - 1
+        measured = {"first_unit_ready_s": done[k], "rollout_end_s": max(r["t"] for r in ev["responses"]) - t0}
+        sim = {"first_unit_ready_s": res.completions[k][0], "rollout_end_s": res.rollout_end}
+        out.append({"seed": c.get("seed"), "measured": measured, "sim": sim, "rel_error": _errors(sim, measured)})
+    return out
 
 
 def fit_trainer_on(cfg: dict, live: dict):
@@ -123,6 +151,7 @@ def analyze(cfg: dict, live: dict, target: float = 0.15) -> dict:
     worst = max((e["max"] for d in table.values() for e in d.values()), default=None)
     return {"engine": "calibrated on the calibration steps" if fit else "cpu_tiny preset (no calibration steps)",
             "calibration": _engine_summary(fit) if fit else None,
+            "calibration_check": calibration_check(live["calibration"], live["shape"], fit.params) if fit else None,
             "trainer_fit": ({"update_line": trainer.update_line, "logprob_line": trainer.logprob_line,
                              "spans": trainer.num_spans} if trainer else None),
             "cache_block": live["shape"].get("cache_block"), "target_rel_error": target,
