@@ -279,3 +279,43 @@ def test_simulated_cgp_fgd_beats_verls_peer_on_every_cluster_setting():
     for s in bench(SIM)["settings"]:
         for modes in (s["modes"], _sim_at_tr1(s)):
             assert modes["cgp_fgd"]["reduction_vs_sync_pct"] > modes["verl_separate_async"]["reduction_vs_sync_pct"], s["name"]
+
+
+FAULT_LOG = ROOT / "docs" / "bench" / "logs" / "faults_e2e_2026-12-02.log"
+
+
+def fault_figures(log: str) -> dict:
+    """The figures the README quotes from the fault and signal tests' printed lines and pytest's durations."""
+    def one(pattern: str) -> str:
+        (got,) = re.findall(pattern, log)
+        return got
+
+    deaths = re.findall(r"'died [^']+': ([\d.]+)", one(r"engine deaths by phase: recovery \{([^}]*)\}"))
+    gaps = [float(g) for g in re.findall(r": ([\d.e-]+)", one(r"log-prob gap \{([^}]*)\}"))]
+    return {"replica": one(r"recovered in ([\d.]+)s"), "deaths": deaths, "gap": f"{max(gaps):.1e}",
+            "sigterm": one(r"SIGTERM to the group → exit 143 in ([\d.]+)s"),
+            "sigint": one(r"SIGINT then SIGTERM to the group → exit 130 in ([\d.]+)s"),
+            "setup": one(r"([\d.]+)s setup +tests/e2e/test_faults.py"),
+            "signals_call": one(r"([\d.]+)s call +tests/e2e/test_zz_signals.py")}
+
+
+def test_the_readmes_fault_times_are_the_logs():
+    f = fault_figures(FAULT_LOG.read_text(errors="replace"))
+    readme = text("README.md")
+    for phrase in (f"comes back with θ_k ({f['replica']} s here)",
+                   f"θ_k at a step's start; {', '.join(f['deaths'][:-1])} and {f['deaths'][-1]} s)",
+                   f"log-prob gap of its samples {f['gap']})", f"mid-step stops it in {f['sigterm']} s",
+                   f"stops that one in {f['sigint']} s", f"stack was up in {f['setup']} s",
+                   f"passed in {f['signals_call']} s in the fault run above"):
+        assert phrase in readme, f"README.md: expected (from {FAULT_LOG.name}) {phrase!r}"
+
+
+def test_fault_figures_are_read_from_the_printed_lines():
+    log = ("[fault] replica killed when unit 0 was in, 24 requests in flight; recovered in 41.1s, step 45.5s\n"
+           "[fault] engine deaths by phase: recovery {'died while training': 37.0, 'died between steps': 35.1} s; "
+           "max |vLLM - θ_k| log-prob gap {'restarted (1)': 9.5367431640625e-07, 'restarted (3)': 2e-06}\n"
+           "[signals] SIGTERM to the group → exit 143 in 10.5s; 25 processes\n"
+           "[signals] SIGINT then SIGTERM to the group → exit 130 in 4.5s; checkpoints\n"
+           "58.50s setup    tests/e2e/test_faults.py::test_a\n159.62s call     tests/e2e/test_zz_signals.py::test_b\n")
+    assert fault_figures(log) == {"replica": "41.1", "deaths": ["37.0", "35.1"], "gap": "2.0e-06", "sigterm": "10.5",
+                                  "sigint": "4.5", "setup": "58.50", "signals_call": "159.62"}
