@@ -30,6 +30,7 @@ from verl_pipe.bench.provenance import env_info
 from verl_pipe.bench.report import (BASE, MODES, PEERS, check_schema, format_setting, format_sim_validation,
                                     format_sweep, setting_entry)
 from verl_pipe.bench.settings import CONF_DIR, load_config, stack_of, stack_overrides, workload_for
+from verl_pipe.bench.sim_windows import capped_kv_tokens, engine_donors
 from verl_pipe.core.variants import GRANULARITIES, name_of, variant
 from verl_pipe.knobs import window_label  # noqa: F401 -- FGD's window as the results record it (tests, callers)
 
@@ -62,18 +63,6 @@ def peer_status() -> str:
 
 
 # ---------------------------------------------------------------------------------------------- runs
-
-
-def capped_kv_tokens(overrides: list[str]) -> int | None:
-    """The capped KV pool, in tokens, of a stack whose recorded overrides set vLLM's
-    ``num_gpu_blocks_override`` (``kv_override_tokens`` of the composed config, from the record)."""
-    from verl_pipe.bench.sim_windows import CPU_BLOCK_TOKENS
-
-    for o in overrides:
-        key, _, value = o.lstrip("+").partition("=")
-        if key == "actor_rollout_ref.rollout.engine_kwargs.vllm.num_gpu_blocks_override" and value.strip().isdigit():
-            return int(value) * CPU_BLOCK_TOKENS
-    return None
 
 
 class BenchRunner:
@@ -487,28 +476,6 @@ def _uncontended(entry: dict, steps: list[dict], shapes: dict) -> None:
 
 def _size(st: dict) -> str:
     return st.get("model_size", "bench")
-
-
-def engine_donors(shapes: dict, stacks: dict | None) -> dict[str, str]:
-    """Stack -> the stack whose engine fit it borrows: a stack whose KV pool is capped (vLLM's
-    ``num_gpu_blocks_override`` in its recorded overrides) takes the engine of an uncapped stack with the same model
-    (``rolloutpipe.tiny_assets.size``) and row shape, when the run has one; the KV-bound runs' own request timings
-    cannot calibrate an engine (how many requests run is vLLM's, by free blocks)."""
-    def model(stack):
-        ovs = (stacks or {}).get(stack, {}).get("overrides") or []
-        return next((o.split("=", 1)[1] for o in ovs if o.startswith("rolloutpipe.tiny_assets.size=")), None)
-
-    donors = {}
-    for stack, shape in shapes.items():
-        if not capped_kv_tokens((stacks or {}).get(stack, {}).get("overrides") or []):
-            continue
-        for other, osh in shapes.items():
-            if (other != stack and model(other) is not None and model(other) == model(stack)
-                    and not capped_kv_tokens((stacks or {}).get(other, {}).get("overrides") or [])
-                    and (osh.n, osh.micro_rows) == (shape.n, shape.micro_rows)):
-                donors[stack] = other
-                break
-    return donors
 
 
 def validate_per_size(steps: list[dict], shapes: dict, stacks: dict | None = None) -> tuple[dict, dict]:

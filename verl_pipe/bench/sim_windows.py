@@ -56,6 +56,38 @@ def kv_override_tokens(rollout_cfg) -> int | None:
     return int(blocks) * CPU_BLOCK_TOKENS if blocks else None
 
 
+def capped_kv_tokens(overrides: list[str]) -> int | None:
+    """The capped KV pool, in tokens, of a stack whose recorded overrides set vLLM's
+    ``num_gpu_blocks_override`` (``kv_override_tokens`` of the composed config, from the record)."""
+    for o in overrides:
+        key, _, value = o.lstrip("+").partition("=")
+        if key == "actor_rollout_ref.rollout.engine_kwargs.vllm.num_gpu_blocks_override" and value.strip().isdigit():
+            return int(value) * CPU_BLOCK_TOKENS
+    return None
+
+
+def engine_donors(shapes: dict, stacks: dict | None) -> dict[str, str]:
+    """Stack -> the stack whose engine fit it borrows: a stack whose KV pool is capped (vLLM's
+    ``num_gpu_blocks_override`` in its recorded overrides) takes the engine of an uncapped stack with the same model
+    (``rolloutpipe.tiny_assets.size``) and row shape, when the run has one; the KV-bound runs' own request timings
+    cannot calibrate an engine (how many requests run is vLLM's, by free blocks)."""
+    def model(stack):
+        ovs = (stacks or {}).get(stack, {}).get("overrides") or []
+        return next((o.split("=", 1)[1] for o in ovs if o.startswith("rolloutpipe.tiny_assets.size=")), None)
+
+    donors = {}
+    for stack, shape in shapes.items():
+        if not capped_kv_tokens((stacks or {}).get(stack, {}).get("overrides") or []):
+            continue
+        for other, osh in shapes.items():
+            if (other != stack and model(other) is not None and model(other) == model(stack)
+                    and not capped_kv_tokens((stacks or {}).get(other, {}).get("overrides") or [])
+                    and (osh.n, osh.micro_rows) == (shape.n, shape.micro_rows)):
+                donors[stack] = other
+                break
+    return donors
+
+
 def stack_shape(cfg: dict, stack: str, kv_tokens_per_gib: int) -> tuple[StepShape, int]:
     """The step's shape on a bench stack and its number of prompts, from the Hydra config its overrides compose to."""
     from verl_pipe.bench.settings import stack_overrides

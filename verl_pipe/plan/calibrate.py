@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -212,7 +213,38 @@ def steps_file(path: Path, size: str | None = None, prompt_len: float | None = N
     if not ours and not peer:
         raise ValueError(f"--calibrate {path}: no step with our timeline or verl's train_spans")
     raw = shapes.get(sizes[0]) if sizes else None
-    return {"ours": ours, "peer": peer, "shape": StepShape(**raw) if raw else None, "size": sizes[0]}
+    out = {"ours": ours, "peer": peer, "shape": StepShape(**raw) if raw else None, "size": sizes[0]}
+    return _with_capped_kv(out, path, d, size)
+
+
+def _with_capped_kv(got: dict, path: Path, d: dict, size: str | None) -> dict:
+    """A stack whose KV pool was capped (vLLM's ``num_gpu_blocks_override`` in its recorded overrides): its shape
+    gets the capped pool, and ``engine_donor`` the steps of the uncapped stack of the same model whose engine fit it
+    borrows (``bench.run.engine_donors``: the KV-bound runs' own request timings cannot calibrate an engine)."""
+    from verl_pipe.bench.sim_windows import capped_kv_tokens, engine_donors
+
+    stacks = d.get("stacks") or {}
+    capped = capped_kv_tokens((stacks.get(got["size"]) or {}).get("overrides") or [])
+    if not capped or got["shape"] is None:
+        return got
+    got["shape"] = dataclasses.replace(got["shape"], kv_capacity_tokens=capped)
+    shapes = {k: StepShape(**v) for k, v in (d.get("shapes") or {}).items()}
+    donor = engine_donors(shapes, stacks).get(got["size"])
+    if donor is not None and size is not None:
+        got["engine_donor"] = steps_file(path, donor)
+    return got
+
+
+def calibrate_steps(got: dict, ours: list[dict] | None = None):
+    """``bench.calib.calibrate`` on ``ours`` (default: all of ``got``'s), with the engine of ``got``'s
+    ``engine_donor`` where it has one."""
+    from verl_pipe.bench.calib import with_engine_of
+
+    cal = calibrate(got["ours"] if ours is None else ours, got["shape"])
+    donor = got.get("engine_donor")
+    if donor is not None:
+        cal = with_engine_of(cal, calibrate(donor["ours"], donor["shape"]), got["shape"])
+    return cal
 
 
 # ------------------------------------------------------------------------------------- verl's own trainer

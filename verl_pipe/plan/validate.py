@@ -26,11 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-from verl_pipe.bench.calib import PaddedWorkload, StepShape, calibrate, simulate_like
+from verl_pipe.bench.calib import PaddedWorkload, StepShape, simulate_like
 from verl_pipe.bench.settings import workload_for
 from verl_pipe.bench.sim_windows import engine_from_summary, trainer_from_summary
 from verl_pipe.core.variants import OURS, PEERS, variant
-from verl_pipe.plan.calibrate import fit_verl_trainer, steps_file
+from verl_pipe.plan.calibrate import calibrate_steps, fit_verl_trainer, steps_file
 from verl_pipe.plan.predict import one_step_off
 from verl_pipe.sim.simulate import rollout_for_mode
 
@@ -189,7 +189,7 @@ def kept_steps(run: dict) -> dict[str, dict]:
 def in_run_verl(got: dict) -> dict:
     """verl's peer steps predicted with its trainer fitted on all of them (the ``--calibrate`` case), and with our
     trainer's costs, per setting: {setting: {"as_verl": err, "as_ours": err, "fit": VerlFit summary}}."""
-    cal = calibrate(got["ours"], got["shape"])
+    cal = calibrate_steps(got)
     vf = fit_verl_trainer(got["peer"], cal.trainer)
     eng = cal.engine_for("verl_separate_async")
     out = {}
@@ -214,7 +214,7 @@ def held_out_rounds(got: dict) -> dict[tuple[str, str], float]:
     if len(rounds) < 2:
         return {}
     for r in rounds:
-        cal = calibrate([s for s in ours if s["round"] != r], shape)
+        cal = calibrate_steps(got, [s for s in ours if s["round"] != r])
         for s in (s for s in ours if s["round"] == r):
             m = simulate_like(s, s["mode"], s["granularity"], cal.engine_for(s["mode"]), cal.trainer.params, shape)
             _agg(acc, (s["setting"], s["mode"]), m["rollout_to_train_end_s"], s["metrics"]["rollout_to_train_end_s"])
@@ -236,7 +236,7 @@ def cross_config(kept: list[tuple[dict, str, dict]]) -> list[dict]:
     out = []
     prim = [(run, size, got) for run, size, got in kept if got["peer"]]
     for run_a, size_a, a in prim:
-        cal = calibrate(a["ours"], a["shape"])
+        cal = calibrate_steps(a)
         vf = fit_verl_trainer(a["peer"], cal.trainer)
         for run_b, size_b, b in prim:
             if run_b is run_a or _model_of(run_a, size_a) != _model_of(run_b, size_b) or (
