@@ -6,22 +6,26 @@ through a channel pinned to the trainer's node), and nodes lost (a node's whole 
 object store, vLLM server and engine at once):
 
 1. one live stack (``PipeSession``): a rollout node lost mid-rollout with restarts on and a spare rollout node (the
-   replica comes back there), one lost between steps with restarts off (the next step runs on the survivor), the
-   last one lost mid-rollout (the step rolls back and checkpoints);
+   replica comes back there), one lost between steps with restarts on and no node that can take its replica (the
+   restart gives up, the next step runs on the survivor), the last one lost mid-rollout (its restart gives up, the
+   step rolls back and checkpoints);
 2. a launcher (``python -m verl_pipe.main_grpo``) attached to the cluster resumes that checkpoint and loses the
    trainer's node: it stops with the error, the last checkpoint intact, nothing of the run left on the other nodes;
 3. a second launcher resumes that one and is stopped from another process through the cluster (``python -m
-   verl_pipe.stop_request``, no stop file): it ends after its step, the cluster stays up.
+   verl_pipe.stop_request``, no stop file): it ends after its step, the cluster stays up;
+4. a third resumes that one and gets SIGTERM: exit 143, none of the run's actors left on any node, the cluster up;
+5. a fourth resumes that one and loses the head (the module's last test: the cluster ends with it).
 
 Every case asserts its groups trained once (or, across the launchers, that no step was lost or trained twice).
-Real Ray, real vLLM, real verl workers. Bounded: one cluster for the module, one session, two launchers (6 min 3 s and
-12 min 45 s in two passes here, with the machine's load: docs/reliability.md).
+Real Ray, real vLLM, real verl workers. Bounded: one cluster for the module, one session, four launchers (times in
+docs/reliability.md).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import re
 import signal
@@ -242,32 +246,63 @@ def _restart_onto_spare(session, cluster, name_of, times) -> None:
     assert _rollout_gap(trainer.last_outcome.batch) < 1e-3, "both replicas got θ_{k+1}, the restarted one too"
 
 
-def _lost_between_steps(session, cluster, name_of) -> int:
-    """Restarts off: a rollout node lost between steps, on purpose. The next step's health probe finds its replica
-    dead before admitting anything, retires it, and the step runs on the survivor. Returns the survivor."""
+def _failures_of(obj, name: str, out: list):
+    """Wraps method ``name`` of ``obj`` (on the instance) to record (when, error) of each call that raises; returns
+    the undo."""
+    method = getattr(obj, name)
+
+    def recorded(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except Exception as e:
+            out.append((time.perf_counter(), e))
+            raise
+
+    setattr(obj, name, recorded)
+    return lambda: delattr(obj, name)
+
+
+def _lost_between_steps_nowhere_to_restart(session, cluster, name_of, caplog) -> int:
+    """Restarts on, but no node can take a replica (the spare is in use, the lost nodes gone): a rollout node lost
+    between steps. The next step's health probe finds its replica dead before admitting anything; its restart asks
+    for a placement group no live node can hold, gives up (rollout/placement.py), and retires it with a log line
+    that says why; the step runs on the survivor. Returns the survivor."""
+    from verl_pipe.rollout.placement import ReplicaUnplaceableError
+
     trainer = session.trainer
-    _set_restarts(trainer, False)
+    _set_restarts(trainer, True)
+    sup = trainer.rollout.supervisor
     where = _replica_nodes(trainer, name_of)
     lost, survivor = sorted(where)
+    failed: list = []
+    undo = _failures_of(sup, "restart", failed)
     t_kill = time.perf_counter()
     cluster.kill_node(where[lost])
     version = trainer.global_steps - 1
     t = time.perf_counter()
-    rec = session.step(mode="cgp", fgd=True, sampling_overrides=_lengths)
+    with caplog.at_level(logging.ERROR, logger="verl_pipe.rollout.replicas"):
+        rec = session.step(mode="cgp", fgd=True, sampling_overrides=_lengths)
     step_s, m = time.perf_counter() - t, rec["metrics"]
-    print(f"[multinode] {where[lost]} lost between steps ({t - t_kill:.1f}s to kill): the next step found it dead "
-          f"at its start and ran on {where[survivor]} in {step_s:.1f}s")
+    undo()
+    assert len(failed) == 1 and isinstance(failed[0][1], ReplicaUnplaceableError), failed
+    print(f"[multinode] {where[lost]} lost between steps ({t - t_kill:.1f}s to kill), restarts on and no node free: "
+          f"the restart gave up {failed[0][0] - t_kill:.1f}s after the kill ({failed[0][1]}); the step ran on "
+          f"{where[survivor]} in {step_s:.1f}s")
+    assert any("cannot be restarted" in r.getMessage() and "retired" in r.getMessage() for r in caplog.records)
     assert m["rolloutpipe/replica_deaths_found/step_start"] == 1 and m["rolloutpipe/replica_failures"] == 1
+    assert m["rolloutpipe/replica_restarts"] == 0
     assert m["rolloutpipe/requeued_requests"] == 0, "found before any request went to it"
-    assert trainer.rollout.live_replicas() == [survivor]
+    assert trainer.rollout.live_replicas() == [survivor] and lost in sup.retired
     assert [name_of[n] for n in rec["nodes"]["rollout"]] == [where[survivor]]
     assert_every_group_once_at(rec, trainer.last_outcome.batch, GROUPS, N, version)
     return survivor
 
 
 def _last_rollout_node_lost(session, cluster, name_of, survivor: int, ckpt: Path) -> str:
-    """The last rollout node lost mid-rollout: the step fails, rolls back to θ_k and checkpoints (its data too: the
-    launcher below resumes it). Returns the node's name."""
+    """The last rollout node lost mid-rollout, restarts on: its restart finds no node that can take the replica and
+    gives up, so no replica is left: the step fails, rolls back to θ_k and checkpoints (its data too: the launcher
+    below resumes it). Returns the node's name."""
+    from verl_pipe.rollout.placement import ReplicaUnplaceableError
     from verl_pipe.trainer import StepFailedError
 
     trainer = session.trainer
@@ -275,13 +310,18 @@ def _last_rollout_node_lost(session, cluster, name_of, survivor: int, ckpt: Path
     theta_k = session.actor_state()
     batch_dict = next(session._batches)
     node = _replica_nodes(trainer, name_of)[survivor]
+    failed: list = []
+    undo = _failures_of(trainer.rollout.supervisor, "restart", failed)
     kill = KillNodeAtFirstUnit(trainer, cluster, {survivor: node})
-    with pytest.raises(StepFailedError, match="no replica is left") as err:
+    with pytest.raises(StepFailedError, match="could not be restarted .*no replica is left") as err:
         session.step(mode="cgp", fgd=False, batch_dict=batch_dict, sampling_overrides=_lengths,
                      backend_cls=kill.backend_cls)
     stop_s = time.perf_counter() - kill.killed_at
-    print(f"[multinode] {node} (the last rollout node) lost with {kill.inflight_at_kill} requests in flight; "
-          f"the step failed {stop_s:.1f}s later: {err.value}")
+    undo()
+    print(f"[multinode] {node} (the last rollout node) lost with {kill.inflight_at_kill} requests in flight, "
+          f"restarts on: the restart gave up {failed[0][0] - kill.killed_at:.1f}s after the kill, the step failed "
+          f"{stop_s:.1f}s after it: {err.value}")
+    assert len(failed) == 1 and isinstance(failed[0][1], ReplicaUnplaceableError), failed
     assert kill.inflight_at_kill, "the long groups must still be in flight when the node goes"
     assert "resume_mode=auto" in str(err.value)
     after = session.actor_state()
@@ -294,7 +334,7 @@ def _last_rollout_node_lost(session, cluster, name_of, survivor: int, ckpt: Path
     return node
 
 
-def test_pools_on_their_nodes_and_rollout_nodes_lost(cluster, tmp_path_factory):
+def test_pools_on_their_nodes_and_rollout_nodes_lost(cluster, tmp_path_factory, caplog):
     from verl_pipe.session import PipeSession, compose
 
     ckpt = tmp_path_factory.mktemp("mn_ckpt")
@@ -313,7 +353,7 @@ def test_pools_on_their_nodes_and_rollout_nodes_lost(cluster, tmp_path_factory):
         assert {_node_of(w) for w in trainer.actor_wg.workers} == {nodes["trainer"]}
         times = _steps_across_nodes(session, cluster, name_of)
         _restart_onto_spare(session, cluster, name_of, times)
-        survivor = _lost_between_steps(session, cluster, name_of)
+        survivor = _lost_between_steps_nowhere_to_restart(session, cluster, name_of, caplog)
         last = _last_rollout_node_lost(session, cluster, name_of, survivor, ckpt)
         t = time.perf_counter()
         session.close()
@@ -477,3 +517,125 @@ def test_stop_request_through_the_cluster_no_shared_tmp(cluster, tmp_path):
     assert _latest(ckpt) == last, "the last step before the stop is checkpointed"
     assert set(cluster.alive_nodes()) == {"head", "rollout_a", "trainer"}
     _no_run_processes_left(cluster, list(cluster.alive_nodes()))
+    STATE.update(last=last, seen_data=STATE["seen_data"] | {i for r in recs for i in r["data_index"]})
+
+
+def _live_actors() -> list[str]:
+    """Every actor the cluster's GCS lists alive, of any job: a new driver attaches to read them (it creates none)."""
+    import ray._private.state as state
+
+    return [f"{a['ActorClassName']} {a['Name']}".strip() for a in state.actors().values() if a["State"] == "ALIVE"]
+
+
+def test_sigterm_to_an_attached_launcher(cluster, tmp_path):
+    """SIGTERM to a launcher attached to a cluster it did not start (to the launcher alone, as ``kill <pid>`` sends
+    it): the step in progress is cut, the launcher exits 143, none of the run's actors is left alive on any node (the
+    GCS's actor table, read by a new driver that attaches, and every node's process list), and the cluster is left
+    running: the same nodes alive, their raylets up. Its checkpoint is a completed step of it (none partial); a run
+    resuming after the earlier launcher's stop starts at the step after it (no prompt trained twice)."""
+    resumed = "last" in STATE
+    ckpt = STATE["ckpt"] if resumed else tmp_path / "ckpt"
+    log, trace = tmp_path / "launcher.log", tmp_path / "trace"
+    nodes = set(cluster.alive_nodes())
+    proc = _launch(cluster, log, ckpt, trace)
+    try:
+        first = _wait_for(proc, log, r"\[verl_pipe\] step (\d+) ")
+        t = time.perf_counter()
+        os.kill(proc.pid, signal.SIGTERM)
+        rc = proc.wait(timeout=180)
+        stop_s = time.perf_counter() - t
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text(errors="replace")
+    print(f"\n[multinode] SIGTERM to the attached launcher after its step {first.group(1)}: exit {rc} {stop_s:.1f}s "
+          "later")
+    assert rc == 128 + signal.SIGTERM, text[-4000:]
+    assert "[verl_pipe] stopping (SIGTERM)" in text, text[-4000:]
+    assert set(cluster.alive_nodes()) == nodes, "the cluster it did not start keeps every node"
+    assert all(cluster.procs[n].poll() is None for n in nodes), "every node's `ray start` (its raylet) still runs"
+    _no_run_processes_left(cluster, list(nodes))
+    ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+    try:
+        assert ray.get(ray.remote(lambda: 1).remote(), timeout=60) == 1, "a new driver attaches and runs a task"
+        left = _live_actors()
+    finally:
+        ray.shutdown()
+    assert not left, f"actors of the run still alive: {left}"
+    recs = _records(trace) if (trace / "steps.jsonl").exists() else []
+    if recs:
+        assert _latest(ckpt) in [r["step"] for r in recs], "the checkpoint is one of the steps it completed"
+        assert (ckpt / f"global_step_{_latest(ckpt)}" / "actor").is_dir()
+    if resumed:
+        assert int(first.group(1)) == STATE["last"] + 1, "resumed at the step after the earlier launcher's last"
+        assert not STATE["seen_data"] & {i for r in recs for i in r["data_index"]}, "no prompt trained twice"
+
+
+def _wait_exit(procs: dict, since: float, timeout_s: float) -> dict[str, float | None]:
+    """{name: seconds from ``since`` until process ``procs[name]`` exited, None if it still runs after timeout_s}."""
+    took: dict[str, float | None] = {name: None for name in procs}
+    deadline = time.monotonic() + timeout_s
+    while any(v is None for v in took.values()) and time.monotonic() < deadline:
+        for name, p in procs.items():
+            if took[name] is None and p.poll() is not None:
+                took[name] = round(time.perf_counter() - since, 1)
+        time.sleep(0.5)
+    return took
+
+
+def _cmdlines(pids) -> dict[int, str]:
+    import psutil
+
+    out = {}
+    for pid in pids:
+        try:
+            out[pid] = " ".join(psutil.Process(pid).cmdline())[:100]
+        except psutil.Error:
+            continue
+    return out
+
+
+def test_zz_the_head_lost(cluster, tmp_path):
+    """The head node lost (its whole session SIGKILLed: the GCS with it) under a launcher attached to the cluster,
+    mid-run; the module's last test, as the cluster does not survive it. Ray has no GCS fault tolerance here: every
+    worker node's raylet gives up on the GCS and exits; the launcher's TaskRunner, on the head, goes with it. Asserted:
+    the launcher exits with an error (it does not hang), every other node's ``ray start`` exits, nothing of the run is
+    left in the launcher's session, and the checkpoint is a completed step of the run (a new cluster resumes from it);
+    what is left in the worker nodes' sessions after their ``ray start`` exited is printed.
+    The times are printed (Ray's reconnect timeout decides them: gcs_rpc_server_reconnect_timeout_s)."""
+    resumed = "last" in STATE
+    ckpt = STATE["ckpt"] if resumed else tmp_path / "ckpt"
+    log, trace = tmp_path / "launcher.log", tmp_path / "trace"
+    workers = [n for n in cluster.alive_nodes() if n != "head"]
+    proc = _launch(cluster, log, ckpt, trace)
+    try:
+        first = _wait_for(proc, log, r"\[verl_pipe\] step (\d+) ")
+        before = _latest(ckpt) if (ckpt / "latest_checkpointed_iteration.txt").exists() else None
+        t_kill = time.perf_counter()
+        cluster.kill_node("head")
+        took = _wait_exit({"launcher": proc, **{n: cluster.procs[n] for n in workers}}, t_kill, timeout_s=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text(errors="replace")
+    tail = [ln for ln in text.splitlines() if ln.strip()][-3:]
+    print(f"\n[multinode] the head lost after the launcher's step {first.group(1)}: exit {proc.returncode}; seconds "
+          f"from the kill to each exit: {took}; the launcher's last lines: {tail}")
+    assert took["launcher"] is not None and proc.returncode != 0, text[-4000:]
+    assert all(took[n] is not None for n in workers), f"worker nodes still running after the head's loss: {took}"
+    left = sys.modules["local_ray_cluster"].session_pids(proc.pid)
+    assert not left, f"processes left in the launcher's session: {left}"
+    # Not asserted (run 4 found 4 processes of the worker nodes' sessions still there when their `ray start` had
+    # exited, not identified; the fixture's teardown ends whatever is left): listed, 15 s later again.
+    lingering = _cmdlines([p for n in workers for p in cluster.pids(n)])
+    t_end = time.monotonic() + 15
+    while [p for n in workers for p in cluster.pids(n)] and time.monotonic() < t_end:
+        time.sleep(0.5)
+    still = _cmdlines([p for n in workers for p in cluster.pids(n)])
+    print(f"[multinode] on the worker nodes when their `ray start` had exited: {lingering}; "
+          f"{time.perf_counter() - t_kill:.1f}s after the kill: {still}")
+    latest = _latest(ckpt) if (ckpt / "latest_checkpointed_iteration.txt").exists() else None
+    print(f"[multinode] latest checkpoint: {before} at the kill, {latest} after")
+    if latest is not None:
+        done = ckpt / f"global_step_{latest}"
+        assert (done / "actor").is_dir() and (done / "data.pt").exists(), "the latest checkpoint is complete"

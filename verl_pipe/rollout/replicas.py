@@ -8,8 +8,10 @@ which uses verl's own elastic pieces:
 
 1. tear the dead replica down (its actors and placement groups) and take it out
    of the load balancer and the checkpoint-engine manager;
-2. start a new replica of the same class and rank (``init_standalone``: a fresh
-   pool, workers and a vLLM server that loads the model from disk);
+2. start a new replica of the same class and rank: its placement groups asked for with a bound
+   (``placement.place``: when no live node can take them, e.g. its node lost and no spare one, the
+   replica is retired and the others go on), then verl's ``init_standalone`` on them (a fresh pool,
+   workers and a vLLM server that loads the model from disk);
 3. push θ_k into it alone (a ``CheckpointEngineManager`` over just the new
    replica, so the live replicas' in-flight requests are not aborted); the
    trainer provides θ_k, swapping its CPU snapshot in if it has already
@@ -37,6 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import ray
+
+from verl_pipe.rollout import placement
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +105,7 @@ class ReplicaSupervisor:
 
     def __init__(self, server_manager, checkpoint_manager, push_weights: Callable[[Any, int], None],
                  set_servers: Callable[[list[tuple[str, Any]]], None], timeout_s: float | None = None,
-                 restart: bool = True, probe_timeout_s: float | None = 30.0):
+                 restart: bool = True, probe_timeout_s: float | None = 30.0, place_timeout_s: float = 60.0):
         self.mgr = server_manager
         self.ckpt = checkpoint_manager
         self.push_weights = push_weights  # (new replica, weight version) -> None, loads θ_k into it
@@ -109,6 +113,7 @@ class ReplicaSupervisor:
         self.timeout_s = timeout_s
         self.restart_enabled = restart  # False: a dead replica is retired, the others go on
         self.probe_timeout_s = probe_timeout_s
+        self.place_timeout_s = place_timeout_s  # a restart's placement groups: placed by then, or it gives up
         self.restarts = 0
         self.retired: set[int] = set()
         self.health = Health()  # the current step's (begin_step)
@@ -185,7 +190,14 @@ class ReplicaSupervisor:
     def _bring_back(self, dead: dict[int, str], version: int, t_found: float) -> None:
         for i in dead:
             if self.restart_enabled:
-                self.restart(i, version)
+                try:
+                    self.restart(i, version)
+                except placement.ReplicaUnplaceableError as e:  # retired by restart
+                    if not self.live():
+                        raise ReplicaLostError(f"rollout replica {i} died ({dead[i]}), cannot be restarted ({e}) "
+                                               "and no replica is left") from e
+                    self.health.retired += 1
+                    continue
                 self.health.restarts += 1
                 self.health.recovery_s.append(time.perf_counter() - t_found)
             elif len(self.live()) > 1:
@@ -203,16 +215,33 @@ class ReplicaSupervisor:
         logger.warning("rollout replica %d retired; %d left", index, len(self.live()))
 
     def restart(self, index: int, version: int) -> float:
-        """Replaces replica ``index`` with a fresh one holding weights ``version``; returns seconds taken."""
+        """Replaces replica ``index`` with a fresh one holding weights ``version``; returns seconds taken. When no
+        live node can take it (``rollout/placement.py``: its placement groups unplaceable, or not placed within
+        ``place_timeout_s``), it is retired instead and ReplicaUnplaceableError raised: the run goes on with the
+        others."""
         t0 = time.perf_counter()
         old = self.mgr.rollout_replicas[index]
         self._tear_down(old, index)
-        self.restarts += 1
         new = self.mgr.rollout_replica_class(
             replica_rank=old.replica_rank, config=self.mgr.rollout_config, model_config=self.mgr.model_config,
             gpus_per_node=self.mgr.rollout_config.n_gpus_per_node)  # same names: verl looks the server up by name
-        asyncio.run(asyncio.wait_for(new.init_standalone(), timeout=self.timeout_s))
-        self.push_weights(new, version)
+        role = placement.role_of(old, set(ray.cluster_resources()))
+        groups = placement.replica_groups(new, role)
+        try:
+            pgs = placement.place(groups, placement.pool_name(new), timeout_s=self._place_timeout_s())
+        except placement.ReplicaUnplaceableError as e:
+            self.retired.add(index)
+            logger.error("rollout replica %d cannot be restarted, %.1fs after its teardown began: %s; retired, "
+                         "the run goes on with %d replica(s)", index, time.perf_counter() - t0, e, len(self.live()))
+            raise
+        self.restarts += 1
+        try:
+            asyncio.run(asyncio.wait_for(placement.start_on(new, placement.placed_pool(new, pgs, role)),
+                                         timeout=self.timeout_s))
+            self.push_weights(new, version)
+        except BaseException:
+            _release(list(getattr(new, "servers", None) or []) + list(getattr(new, "workers", None) or []), pgs)
+            raise
         self.mgr.rollout_replicas[index] = new
         self.mgr.server_handles[index] = new.server_handle
         self.mgr.server_addresses[index] = new.server_address
@@ -223,40 +252,42 @@ class ReplicaSupervisor:
         logger.warning("rollout replica %d restarted with weight version %d in %.1fs", index, version, took)
         return took
 
+    def _place_timeout_s(self) -> float:
+        return min(self.place_timeout_s, self.timeout_s) if self.timeout_s else self.place_timeout_s
+
     def _tear_down(self, old, index: int, wait_freed: bool = True) -> None:
         self.ckpt.remove_replicas([old])
         try:
             ray.get(self.mgr.global_load_balancer.remove_servers.remote([self.mgr.server_addresses[index]]))
         except Exception as e:  # the balancer only routes validation; a stale entry must not stop recovery
             logger.warning("could not remove %s from the load balancer: %s", self.mgr.server_addresses[index], e)
-        for actor in list(old.servers) + list(old.workers):
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:
-                pass  # already dead
-        pool = getattr(old, "resource_pool", None)
-        pgs = list(getattr(pool, "pgs", None) or [])
-        for pg in pgs:
-            try:
-                ray.util.remove_placement_group(pg)
-            except Exception:
-                pass
+        pgs = list(getattr(getattr(old, "resource_pool", None), "pgs", None) or [])
+        _release(list(old.servers) + list(old.workers), pgs)
         if wait_freed:
-            self._wait_until_freed(pgs, old.world_size)
+            self._wait_until_freed(pgs)
 
-    def _wait_until_freed(self, pgs, devices: int, timeout_s: float = 60.0) -> None:
-        """Placement groups are removed asynchronously, and verl's pool check reads the nodes' reported
-        free devices: wait until the dead replica's devices show up as free again."""
+    def _wait_until_freed(self, pgs, timeout_s: float = 10.0) -> None:
+        """Placement groups are removed asynchronously: wait until Ray lists the dead replica's as removed (the new
+        ones are then asked for; ``placement.place`` waits for their resources to show free)."""
         from ray.util.placement_group import placement_group_table
 
-        from verl.utils.device import get_resource_name
-
-        resource = get_resource_name()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            removed = all(placement_group_table(pg).get("state") == "REMOVED" for pg in pgs)
-            free = sum(node.get(resource, 0) for node in ray._private.state.available_resources_per_node().values())
-            if removed and free >= devices:
+            if all(placement_group_table(pg).get("state") == "REMOVED" for pg in pgs):
                 return
             time.sleep(0.2)
-        logger.warning("the dead replica's %d %s device(s) were not free within %.0fs", devices, resource, timeout_s)
+        logger.warning("the dead replica's placement groups were not removed within %.0fs", timeout_s)
+
+
+def _release(actors, pgs) -> None:
+    """Kills ``actors`` and removes placement groups ``pgs``, whatever is already gone."""
+    for actor in actors:
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 -- already dead
+            pass
+    for pg in pgs:
+        try:
+            ray.util.remove_placement_group(pg)
+        except Exception:  # noqa: BLE001 -- already removed, or gone with its node
+            pass
