@@ -97,3 +97,17 @@ def test_the_last_replica_that_cannot_be_placed_is_a_clear_error():
     with pytest.raises(ReplicaLostError, match=r"replica 0 died \(its server actor is gone\), cannot be restarted "
                                                r"\(no live node can take it: .*\) and no replica is left"):
         sup.heal(version=3, phase="step_start")
+
+
+def test_the_copied_verl_method_is_the_one_installed():
+    """rollout/placement.py's start_on copies verl's RolloutReplica.init_standalone: a verl upgrade that changes it
+    must be looked at."""
+    import hashlib
+    import inspect
+
+    from verl.workers.rollout.replica import RolloutReplica
+    from verl_pipe.rollout.placement import VERL_INIT_STANDALONE_SHA256
+
+    src = inspect.getsource(RolloutReplica.init_standalone)
+    assert hashlib.sha256(src.encode()).hexdigest() == VERL_INIT_STANDALONE_SHA256, \
+        "verl's init_standalone changed: check verl_pipe/rollout/placement.py (place, start_on) against it"

@@ -21,6 +21,9 @@ from verl_pipe.core.placement import unplaceable
 
 logger = logging.getLogger(__name__)
 
+# sha256 of inspect.getsource(verl 0.9.1's RolloutReplica.init_standalone), which start_on and the constants below
+# copy: a test fails when verl's changes
+VERL_INIT_STANDALONE_SHA256 = "f7a4d7da561d8548cbe884377762ec1a87da5bb8e6e87326bdca05e077dfcc10"
 # verl 0.9.1's init_standalone: max_colocate_count=2 CPUs per bundle, one device, PACK (RayWorkerGroup, bin_pack off)
 BUNDLE_CPUS = 2
 STRATEGY = "PACK"
