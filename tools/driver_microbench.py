@@ -170,7 +170,8 @@ async def real_driver(a, rng: random.Random, materialize=None, completions: bool
     rollout = object.__new__(stream.StreamingRollout)  # what _run_step and _StepRun use, nothing connected
     rollout.supervisor, rollout._tasks, rollout.default_agent = None, {}, "single_turn_agent"
     rollout.sampling_params = dict(temperature=1.0, top_p=1.0, top_k=-1, repetition_penalty=1.0, logprobs=False)
-    rollout.worker = SimpleNamespace(_run_agent_loop=agent_loop, _postprocess=lambda outputs, validate: outputs)
+    rollout.worker = SimpleNamespace(_run_agent_loop=agent_loop, _postprocess=lambda outputs, validate: outputs,
+                                     score_by_group=False)  # its fake agent loop scores nothing
     queue = GroupQueue(weight_version=0)
 
     def on_group(g: int, gen_out) -> bool:
