@@ -173,12 +173,12 @@ def _prompt_len(rec: dict, where: str, prompt_len: float | None) -> float:
     return float(p)
 
 
-def steps_file(path: Path, size: str | None = None, prompt_len: float | None = None) -> dict:
+def steps_file(path: Path, size: str | None = None, prompt_len: float | None = None, data: dict | None = None) -> dict:
     """A bench steps file (or a peer's ``--out`` JSON) -> {"ours": [...], "peer": [...], "shape": StepShape | None,
     "size": the model size read}. ``ours`` in ``bench.calib``'s step form; ``peer``: verl's on-policy steps
     {"train_spans", "lengths", "prompt_len", "metrics", "weight_sync_s", "setting", "step"}. Warm-up steps (a peer
-    output marks them) are left out, as the bench leaves them out."""
-    d = read_json(path)
+    output marks them) are left out, as the bench leaves them out. ``data``: the file's contents, when already read."""
+    d = read_json(path) if data is None else data
     recs = [r for r in d["steps"] if not r.get("warmup")]
     shapes = d.get("shapes") or {}
     sizes = sorted({_size(r) for r in recs})
@@ -231,7 +231,7 @@ def _with_capped_kv(got: dict, path: Path, d: dict, size: str | None) -> dict:
     shapes = {k: StepShape(**v) for k, v in (d.get("shapes") or {}).items()}
     donor = engine_donors(shapes, stacks).get(got["size"])
     if donor is not None and size is not None:
-        got["engine_donor"] = steps_file(path, donor)
+        got["engine_donor"] = steps_file(path, donor, data=d)
     return got
 
 
