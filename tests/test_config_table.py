@@ -33,6 +33,8 @@ ROLLOUTPIPE_BAD = [
     (["rolloutpipe.cpu.trainer_cores=0"], "rolloutpipe.cpu.trainer_cores", "disjoint"),
     (["rolloutpipe.cpu.system_cores=trainer"], "rolloutpipe.cpu.system_cores", "'rollout', 'all'"),
     (["rolloutpipe.cpu.system_cores=1"], "rolloutpipe.cpu.system_cores", "overlaps trainer_cores"),
+    (["rolloutpipe.cpu.trainer_nice=20"], "rolloutpipe.cpu.trainer_nice", "from 0 to 19"),
+    (["rolloutpipe.cpu.trainer_nice=-1"], "rolloutpipe.cpu.trainer_nice", "from 0 to 19"),
     (["rolloutpipe.cpu.kv_cache_gib=0"], "rolloutpipe.cpu.kv_cache_gib", "integer >= 1"),
     (["rolloutpipe.cpu.kv_cache_gib=1.5"], "rolloutpipe.cpu.kv_cache_gib", "integer >= 1"),
     (["rolloutpipe.cpu.ray_num_cpus=0"], "rolloutpipe.cpu.ray_num_cpus", "integer >= 1"),

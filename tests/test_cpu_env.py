@@ -57,3 +57,32 @@ def test_pinning_covers_every_thread_that_already_exists():
     )
     env = dict(os.environ, VERL_PIPE_ALL_CORES=",".join(map(str, cores)), VERL_PIPE_TRAINER_CORES=str(trainer))
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+
+
+def test_renice_covers_every_thread_that_already_exists():
+    """A nice value belongs to a thread on Linux: the trainer's must reach the threads it already has (Ray's,
+    torch's) and the ones it creates later."""
+    code = (
+        "import os, threading\n"
+        "from verl_pipe.platform.env import renice_current_process, thread_nice\n"
+        "stop = threading.Event()\n"
+        "threads = [threading.Thread(target=stop.wait) for _ in range(4)]\n"
+        "[t.start() for t in threads]\n"
+        "want = int(os.environ['VERL_PIPE_TRAINER_NICE'])\n"
+        "assert renice_current_process('VERL_PIPE_TRAINER_NICE') == want\n"
+        "late = threading.Thread(target=stop.wait); late.start()\n"
+        "nice = thread_nice(os.getpid())\n"
+        "stop.set(); [t.join() for t in threads + [late]]\n"
+        "assert len(nice) >= 6, nice\n"
+        "assert set(nice.values()) == {want}, nice\n"
+    )
+    want = min(19, os.getpriority(os.PRIO_PROCESS, 0) + 3)  # raising it needs no privilege
+    subprocess.run([sys.executable, "-c", code], env=dict(os.environ, VERL_PIPE_TRAINER_NICE=str(want)), check=True,
+                   timeout=60)
+
+
+def test_renice_leaves_the_process_alone_without_a_value():
+    from verl_pipe.platform.env import renice_current_process
+
+    os.environ.pop("VERL_PIPE_TEST_NICE_UNSET", None)
+    assert renice_current_process("VERL_PIPE_TEST_NICE_UNSET") is None

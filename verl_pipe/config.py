@@ -103,6 +103,7 @@ def integer(lo: int, null: bool = False) -> Rule:
 
 
 BOOLEAN = Rule("true or false", lambda v: isinstance(v, bool))
+NICE = Rule("an integer from 0 to 19 (a Linux nice value)", lambda v: _is_int(v) and 0 <= v <= 19)
 SECONDS = Rule("null (no deadline) or a number of seconds > 0", lambda v: v is None or (_is_number(v) and v > 0))
 PATH_OR_NULL = Rule("null or a path", lambda v: v is None or (isinstance(v, str) and v.strip() != ""))
 CLASS_PATH = Rule("null or a class path 'package.module.ClassName'",
@@ -222,6 +223,7 @@ ROLLOUTPIPE: dict[str, Any] = {
         "rollout_cores": CPU_LIST,
         "trainer_cores": CPU_LIST,
         "system_cores": SYSTEM_CORES,
+        "trainer_nice": NICE,
         "kv_cache_gib": integer(1),
         "ray_num_cpus": integer(1),
     },

@@ -105,7 +105,7 @@ def select_platform(config: DictConfig) -> dict:
     from verl_pipe.platform.plugin import activate_cpu
 
     cpu = config.rolloutpipe.cpu
-    env = cpu_env(str(cpu.rollout_cores), str(cpu.trainer_cores), int(cpu.kv_cache_gib))
+    env = cpu_env(str(cpu.rollout_cores), str(cpu.trainer_cores), int(cpu.kv_cache_gib), int(cpu.get("trainer_nice", 0)))
     env.update({k: os.environ.get(k, v) for k, v in CPU_ENV_DEFAULTS.items()})  # a launcher's own value kept
     os.environ.update(env)  # the driver and every process Ray starts from it
     activate_cpu()

@@ -40,7 +40,7 @@ from verl.utils.tensordict_utils import maybe_fix_3d_position_ids
 from verl.workers.utils.padding import no_padding_2_padding
 
 from verl_pipe.bench import worker_log
-from verl_pipe.platform.env import malloc_trim, pin_current_process
+from verl_pipe.platform.env import malloc_trim, pin_current_process, renice_current_process
 from verl_pipe.theta_store import KEY as THETA_KEY
 from verl_pipe.theta_store import OptimizerSnapshot, ThetaStore, save_step_state
 
@@ -67,6 +67,8 @@ class PipeActorWorker(DetachActorWorker):
             # One intra-op thread per pinned core: more would only time-slice.
             torch.set_num_threads(len(cores))
             os.environ["OMP_NUM_THREADS"] = str(len(cores))
+        # rolloutpipe.cpu.trainer_nice: the trainer yields its cores to the floating orchestration (docs/cpu.md)
+        renice_current_process("VERL_PIPE_TRAINER_NICE")
         super().__init__(config, role, **kwargs)
 
     # verl seam: the actor side of every weight sync (CheckpointEngineManager.update_weights calls it once per step,

@@ -55,6 +55,19 @@ def machine() -> dict:
     return out
 
 
+def host_overlap() -> dict:
+    """The host's two-core contention probe (``platform.core_pair``) on the first two usable cores: how much work
+    two pinned processes do together against alone, for compute and for memory streaming. Whether trainer work
+    moved into the rollout can pay on this host at all; ``{"error": ...}`` where it cannot run."""
+    from verl_pipe.platform.core_pair import probe_pair
+
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    try:
+        return probe_pair(tuple(cores), 1.0)
+    except (ValueError, OSError, RuntimeError) as e:
+        return {"error": f"{type(e).__name__}: {e}", "cores": cores}
+
+
 def env_info() -> dict:
     """The bench's environment: the CPU (cpu_info.report, with its matmul probe), cores, Python, the stack's
     versions and the ``machine``."""

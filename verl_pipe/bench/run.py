@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from verl_pipe.bench.provenance import env_info
+from verl_pipe.bench.provenance import env_info, host_overlap
 from verl_pipe.bench.report import (BASE, MODES, PEERS, check_schema, format_setting, format_sim_validation,
                                     format_sweep, setting_entry)
 from verl_pipe.bench.settings import CONF_DIR, load_config, stack_of, stack_overrides, workload_for
@@ -719,6 +719,10 @@ def _measure(runner: BenchRunner, settings: list[dict], reanalyze: str | None) -
         runner.load(reanalyze)
         return [s for s in settings if any(st["setting"] == s["name"] for st in runner.steps)]
     runner.env = env_info()  # the machine the steps run on, kept in the steps file for --reanalyze
+    runner.env["core_pair"] = host_overlap()  # can this host overlap at all (platform/core_pair.py)
+    runner.log(f"[bench] host overlap capacity (2.0 = independent cores): compute "
+               f"{runner.env['core_pair'].get('compute', {}).get('overlap_capacity')}, memory "
+               f"{runner.env['core_pair'].get('memory', {}).get('overlap_capacity')}")
     runner.run(settings)
     return settings
 

@@ -11,10 +11,12 @@ import os
 DEFAULT_KV_CACHE_GIB = 1
 
 
-def cpu_env(rollout_cores: str, trainer_cores: str, kv_cache_gib: int = DEFAULT_KV_CACHE_GIB) -> dict[str, str]:
+def cpu_env(rollout_cores: str, trainer_cores: str, kv_cache_gib: int = DEFAULT_KV_CACHE_GIB,
+            trainer_nice: int = 0) -> dict[str, str]:
     """Variables that select the CPU platform and pin the pools to disjoint cores.
 
-    rollout_cores / trainer_cores: Linux cpu lists ("0", "1", "0-3", "4,5").
+    rollout_cores / trainer_cores: Linux cpu lists ("0", "1", "0-3", "4,5"). trainer_nice: the trainer worker's
+    nice value (renice_current_process).
     """
     return {
         # The cores this run may use, before the launcher confines itself (confine_launcher):
@@ -30,6 +32,7 @@ def cpu_env(rollout_cores: str, trainer_cores: str, kv_cache_gib: int = DEFAULT_
         "VLLM_CPU_OMP_THREADS_BIND": rollout_cores,
         "VERL_PIPE_ROLLOUT_CORES": rollout_cores,
         "VERL_PIPE_TRAINER_CORES": trainer_cores,
+        "VERL_PIPE_TRAINER_NICE": str(int(trainer_nice)),
         "TOKENIZERS_PARALLELISM": "false",
         # Ray would otherwise hide the "GPUs" it assigns and verl reads CUDA_VISIBLE_DEVICES.
         "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
@@ -100,6 +103,42 @@ def pin_current_process(env_key: str) -> list[int] | None:
     cores = [c for c in cores if c in available] or sorted(available)
     pin_all_threads(cores)
     return cores
+
+
+def renice_current_process(env_key: str) -> int | None:
+    """Give every thread of this process the nice value in os.environ[env_key] (none: leave it).
+
+    On Linux a nice value belongs to a thread, like the affinity mask (``pin_all_threads``): ``os.nice`` changes
+    the caller only, so each task in /proc/self/task gets ``setpriority``; later threads inherit it. Raising it
+    needs no privilege."""
+    spec = os.environ.get(env_key)
+    if not spec or int(spec) == 0:
+        return None
+    value = int(spec)
+    done: set[int] = set()
+    for _ in range(10):
+        todo = _thread_ids() - done
+        if not todo:
+            break
+        for tid in todo:
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, value)
+            except (ProcessLookupError, PermissionError):  # the thread has exited meanwhile
+                pass
+        done |= todo
+    return value
+
+
+def thread_nice(pid: int) -> dict[int, int]:
+    """The nice value of every thread of a live process, by thread id (for checks and tests)."""
+    out = {}
+    for tid in _thread_ids(pid):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                out[tid] = int(f.read().rsplit(")", 1)[1].split()[16])  # field 19: nice
+        except (OSError, IndexError, ValueError):  # the thread exited
+            pass
+    return out
 
 
 def thread_affinities(pid: int) -> dict[int, str]:
