@@ -290,7 +290,9 @@ class BenchRunner:
         per_round: dict[str, list] = {}
         for r in range(min(self.repeats, int(s.get("repeats", self.repeats)))):
             wl = workload_for(s["workload"], B, n, seed=int(self.cfg.get("seed", 0)) + r)
-            for mode in modes:
+            # the modes' order rotates with the round: a mode's place in the round (what ran just before it, the
+            # host's drift within the round) falls on every mode alike over the rounds
+            for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
                 if mode in self.skipped:
                     continue
                 gran = "minibatch"
