@@ -401,7 +401,8 @@ def test_bench_configs_name_their_stacks_and_modes(tmp_path):
 
 def test_measured_peers_sit_beside_our_modes_validated_not_calibrated():
     """verl's separate_async measured (verl_pipe/bench/peer): on-policy steps are re-simulated by the simulator's
-    model of it (never fitted on), the one-batch-ahead ones are reported with their staleness only."""
+    model of it (its own rollout speed and mini-step gap fitted on them, our modes' fits untouched), the
+    one-batch-ahead ones are reported with their staleness only."""
     steps = simulated_steps()
     peers = []
     for s in simulated_steps(modes=("sync",)):
@@ -429,9 +430,15 @@ def test_measured_peers_sit_beside_our_modes_validated_not_calibrated():
     sv = res["sim_validation"]
     assert "verl_separate_async" in sv["per_mode"] and "verl_separate_async_1off" not in sv["per_mode"]
     assert sv["per_mode"]["verl_separate_async"]["max_rel_error"] < 0.05  # the model it was simulated with
-    # the calibration is the same with and without the peers (they are validated, never fitted on)
+    # our modes' engine and trainer fits are the same with and without the peers; the peer's own terms come from its
+    # steps, simulated here on our engine without a gap: scale ~1, no gap
     alone = bench.build_result({}, settings, steps, skip, {}, {"bench": SHAPE}, bench.env_info(), "n/a", None)
-    assert res["sim_validation"]["calibration"] == alone["sim_validation"]["calibration"]
+    cal = dict(res["sim_validation"]["calibration"]["bench"])
+    peer = cal.pop("verl_peer")
+    assert cal == alone["sim_validation"]["calibration"]["bench"]
+    assert "verl_peer" not in alone["sim_validation"]["calibration"]["bench"]
+    assert peer["engine_scale"] == pytest.approx(1.0, abs=0.05) and peer["ministep_gap_s"] == 0.0
+    assert peer["steps"] == 4
     assert "verl_separate_async: verl's V1 separate_async, exactly on-policy" in format_setting(res["settings"][0])
 
 
@@ -453,3 +460,46 @@ def test_paper_targets_are_checked_on_the_paper_settings_only():
     assert t["sync_train_to_rollout_ratio"]["met"]
     assert "NOT met" in format_targets(t)
     assert paper_targets({"settings": result["settings"][:1]}) == {}
+
+
+def test_step_clock_counts_each_requests_batch_in_engine_steps():
+    from verl_pipe.bench.calib import step_batch_sums, step_clock_starts
+
+    # r0 (10 tokens) and r1 (20) start at once; r2 (5) takes r0's slot when it finishes at 1 s
+    ivs = [{"request_id": "r0", "a": 0.0, "f": 1.0, "tokens": 10},
+           {"request_id": "r1", "a": 0.0, "f": 3.0, "tokens": 20},
+           {"request_id": "r2", "a": 1.0, "f": 2.0, "tokens": 5}]
+    assert step_clock_starts(ivs) == {"r0": 0.0, "r1": 0.0, "r2": pytest.approx(10.0)}
+    sums, started = step_batch_sums(ivs)
+    assert list(sums) == pytest.approx([20.0, 35.0, 10.0])  # r1's 20 steps: 10 beside r0, 5 beside r2
+    assert list(started) == [2, 3, 1]
+
+
+def test_engine_fit_sees_the_tail_when_every_request_starts_at_once():
+    # 256 long-tailed requests submitted together (paper_tiny's shape): the batch shrinks from 256 to 1, and the
+    # fixed step cost decides the tail. Counted in steps, the fit recovers it (a time-averaged batch fitted t0 = 0)
+    true = CPU_TINY.with_(max_num_seqs=256, t0_s=3e-3, per_seq_s=2e-4, prefill_flops_per_token=1.0,
+                          prefill_flops_per_s=1e5, kv_capacity_tokens=1 << 20)
+    steps = []
+    for seed in range(2):
+        wl0 = from_spec({"kind": "lognormal", "median": 48, "sigma": 1.0, "rho": 0.7, "cap": 512}, 32, 8, 0, seed=seed)
+        wl = PaddedWorkload(32, 8, wl0.lengths, 35)
+        tl = simulate_step(wl, true, TRUE_TRAINER, "sync", 1, groups_per_unit=4)
+        steps.append({"timeline": tl.to_dict(), "prompt_len": 35.0})
+    eng = fit_engine(steps, 256, true.with_(t0_s=1.0, per_seq_s=1.0))
+    assert eng.params.t0_s == pytest.approx(3e-3, rel=0.15)
+    assert eng.params.per_seq_s == pytest.approx(2e-4, rel=0.15)
+
+
+def test_update_rows_in_length_order_pad_less():
+    lengths = [[5, 1], [4, 2]]  # prompt 0, micro-batches of 2 rows
+    assert padded_tokens([0, 1], lengths, 0, 2) == 2 * 5 + 2 * 4
+    assert padded_tokens([0, 1], lengths, 0, 2, order="length") == 2 * 5 + 2 * 2  # [5, 4] [2, 1]
+    p = TrainerParams(num_gpus=1, flops_per_s_per_gpu=1.0, linear_flops_per_token=1.0, attn_flops_coef=0.0,
+                      microbatch_overhead_s=0.0, max_tokens_per_microbatch=1 << 40, logprob_ratio=1.0, use_ref=False,
+                      pad_rows=2, update_order="length")
+    assert p.update_s([5, 1, 4, 2]) == pytest.approx(14.0)  # update calls: length order
+    assert p.logprob_s([5, 1, 4, 2]) == pytest.approx(18.0)  # log-prob calls: group order
+    assert p.with_(pad_rows=0).update_s([5, 1, 4, 2]) == pytest.approx(12.0)  # unpadded
+    with pytest.raises(ValueError, match="update_order"):
+        p.with_(update_order="random").update_s([1, 2])

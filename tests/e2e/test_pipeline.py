@@ -317,7 +317,7 @@ def test_every_thread_of_each_pool_is_pinned_to_its_cores(pipe):
     import psutil
     import ray
 
-    from verl_pipe.platform.env import parse_cpu_list, thread_affinities
+    from verl_pipe.platform.env import parse_cpu_list, thread_affinities, thread_nice
 
     cpu = pipe.config.rolloutpipe.cpu
     trainer_cores, rollout_cores = parse_cpu_list(str(cpu.trainer_cores)), parse_cpu_list(str(cpu.rollout_cores))
@@ -335,3 +335,9 @@ def test_every_thread_of_each_pool_is_pinned_to_its_cores(pipe):
                 assert parse_cpu_list(allowed) == cores, \
                     f"{pool} pool: thread {tid} of pid {pid} ({psutil.Process(pid).name()}) may run on {allowed}"
     assert len(trainer_pids) >= 1 and len(rollout_pids) >= 2 and seen > 20
+    # rolloutpipe.cpu.trainer_nice reaches every thread of the trainer worker (a process started niced keeps its
+    # own value where it is higher: raising a nice value needs no privilege, lowering it does)
+    want = max(int(cpu.get("trainer_nice", 0)), os.getpriority(os.PRIO_PROCESS, 0))
+    for pid in trainer_pids:
+        nice = thread_nice(pid)
+        assert nice and set(nice.values()) == {want}, f"trainer pid {pid}: thread nice values {nice}, want {want}"

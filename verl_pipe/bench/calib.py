@@ -7,14 +7,20 @@ steps (the trainer works at the same time; ``Calibration``). The client timeline
 and how many tokens it generated, not when vLLM scheduled it. On one replica with FCFS admission, the engine
 start of a request is its submission, or, if ``max_num_seqs`` requests were already running, the moment a
 slot freed (``engine_intervals``). A request that ran from ``a`` to ``f`` generated L tokens in L decode
-steps, each costing ``t0 + per_seq * b`` for the batch ``b`` running then, plus the prefills the engine did in
-that time (prompt tokens of requests that started meanwhile, its own included):
+steps, each costing ``t0 + per_seq * b`` for the batch ``b`` running at that step, plus the prefills the engine did
+in that time (prompt tokens of requests that started meanwhile, its own included):
 
-    f - a = t0 * L + per_seq * (L * b_mean) + prefill_s_per_token * prefill_tokens
+    f - a = t0 * L + per_seq * sum_b + prefill_s_per_token * prefill_tokens
 
-A non-negative least-squares fit over all requests gives the prefill cost; each request then yields a
-decode-step sample ``(b_mean, (f - a - prefill share) / L)`` and ``fit_engine_params`` fits t0 and per_seq
-on those samples.
+``sum_b`` is the batch summed over the request's own L steps, counted on the engine's step clock
+(``step_clock_starts``): every running request gains one token per step, so a request that finished at ``f`` after
+L tokens puts the clock at (its start step + L) then, and a request's start step is the clock at its start,
+interpolated between those points. Counted in steps, not in seconds, the batch needs no step cost to weigh it (a
+time average over [a, f] weighs the slow, full-batch steps more and makes the few-request tail look free: with every
+request submitted at once it fitted t0 = 0 and ended the long-tailed paper_tiny rollout 35% early).
+A non-negative least-squares fit over all requests gives the three costs; each request then yields a
+decode-step sample ``(sum_b / L, (f - a - prefill share) / L)`` and ``fit_engine_params`` fits t0 and per_seq
+on those samples (the joint fit's when that gives a negative cost).
 
 Trainer (``verl_pipe.sim.trainer``). verl's FSDP engine without remove-padding pads every micro-batch to its
 longest row, so a call costs by *padded* tokens (``padded_tokens``). The simulator's cost model per trainer
@@ -30,12 +36,14 @@ the simulator.
 
 from __future__ import annotations
 
-import math
+import bisect
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from verl_pipe.bench.peer_fit import PeerFit, fit_peer, scaled
 from verl_pipe.core.variants import OURS, SIMULATED, variant
 from verl_pipe.core.workload import Workload
 from verl_pipe.sim.engine import CPU_TINY, EngineParams, fit_engine_params
@@ -90,12 +98,39 @@ def engine_intervals(tl: dict, max_num_seqs: int) -> list[dict]:
     return out
 
 
-def _running_average(intervals: list[dict], a: float, f: float) -> float:
-    """Time-average number of requests running on the engine over [a, f]."""
-    if f <= a:
-        return float(sum(1 for x in intervals if x["a"] <= a < x["f"]) or 1)
-    total = sum(max(0.0, min(f, x["f"]) - max(a, x["a"])) for x in intervals)
-    return total / (f - a)
+def step_clock_starts(intervals: list[dict]) -> dict[str, float]:
+    """Each request's start on one replica's decode-step clock (``engine_intervals`` of that replica).
+
+    Every running request gains one token per engine step, so a request that finished at ``f`` with L tokens, started
+    at step s, marks the clock at (f, s + L). In finish order, a request's start step is the clock at its start ``a``,
+    interpolated between the points marked so far (the origin (0, 0) included); after the last point, the clock runs
+    at the request's own pace L / (f - a) from it."""
+    pts_t, pts_k = [0.0], [0.0]
+    out: dict[str, float] = {}
+    for x in sorted(intervals, key=lambda x: x["f"]):
+        a, f, L = x["a"], x["f"], x["tokens"]
+        i = bisect.bisect_right(pts_t, a)
+        if i < len(pts_t):
+            t1, k1, t2, k2 = pts_t[i - 1], pts_k[i - 1], pts_t[i], pts_k[i]
+            k = k1 + (k2 - k1) * (a - t1) / (t2 - t1) if t2 > t1 else k2
+        else:
+            k = pts_k[-1] + (L / (f - a) if f > a else 0.0) * (a - pts_t[-1])
+        out[x["request_id"]] = k
+        if f >= pts_t[-1] and k + L >= pts_k[-1]:  # the clock never runs backwards
+            pts_t.append(f)
+            pts_k.append(k + L)
+    return out
+
+
+def step_batch_sums(intervals: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """Per request of one replica (``intervals``' order): the batch summed over its own decode steps (the other
+    requests' step spans overlapping its own, itself included) and how many requests started within its steps."""
+    s = step_clock_starts(intervals)
+    S = np.asarray([s[x["request_id"]] for x in intervals], dtype=float)
+    E = S + np.asarray([x["tokens"] for x in intervals], dtype=float)
+    overlap = np.clip(np.minimum(E[:, None], E[None, :]) - np.maximum(S[:, None], S[None, :]), 0.0, None)
+    started = (S[None, :] >= S[:, None] - 1e-9) & (S[None, :] < E[:, None])
+    return overlap.sum(axis=1), np.maximum(started.sum(axis=1), 1)
 
 
 def nonneg_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -121,21 +156,17 @@ class EngineFit:
 
 
 def engine_regression_rows(tl: dict, max_num_seqs: int, prompt_len: float) -> list[tuple[float, float, float, float]]:
-    """(f - a, L, L * b_mean, prefill tokens during [a, f]) per request of one step, per replica."""
+    """(f - a, L, batch summed over its L steps, prefill tokens during its steps) per request of one step, per
+    replica (``step_batch_sums``)."""
     rows = []
-    ivs = engine_intervals(tl, max_num_seqs)
     by_rep: dict[int, list[dict]] = {}
-    for x in ivs:
-        by_rep.setdefault(x["replica"], []).append(x)
+    for x in engine_intervals(tl, max_num_seqs):
+        if x["tokens"] >= 1:
+            by_rep.setdefault(x["replica"], []).append(x)
     for reps in by_rep.values():
-        starts = np.array(sorted(x["a"] for x in reps))
-        for x in reps:
-            L = x["tokens"]
-            if L < 1:
-                continue
-            b = _running_average(reps, x["a"], x["f"])
-            n_adm = int(((starts >= x["a"] - 1e-9) & (starts < x["f"])).sum()) or 1
-            rows.append((x["f"] - x["a"], float(L), L * b, n_adm * prompt_len))
+        sums, started = step_batch_sums(reps)
+        rows += [(x["f"] - x["a"], float(x["tokens"]), float(b), float(n) * prompt_len)
+                 for x, b, n in zip(reps, sums, started)]
     return rows
 
 
@@ -167,9 +198,13 @@ def fit_engine(steps: list[dict], max_num_seqs: int, base: EngineParams) -> Engi
 # --------------------------------------------------------------------------------------------- trainer
 
 
-def padded_tokens(groups: list[int], lengths: list[list[int]], prompt_len: float, micro_rows: int) -> float:
-    """Tokens the trainer actually processes: each micro-batch (rows in group order) padded to its longest row."""
+def padded_tokens(groups: list[int], lengths: list[list[int]], prompt_len: float, micro_rows: int,
+                  order: str = "arrival") -> float:
+    """Tokens the trainer actually processes: each micro-batch padded to its longest row, the rows in group order
+    (``arrival``) or sorted longest first (``length``: rolloutpipe.micro_batch_order of an update call)."""
     rows = [L for g in groups for L in lengths[g]]
+    if order == "length":
+        rows.sort(reverse=True)
     total = 0.0
     for i in range(0, len(rows), micro_rows):
         mb = rows[i:i + micro_rows]
@@ -186,28 +221,31 @@ class TrainerFit:
     num_spans: dict
 
 
-def trainer_span_samples(step: dict, micro_rows: int) -> dict[str, list[tuple[float, float]]]:
+def trainer_span_samples(step: dict, micro_rows: int,
+                         update_order: str = "arrival") -> dict[str, list[tuple[float, float]]]:
     """(padded tokens, seconds) of each trainer span of one step, by kind (``_trainer_spans``)."""
     out: dict[str, list[tuple[float, float]]] = {"update": [], "old_log_prob": [], "old_log_prob_swapped": [],
                                                  "forward_backward": [], "optimizer_step": [], "swap": []}
-    for key, tokens, dur, _ in _trainer_spans(step, micro_rows):
+    for key, tokens, dur, _ in _trainer_spans(step, micro_rows, update_order):
         out[key].append((tokens, dur))
     return out
 
 
-def _trainer_spans(step: dict, micro_rows: int) -> list[tuple[str, float, float, float]]:
+def _trainer_spans(step: dict, micro_rows: int, update_order: str = "arrival") -> list[tuple[str, float, float, float]]:
     """(cost kind, padded tokens, seconds, start) of each trainer span of one step, in start order."""
-    return [(r["key"], r["tokens"], r["seconds"], r["start"]) for r in trainer_span_records(step, micro_rows)]
+    return [(r["key"], r["tokens"], r["seconds"], r["start"])
+            for r in trainer_span_records(step, micro_rows, update_order)]
 
 
-def trainer_span_records(step: dict, micro_rows: int) -> list[dict]:
+def trainer_span_records(step: dict, micro_rows: int, update_order: str = "arrival") -> list[dict]:
     """Each trainer span of one step, in start order: {"key": cost kind, "tokens": padded tokens, "seconds",
     "start", "unit", "group"} (unit and group as the span was tagged, so a caller can pick a unit's work).
 
     ``step``: {"timeline": tl_dict, "lengths": [[...]], "prompt_len": P}. A span's groups: those the trainer
     recorded as ready for its unit; with group granularity a span names the last group of the burst it
     processed, and the burst is the unit's groups after the previous burst up to that one; a span without a
-    unit covers every trained group (sync's whole-batch log-prob).
+    unit covers every trained group (sync's whole-batch log-prob). ``update_order``: the rows' order in an update
+    or forward_backward call, which decides its padding (log-prob calls keep group order).
     """
     tl, lengths, P = step["timeline"], step["lengths"], step["prompt_len"]
     unit_groups = {u["unit"]: list(u["groups"]) for u in tl["units_ready"]}
@@ -245,7 +283,8 @@ def trainer_span_records(step: dict, micro_rows: int) -> list[dict]:
             key = "forward_backward" if kind == "update" and unit in own_opt else kind
             if kind == "old_log_prob" and unit is not None and unit > 0:
                 key = "old_log_prob_swapped"  # TrainerSeam.old_log_prob at θ_k: the span includes the theta_k swap
-            record(key, padded_tokens(groups, lengths, P, micro_rows), dur, s)
+            order = update_order if key in ("update", "forward_backward") else "arrival"
+            record(key, padded_tokens(groups, lengths, P, micro_rows, order), dur, s)
     return out
 
 
@@ -276,17 +315,19 @@ def trainer_cost_split(steps: list[dict], micro_rows: int) -> dict[str, dict[str
 
 
 def fit_trainer(steps: list[dict], micro_rows: int, base: TrainerParams | None = None,
-                swap_copies: float = 0.0) -> TrainerFit:
+                swap_copies: float = 0.0, update_order: str = "arrival") -> TrainerFit:
     """Least squares of the simulator's trainer cost model on the measured spans.
 
     Model (TrainerParams, h = call_overhead_s per call): update = beta*tok + h + o, old_log_prob =
     lambda*(beta*tok + h); group granularity: forward_backward = beta*tok + h, optimizer_step = o.
     Old-log-prob calls at theta_k after unit 0 first lose the modelled swap (``swap_copies`` x the mean measured
-    snapshot). lambda is scanned on a grid; for each, (beta, h, o) >= 0 is a linear fit.
+    snapshot). lambda is scanned on a grid; for each, (beta, h, o) >= 0 is a linear fit. Tokens are padded ones, each
+    call's rows in runs of ``micro_rows`` (update calls' rows in ``update_order``), and the fitted params pad the same
+    way (``pad_rows``, ``update_order``).
     """
     upd, fb, opt, lp, lp_sw, swap = [], [], [], [], [], []
     for s in steps:
-        smp = trainer_span_samples(s, micro_rows)
+        smp = trainer_span_samples(s, micro_rows, update_order)
         upd += smp["update"]
         fb += smp["forward_backward"]
         opt += [d for _, d in smp["optimizer_step"]]
@@ -312,7 +353,8 @@ def fit_trainer(steps: list[dict], micro_rows: int, base: TrainerParams | None =
         num_gpus=1, flops_per_s_per_gpu=1.0 / beta, efficiency=1.0, linear_flops_per_token=1.0,
         attn_flops_coef=0.0, call_overhead_s=float(h), microbatch_overhead_s=0.0, max_tokens_per_microbatch=1 << 40,
         logprob_ratio=lam, use_ref=False, optimizer_step_s=float(o), time_scale=1.0,
-        swap_save_s=swap_s, swap_restore_s=swap_s, swap_cycle_s=swap_copies * swap_s, opt_snapshot_s=0.0)
+        swap_save_s=swap_s, swap_restore_s=swap_s, swap_cycle_s=swap_copies * swap_s, opt_snapshot_s=0.0,
+        pad_rows=micro_rows, update_order=update_order)
     return TrainerFit(params, (float(h + o), beta), (lam * float(h), lam * beta), swap_s,
                       {"update": len(upd), "forward_backward": len(fb), "optimizer_step": len(opt),
                        "old_log_prob": len(lp), "old_log_prob_swapped": len(lp_sw), "swap": len(swap)})
@@ -351,11 +393,16 @@ class StepShape:
     baseline_order: str = "group_major"
     baseline_window: int | None = None
     fgd_window: int | str | None = None
+    # The KV pool's allocation unit (vLLM's block size) where it binds: a pool capped in blocks
+    # (sim_windows.capped_kv_tokens); 1 counts it in tokens (an uncapped pool never binds on the bench)
+    kv_block_tokens: int = 1
+    # The rows' order in an update call (rolloutpipe.micro_batch_order), which decides its padding
+    update_order: str = "arrival"
 
 
 def base_engine(shape: StepShape) -> EngineParams:
     return CPU_TINY.with_(max_num_seqs=shape.max_num_seqs, max_num_batched_tokens=shape.max_num_batched_tokens,
-                          kv_capacity_tokens=shape.kv_capacity_tokens)
+                          kv_capacity_tokens=shape.kv_capacity_tokens, kv_block_tokens=shape.kv_block_tokens)
 
 
 @dataclass
@@ -363,14 +410,31 @@ class Calibration:
     """Engine fits for a rollout running alone (sync) and beside a busy trainer (pipelined modes), and the
     trainer fit. On a small machine the rollout's client lives in the trainer's driver process and helper
     processes are unpinned, so the rollout is measurably slower while the trainer works; the simulator has no
-    such coupling, so each case gets its own engine constants (the same model, refit)."""
+    such coupling, so each case gets its own engine constants (the same model, refit). ``peer``: verl's peer's own
+    mechanisms where the run measured it (``bench.peer_fit``): its engine is the overlapped one scaled, its mini-step
+    gap is in the trainer's params (only verl's schedule reads it)."""
 
     alone: EngineFit
     overlapped: EngineFit
     trainer: TrainerFit
+    peer: PeerFit | None = None
 
     def engine_for(self, mode: str) -> EngineParams:
+        if not variant(mode).ours and self.peer is not None:
+            return scaled(self.overlapped.params, self.peer.engine_scale)
         return (self.overlapped if variant(mode).overlapped else self.alone).params
+
+
+def with_peer(cal: Calibration, peer_steps: list[dict], shape: StepShape) -> Calibration:
+    """``cal`` with verl's peer's mechanisms fitted on its measured steps (``bench.peer_fit``); as is without any."""
+    def simulate(step: dict, engine: EngineParams) -> dict:
+        return simulate_like(step, step["mode"], "minibatch", engine, cal.trainer.params, shape)
+
+    fit = fit_peer(peer_steps, simulate, cal.overlapped.params)
+    if fit is None:
+        return cal
+    trainer = dataclasses.replace(cal.trainer, params=cal.trainer.params.with_(verl_ministep_gap_s=fit.ministep_gap_s))
+    return dataclasses.replace(cal, trainer=trainer, peer=fit)
 
 
 def calibrate(steps: list[dict], shape: StepShape) -> Calibration:
@@ -382,7 +446,7 @@ def calibrate(steps: list[dict], shape: StepShape) -> Calibration:
         joint = fit_engine(steps, shape.max_num_seqs, base)
     return Calibration(alone=fit_engine(alone, shape.max_num_seqs, base) if alone and overlapped else joint,
                        overlapped=fit_engine(overlapped, shape.max_num_seqs, base) if alone and overlapped else joint,
-                       trainer=fit_trainer(steps, shape.micro_rows))
+                       trainer=fit_trainer(steps, shape.micro_rows, update_order=shape.update_order))
 
 
 def simulate_like(step: dict, mode: str, granularity: str, engine: EngineParams, trainer: TrainerParams,
@@ -392,7 +456,9 @@ def simulate_like(step: dict, mode: str, granularity: str, engine: EngineParams,
     from verl_pipe.sim.simulate import simulate_step
 
     lengths = step["lengths"]
-    wl = PaddedWorkload(len(lengths), shape.n, [list(map(int, g)) for g in lengths], int(round(step["prompt_len"])))
+    # a trainer that pads per call (a fit: pad_rows) takes the rows as generated, else each group padded to its longest
+    wl = (Workload if trainer.pad_rows else PaddedWorkload)(
+        len(lengths), shape.n, [list(map(int, g)) for g in lengths], int(round(step["prompt_len"])))
     # the step's own FGD window when its setting set one (bench setting key fgd_window), else the stack's
     fgd_window = step.get("fgd_window") or shape.fgd_window or shape.max_num_seqs
     window = fgd_window if variant(mode).fgd else shape.baseline_window
@@ -441,9 +507,10 @@ def with_engine_of(cal: Calibration, donor: Calibration, shape: StepShape) -> Ca
     by free blocks and preempts; the fit assumes every admitted request runs)."""
     def sized(fit: EngineFit) -> EngineFit:
         return dataclasses.replace(fit, params=fit.params.with_(max_num_seqs=shape.max_num_seqs,
-                                                                kv_capacity_tokens=shape.kv_capacity_tokens))
+                                                                kv_capacity_tokens=shape.kv_capacity_tokens,
+                                                                kv_block_tokens=shape.kv_block_tokens))
 
-    return Calibration(alone=sized(donor.alone), overlapped=sized(donor.overlapped), trainer=cal.trainer)
+    return Calibration(alone=sized(donor.alone), overlapped=sized(donor.overlapped), trainer=cal.trainer, peer=cal.peer)
 
 
 def sim_validation(steps: list[dict], shape: StepShape, target: float = 0.15,
@@ -455,13 +522,15 @@ def sim_validation(steps: list[dict], shape: StepShape, target: float = 0.15,
     "weight_sync_s", "metrics"}.
     """
     # Re-simulated: our modes, and the measured peer on-policy (verl_pipe/bench/peer), the simulator's model of verl's
-    # trainer: validated, never calibrated on (it runs in its own stack); its one-batch-ahead configuration is not
-    # modelled. The calibration fits our modes only.
+    # trainer, with its own rollout speed and mini-step gap fitted on its steps (bench.peer_fit); its one-batch-ahead
+    # configuration is not modelled. The engine and trainer fits are our modes'.
     steps = [s for s in steps if s["mode"] in SIMULATED]
     ours = [s for s in steps if s["mode"] in OURS]
+    peer = [s for s in steps if s["mode"] not in OURS]
     cal = calibrate(ours, shape)
     if engine_donor is not None:
         cal = with_engine_of(cal, engine_donor, shape)
+    cal = with_peer(cal, peer, shape)
     in_sample = _validation_table(steps, lambda s: cal, shape)
     settings = sorted({s["setting"] for s in ours})
     holdout = None
@@ -473,6 +542,7 @@ def sim_validation(steps: list[dict], shape: StepShape, target: float = 0.15,
                 fits[name] = calibrate(others, shape)
                 if engine_donor is not None:
                     fits[name] = with_engine_of(fits[name], engine_donor, shape)
+                fits[name] = with_peer(fits[name], [s for s in peer if s["setting"] != name], shape)
             except ValueError:
                 fits = None
                 break
@@ -514,5 +584,7 @@ def calibration_summary(cal: Calibration) -> dict:
                     "logprob_intercept_s": tr.logprob_line[0], "logprob_s_per_padded_token": tr.logprob_line[1],
                     "logprob_ratio": t.logprob_ratio, "per_call_overhead_s": t.call_overhead_s,
                     "optimizer_step_s": t.optimizer_step_s, "theta_k_snapshot_s": tr.swap_s,
+                    "pad_rows": t.pad_rows, "update_order": t.update_order,
                     "spans": tr.num_spans},
+        **({"verl_peer": cal.peer.summary()} if cal.peer is not None else {}),
     }

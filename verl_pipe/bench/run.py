@@ -17,7 +17,6 @@ included, and a T/R sweep). Charts with ``--charts`` (``charts``).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -30,7 +29,7 @@ from verl_pipe.bench.provenance import env_info, host_overlap
 from verl_pipe.bench.report import (BASE, MODES, PEERS, check_schema, format_setting, format_sim_validation,
                                     format_sweep, setting_entry)
 from verl_pipe.bench.settings import CONF_DIR, load_config, stack_of, stack_overrides, workload_for
-from verl_pipe.bench.sim_windows import capped_kv_tokens, engine_donors
+from verl_pipe.bench.sim_windows import CPU_BLOCK_TOKENS, engine_donors, kv_override_tokens, recorded_shape
 from verl_pipe.core.variants import GRANULARITIES, name_of, variant
 from verl_pipe.knobs import window_label  # noqa: F401 -- FGD's window as the results record it (tests, callers)
 
@@ -101,10 +100,8 @@ class BenchRunner:
         self.cpu_samples = d.get("cpu_samples", [])
         self.stacks = d.get("stacks", {})  # absent in steps files written before it was recorded
         self.env = d.get("env")  # the machine the steps ran on; absent in steps files written before it was recorded
-        for stack, shape in self.shapes.items():  # runs before the capped KV pool was read took the whole cache
-            capped = capped_kv_tokens(self.stacks.get(stack, {}).get("overrides") or [])
-            if capped and shape.kv_capacity_tokens != capped:
-                self.shapes[stack] = dataclasses.replace(shape, kv_capacity_tokens=capped)
+        for stack, shape in self.shapes.items():  # steps files recorded before the shape held the pool and order
+            self.shapes[stack] = recorded_shape(shape, self.stacks.get(stack))
 
     def overrides(self, stack: str) -> list[str]:
         return stack_overrides(self.cfg, stack)
@@ -202,20 +199,20 @@ class BenchRunner:
         if micro != n:
             self.log(f"[bench] note: actor micro-batch {micro} rows != n={n}; the simulator pads per group")
         kv_tokens = self._kv_capacity_tokens(session)
+        capped = kv_override_tokens(roll) is not None
         replicas = int(roll.nnodes) * int(roll.n_gpus_per_node) // int(roll.tensor_model_parallel_size)
         knobs = session.trainer.configured_knobs.record()  # the stack's admission as its config sets it, resolved
         return StepShape(n=n, groups_per_unit=int(c.actor_rollout_ref.actor.ppo_mini_batch_size), micro_rows=micro,
                          max_num_seqs=int(roll.max_num_seqs), max_num_batched_tokens=int(roll.max_num_batched_tokens),
                          kv_capacity_tokens=kv_tokens, num_replicas=max(1, replicas),
                          baseline_order=str(knobs["baseline_order"]), baseline_window=knobs["baseline_window"],
-                         fgd_window=knobs["fgd_window"])
+                         fgd_window=knobs["fgd_window"], kv_block_tokens=CPU_BLOCK_TOKENS if capped else 1,
+                         update_order=str(c.rolloutpipe.micro_batch_order))
 
     @staticmethod
     def _kv_capacity_tokens(session) -> int:
         """KV tokens a replica holds: the capped block pool where the config caps it, else the CPU KV cache size over
         the model's bytes per token (fp32)."""
-        from verl_pipe.bench.sim_windows import kv_override_tokens
-
         capped = kv_override_tokens(session.config.actor_rollout_ref.rollout)
         if capped:
             return capped

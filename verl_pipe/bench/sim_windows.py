@@ -16,6 +16,7 @@ with the driver's delays inside them, this shows what a window does when refills
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -33,7 +34,8 @@ def engine_from_summary(e: dict, shape: StepShape) -> EngineParams:
     """The engine ``calib.fit_engine`` fitted, rebuilt from its summary (``calib._engine_summary``), on ``shape``."""
     p = float(e["prefill_s_per_token"])
     return CPU_TINY.with_(max_num_seqs=shape.max_num_seqs, max_num_batched_tokens=shape.max_num_batched_tokens,
-                          kv_capacity_tokens=shape.kv_capacity_tokens, t0_s=float(e["t0_s"]),
+                          kv_capacity_tokens=shape.kv_capacity_tokens, kv_block_tokens=shape.kv_block_tokens,
+                          t0_s=float(e["t0_s"]),
                           per_seq_s=float(e["per_seq_s"]), weight_bytes=0.0,
                           prefill_flops_per_token=1.0 if p > 0 else 0.0, prefill_flops_per_s=1.0 / p if p > 0 else 1.0)
 
@@ -46,7 +48,8 @@ def trainer_from_summary(t: dict) -> TrainerParams:
         linear_flops_per_token=1.0, attn_flops_coef=0.0, call_overhead_s=float(t["per_call_overhead_s"]),
         microbatch_overhead_s=0.0, max_tokens_per_microbatch=1 << 40, logprob_ratio=float(t["logprob_ratio"]),
         use_ref=False, optimizer_step_s=float(t["optimizer_step_s"]), time_scale=1.0, swap_save_s=swap,
-        swap_restore_s=swap, swap_cycle_s=0.0, opt_snapshot_s=0.0)
+        swap_restore_s=swap, swap_cycle_s=0.0, opt_snapshot_s=0.0, pad_rows=int(t.get("pad_rows", 0)),
+        update_order=str(t.get("update_order", "arrival")))
 
 
 def kv_override_tokens(rollout_cfg) -> int | None:
@@ -64,6 +67,18 @@ def capped_kv_tokens(overrides: list[str]) -> int | None:
         if key == "actor_rollout_ref.rollout.engine_kwargs.vllm.num_gpu_blocks_override" and value.strip().isdigit():
             return int(value) * CPU_BLOCK_TOKENS
     return None
+
+
+def recorded_shape(shape: StepShape, record: dict | None) -> StepShape:
+    """``shape`` as its stack ran, from the stack's record (``provenance.stack_record``): a KV pool capped in blocks
+    (vLLM's ``num_gpu_blocks_override``: that many tokens, allocated in ``CPU_BLOCK_TOKENS`` blocks) and the update's
+    row order (rolloutpipe.micro_batch_order; a record without it predates the knob: arrival, as the trainer was)."""
+    record = record or {}
+    capped = capped_kv_tokens(record.get("overrides") or [])
+    if capped:
+        shape = dataclasses.replace(shape, kv_capacity_tokens=capped, kv_block_tokens=CPU_BLOCK_TOKENS)
+    order = str((record.get("rolloutpipe") or {}).get("micro_batch_order", "arrival"))
+    return dataclasses.replace(shape, update_order=order)
 
 
 def engine_donors(shapes: dict, stacks: dict | None) -> dict[str, str]:
@@ -95,14 +110,15 @@ def stack_shape(cfg: dict, stack: str, kv_tokens_per_gib: int) -> tuple[StepShap
 
     c = compose(stack_overrides(cfg, stack))
     roll = c.actor_rollout_ref.rollout
-    kv = kv_override_tokens(roll) or int(c.rolloutpipe.cpu.kv_cache_gib) * kv_tokens_per_gib
+    capped = kv_override_tokens(roll)
+    kv = capped or int(c.rolloutpipe.cpu.kv_cache_gib) * kv_tokens_per_gib
     workers = int(roll.agent.num_workers)  # the trainer's stock order (trainer._verl_dispatch_order)
     order = c.rolloutpipe.dispatch.order or (f"interleave:{workers}" if workers > 1 else "group_major")
     shape = StepShape(n=int(roll.n), groups_per_unit=int(c.actor_rollout_ref.actor.ppo_mini_batch_size),
                       micro_rows=int(c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu),
                       max_num_seqs=int(roll.max_num_seqs), max_num_batched_tokens=int(roll.max_num_batched_tokens),
                       kv_capacity_tokens=kv, baseline_order=str(order), baseline_window=c.rolloutpipe.dispatch.window,
-                      fgd_window=c.rolloutpipe.fgd.get("window"))
+                      fgd_window=c.rolloutpipe.fgd.get("window"), kv_block_tokens=CPU_BLOCK_TOKENS if capped else 1)
     return shape, int(c.data.train_batch_size)
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -221,13 +220,14 @@ def _with_capped_kv(got: dict, path: Path, d: dict, size: str | None) -> dict:
     """A stack whose KV pool was capped (vLLM's ``num_gpu_blocks_override`` in its recorded overrides): its shape
     gets the capped pool, and ``engine_donor`` the steps of the uncapped stack of the same model whose engine fit it
     borrows (``bench.run.engine_donors``: the KV-bound runs' own request timings cannot calibrate an engine)."""
-    from verl_pipe.bench.sim_windows import capped_kv_tokens, engine_donors
+    from verl_pipe.bench.sim_windows import capped_kv_tokens, engine_donors, recorded_shape
 
     stacks = d.get("stacks") or {}
+    if got["shape"] is not None:  # the pool in blocks and the update's row order, as the stack ran
+        got["shape"] = recorded_shape(got["shape"], stacks.get(got["size"]))
     capped = capped_kv_tokens((stacks.get(got["size"]) or {}).get("overrides") or [])
     if not capped or got["shape"] is None:
         return got
-    got["shape"] = dataclasses.replace(got["shape"], kv_capacity_tokens=capped)
     shapes = {k: StepShape(**v) for k, v in (d.get("shapes") or {}).items()}
     donor = engine_donors(shapes, stacks).get(got["size"])
     if donor is not None and size is not None:
@@ -319,7 +319,9 @@ def fit_verl_trainer(peer: list[dict], ours: TrainerFit | None = None, source: s
         num_gpus=1, flops_per_s_per_gpu=1.0 / b_u, efficiency=1.0, linear_flops_per_token=1.0, attn_flops_coef=0.0,
         microbatch_overhead_s=0.0, max_tokens_per_microbatch=1 << 40, call_overhead_s=0.0, logprob_ratio=b_l / b_u,
         use_ref=False, optimizer_step_s=float(a_u), time_scale=1.0, swap_save_s=0.0, swap_restore_s=0.0,
-        swap_cycle_s=0.0, opt_snapshot_s=0.0, verl_swap_save_s=float(a_l), verl_swap_restore_s=0.0)
+        swap_cycle_s=0.0, opt_snapshot_s=0.0, verl_swap_save_s=float(a_l), verl_swap_restore_s=0.0,
+        # each group's rows padded to its longest, as its tokens were counted (peer_totals)
+        pad_rows=max(len(g) for s in peer for g in s["lengths"]), update_order="arrival")
     return VerlFit(params, (float(a_u), b_u), (float(a_l), b_l), how, len(rows), source)
 
 

@@ -102,7 +102,8 @@ class CalibratedCosts:
         return self.rc.weight_sync_s
 
     def padded(self, shape: Shape) -> bool:
-        return True  # the fit is per padded token
+        # the fit is per padded token; a fit that pads each call itself (pad_rows) takes the rows as generated
+        return self.rc.cal.trainer.params.pad_rows == 0
 
     def default_placement(self, shape: Shape) -> str:
         return self.placements[0]

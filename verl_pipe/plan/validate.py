@@ -248,7 +248,8 @@ def cross_config(kept: list[tuple[dict, str, dict]]) -> list[dict]:
             for st in b["ours"] + b["peer"]:
                 mode = st["mode"]
                 eng = cal.engine_for(mode).with_(max_num_seqs=sh.max_num_seqs, kv_capacity_tokens=sh.kv_capacity_tokens,
-                                                 max_num_batched_tokens=sh.max_num_batched_tokens)
+                                                 max_num_batched_tokens=sh.max_num_batched_tokens,
+                                                 kv_block_tokens=sh.kv_block_tokens)
                 tr = vf.params if mode in PEERS else cal.trainer.params
                 m = simulate_like(st, mode, st["granularity"] if mode in OURS else "minibatch", eng, tr, sh)
                 _agg(acc, (st["setting"], mode), m["rollout_to_train_end_s"], st["metrics"]["rollout_to_train_end_s"])

@@ -2,9 +2,13 @@
 
 What is mirrored, because it decides who finishes when:
 - ``max_num_seqs`` running slots and a per-step token budget (``max_num_batched_tokens``) for prefills;
-- a KV pool in tokens; a running request holds prompt + generated tokens. When the next step does not fit,
-  the engine preempts (recompute) the latest-admitted running request (fcfs) or the one with the largest
-  (priority, arrival) (priority policy) back to waiting, and admits nothing in that step;
+- a KV pool allocated in blocks of ``kv_block_tokens`` (vLLM's block size: 16 on GPU, 128 on vLLM-CPU); a running
+  request holds the blocks of its prompt + generated tokens, and needs a new block at each block boundary. When the
+  next step does not fit, the engine preempts (recompute: the victim loses all its computed tokens) the
+  latest-admitted running request (fcfs: vLLM's ``running.pop()``) or the one with the largest (priority, arrival)
+  (priority policy) back to the front of waiting (``waiting.prepend_request``), and admits nothing in that step
+  (vLLM V1's ``Scheduler.schedule``). With blocks of 128 tokens a pool of 32 blocks runs at most 32 requests, however
+  short; a pool counted in tokens would run a hundred and thrash;
 - the waiting queue: fcfs (a preempted request is prepended) or a heap on (priority, arrival). A waiting
   high-priority request never evicts a running one when ``max_num_seqs`` binds (vLLM V1; vllm#40004).
 
@@ -39,6 +43,7 @@ class EngineParams:
     prefill_flops_per_token: float = 2 * 1.72e9  # 2N [D]
     prefill_flops_per_s: float = 0.4 * 989e12  # MFU 0.4 x H100 bf16 dense [A]/[D]
     scheduling_policy: str = "fcfs"  # "fcfs" | "priority", as vLLM's --scheduling-policy
+    kv_block_tokens: int = 1  # KV allocation unit (vLLM's block_size); 1: the pool is counted in tokens
 
     def step_time(self, batch: int, ctx_sum: float, prefill_tokens: float = 0.0) -> float:
         return (self.t0_s + self.per_seq_s * batch + (self.weight_bytes + ctx_sum * self.kv_bytes_per_token)
@@ -170,41 +175,9 @@ class Replica:
         p = self.p
         for s in [s for s in self.running.values() if s.aborted]:
             self._leave(s)
-        cap = p.kv_capacity_tokens
-        preempted = False
-        while self.running and self.ctx_sum + len(self.running) > cap:
-            if p.scheduling_policy == "priority":
-                victim = max(self.running.values(), key=lambda r: (r.priority, r.arrival, r.order))
-            else:
-                victim = next(reversed(self.running.values()))
-            self._leave(victim)
-            victim.preemptions += 1
-            self.num_preemptions += 1
-            heapq.heappush(self.waiting, (self._key(victim, True), victim.order, victim))
-            preempted = True
-
-        prefill_tokens = 0
-        budget_bound = False
-        if not preempted:  # vLLM V1 never evicts and admits in the same step
-            budget = p.max_num_batched_tokens - len(self.running)
-            while self.waiting and len(self.running) < p.max_num_seqs:
-                s = self.waiting[0][2]
-                if s.aborted:
-                    heapq.heappop(self.waiting)
-                    continue
-                need = s.prompt + s.base  # prompt prefill, or the recompute of a preempted request
-                if self.ctx_sum + need + len(self.running) + 1 > cap:
-                    break  # head does not fit in KV: vLLM stops admitting (no skipping)
-                if need > budget and (self.running or prefill_tokens):
-                    budget_bound = True  # the rest fits in a later step's budget (approximates chunking)
-                    break
-                heapq.heappop(self.waiting)
-                s.running, s.joined_at_step = True, self.steps
-                self.running[s.rid] = s
-                self.ctx_sum += need
-                budget -= need
-                prefill_tokens += need - min(s.cached, need)
-                heapq.heappush(self.finish_heap, (self.steps + s.length - s.base, s.rid))
+        preempted = self._preempt_until_fits()
+        # vLLM V1 never evicts and admits in the same step
+        prefill_tokens, budget_bound = (0, False) if preempted else self._admit()
         if not self.running:
             return None
 
@@ -215,7 +188,7 @@ class Replica:
             if s is not None and s.joined_at_step + s.length - s.base == step:
                 break
             heapq.heappop(self.finish_heap)
-        steps = min(step - self.steps, (cap - self.ctx_sum) // b)
+        steps = min(step - self.steps, self._kv_steps(step - self.steps))
         if preempted or budget_bound:
             steps = 1  # the next step may admit again (after preemption / with a fresh token budget)
         steps = max(1, steps)
@@ -223,6 +196,86 @@ class Replica:
         self.seg = _Segment(t, steps, a, b * p.kv_bytes_per_token / p.bw_eff_Bps,
                             prefill_tokens * p.prefill_flops_per_token / p.prefill_flops_per_s)
         return self.seg.end
+
+    def _preempt_until_fits(self) -> bool:
+        """vLLM's victims until the next step fits the pool (priority: the largest (priority, arrival); fcfs: the
+        latest admitted), each back to waiting with what it generated; True if any was preempted."""
+        preempted = False
+        while self.running and not self._next_step_fits():
+            if self.p.scheduling_policy == "priority":
+                victim = max(self.running.values(), key=lambda r: (r.priority, r.arrival, r.order))
+            else:
+                victim = next(reversed(self.running.values()))
+            self._leave(victim)
+            victim.preemptions += 1
+            self.num_preemptions += 1
+            heapq.heappush(self.waiting, (self._key(victim, True), victim.order, victim))
+            preempted = True
+        return preempted
+
+    def _admit(self) -> tuple[int, bool]:
+        """Admit from the head of waiting while a slot, the pool and the step's token budget allow; returns the
+        prefill tokens admitted and whether the budget stopped it."""
+        p, cap, B = self.p, self.p.kv_capacity_tokens, self.p.kv_block_tokens
+        prefill_tokens, budget_bound = 0, False
+        blocks = self._blocks_next_step() if B > 1 else 0
+        budget = p.max_num_batched_tokens - len(self.running)
+        while self.waiting and len(self.running) < p.max_num_seqs:
+            s = self.waiting[0][2]
+            if s.aborted:
+                heapq.heappop(self.waiting)
+                continue
+            need = s.prompt + s.base  # prompt prefill, or the recompute of a preempted request
+            new_blocks = -(-(need + 1) // B)
+            if (blocks + new_blocks > cap // B if B > 1 else self.ctx_sum + need + len(self.running) + 1 > cap):
+                break  # head does not fit in KV: vLLM stops admitting (no skipping)
+            if need > budget and (self.running or prefill_tokens):
+                budget_bound = True  # the rest fits in a later step's budget (approximates chunking)
+                break
+            heapq.heappop(self.waiting)
+            s.running, s.joined_at_step = True, self.steps
+            self.running[s.rid] = s
+            self.ctx_sum += need
+            blocks += new_blocks
+            budget -= need
+            prefill_tokens += need - min(s.cached, need)
+            heapq.heappush(self.finish_heap, (self.steps + s.length - s.base, s.rid))
+        return prefill_tokens, budget_bound
+
+    # ---- KV blocks ----------------------------------------------------------------------------------
+    def _held(self) -> np.ndarray:
+        """Tokens each running request holds in KV (prompt + generated), in admission order."""
+        return np.fromiter((s.prompt + self.generated(s) for s in self.running.values()), dtype=np.int64,
+                           count=len(self.running))
+
+    def _blocks_next_step(self) -> int:
+        """Blocks the running batch holds after one more step (each request one token more)."""
+        B = self.p.kv_block_tokens
+        return int((-(-(self._held() + 1) // B)).sum()) if self.running else 0
+
+    def _next_step_fits(self) -> bool:
+        if self.p.kv_block_tokens <= 1:
+            return self.ctx_sum + len(self.running) <= self.p.kv_capacity_tokens
+        return self._blocks_next_step() <= self.p.kv_capacity_tokens // self.p.kv_block_tokens
+
+    def _kv_steps(self, horizon: int) -> int:
+        """How many steps (at most ``horizon``) the running batch can take before the pool runs out."""
+        p, b = self.p, len(self.running)
+        if p.kv_block_tokens <= 1:
+            return (p.kv_capacity_tokens - self.ctx_sum) // b
+        B, n = p.kv_block_tokens, self._held()
+        free = p.kv_capacity_tokens // B - int((-(-n // B)).sum())
+        first = (-n) % B + 1  # the step at which each request needs its next block
+
+        def crossings(k: int) -> int:
+            due = first <= k
+            return int(due.sum() + ((k - first[due]) // B).sum())
+
+        lo, hi = 0, horizon  # the largest k with crossings(k) <= free
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if crossings(mid) <= free else (lo, mid - 1)
+        return lo
 
     def finish_segment(self) -> list[Seq]:
         """Apply the segment's steps; returns the requests that generated their last token."""

@@ -66,13 +66,33 @@ class TrainerParams:
     poll_interval_s: float = 2.0  # verl V1 ReplayBuffer.poll_interval default [S: docs/peer.md]
     verl_swap_save_s: float | None = None  # its pi_old copies (verl's own pageable path); None: swap_save_s
     verl_swap_restore_s: float | None = None  # None: swap_restore_s
+    verl_ministep_gap_s: float = 0.0  # between a mini-step's old-log-prob and update calls (advantages, hand-off)
+    # Padding, as verl's FSDP engine without remove-padding computes: each run of ``pad_rows`` rows of a call padded
+    # to its longest (0: no padding). Update (and forward_backward) calls see their rows in ``update_order``:
+    # "length" sorts them longest first (rolloutpipe.micro_batch_order), "arrival" keeps them group after group;
+    # log-prob calls always see them group after group (verl_pipe/core/micro_batches.py)
+    pad_rows: int = 0
+    update_order: str = "arrival"
 
     def with_(self, **kw) -> "TrainerParams":
         return replace(self, **kw)
 
     # ---- costs --------------------------------------------------------------------------------------
     def update_s(self, seq_lens: list[int]) -> float:
-        """One forward + backward call over these sequences, without the optimizer step."""
+        """One forward + backward call over these sequences (in group order), without the optimizer step."""
+        return self._call_s(self.padded(seq_lens, self.update_order))
+
+    def padded(self, seq_lens: list[int], order: str) -> list[int]:
+        """Each row's length as the engine computes it: its run of ``pad_rows`` rows padded to the run's longest."""
+        if self.pad_rows <= 0:
+            return list(seq_lens)
+        if order not in ("length", "arrival"):
+            raise ValueError(f"update_order: got {order!r}; allowed: length, arrival")
+        rows = sorted(seq_lens, reverse=True) if order == "length" else list(seq_lens)
+        k = self.pad_rows
+        return [max(rows[i:i + k]) for i in range(0, len(rows), k) for _ in rows[i:i + k]]
+
+    def _call_s(self, seq_lens: list[int]) -> float:
         if not seq_lens:
             return 0.0
         flops = sum(L * self.linear_flops_per_token + self.attn_flops_coef * L * L for L in seq_lens)
@@ -84,7 +104,7 @@ class TrainerParams:
         return t * self.time_scale
 
     def logprob_s(self, seq_lens: list[int]) -> float:
-        return self.logprob_ratio * self.update_s(seq_lens)
+        return self.logprob_ratio * self._call_s(self.padded(seq_lens, "arrival"))
 
     def ref_s(self, seq_lens: list[int]) -> float:
         return self.logprob_s(seq_lens) if self.use_ref else 0.0
@@ -266,6 +286,7 @@ def _verl_separate_async(completions, seq_lens, p: TrainerParams, groups_per_uni
         tr.run("old_log_prob", ready, p.logprob_s(x), u)
         tr.run("cpu_swap", ready, restore if u > 0 else 0.0, u)
         tr.run("ref_log_prob", ready, p.ref_s(x), u)
+        tr.free += p.verl_ministep_gap_s  # verl's advantages and hand-off between the two calls
         tr.run("update", ready, p.update_s(x), u)
         tr.run("optimizer_step", ready, p.optimizer_s, u)
     return plan

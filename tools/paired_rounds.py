@@ -1,0 +1,55 @@
+"""Per-round paired differences between two modes of a bench run, from its steps file.
+
+The bench interleaves the modes within each round on the same workload, so the difference of two modes in the
+same round cancels most of the host's drift between rounds; this prints, per setting, those differences of
+``rollout_to_train_end_s`` (B minus A), their mean (also relative to A's mean), the standard error of the mean, and
+vLLM's preemptions per step of both where they were counted. ``docs/fgd.md`` quotes its output.
+
+    python tools/paired_rounds.py docs/bench/bench_queue_rotated_steps_2026-12-02.json.gz [--a cgp --b cgp_fgd]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+
+
+def load_steps(path: str) -> list[dict]:
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+        return json.load(f)["steps"]
+
+
+def paired(steps: list[dict], a: str, b: str, key: str = "rollout_to_train_end_s") -> dict[str, dict]:
+    """{setting: {"diffs": [b - a per round], "mean", "rel_pct", "se", "preemptions": [(a, b) per round]}}."""
+    by = {(st["setting"], st["round"], st["mode"]): st["metrics"] for st in steps}
+    out = {}
+    for name in sorted({k[0] for k in by}):
+        rounds = sorted(r for (s, r, m) in by if s == name and m == a and (s, r, b) in by)
+        if not rounds:
+            continue
+        diffs = [by[(name, r, b)][key] - by[(name, r, a)][key] for r in rounds]
+        base = statistics.mean(by[(name, r, a)][key] for r in rounds)
+        se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
+        out[name] = {"rounds": rounds, "diffs": diffs, "mean": statistics.mean(diffs),
+                     "rel_pct": 100 * statistics.mean(diffs) / base, "se": se,
+                     "preemptions": [(by[(name, r, a)].get("vllm_preemptions"), by[(name, r, b)].get("vllm_preemptions"))
+                                     for r in rounds]}
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("steps_file")
+    ap.add_argument("--a", default="cgp")
+    ap.add_argument("--b", default="cgp_fgd")
+    args = ap.parse_args(argv)
+    for name, p in paired(load_steps(args.steps_file), args.a, args.b).items():
+        print(f"{name}: {args.b} - {args.a} per round {[round(x, 2) for x in p['diffs']]} s; mean {p['mean']:+.2f} s "
+              f"({p['rel_pct']:+.1f}%), standard error {p['se']:.2f} s; preemptions per step ({args.a}, {args.b}) "
+              f"{p['preemptions']}")
+
+
+if __name__ == "__main__":
+    main()
