@@ -73,13 +73,9 @@ def _thread_ids(pid: int | str = "self") -> set[int]:
         return {0}
 
 
-def pin_all_threads(cores: list[int]) -> None:
-    """Set the affinity of EVERY thread of this process, not just the caller's.
-
-    ``os.sched_setaffinity(0, ...)`` changes the calling thread only; threads that already exist (Ray's
-    gRPC and event-loop threads, torch's pools) keep their old mask, and a thread inherits the mask of the
-    thread that creates it. So: set the mask on every task in /proc/self/task, and repeat until no new
-    thread appeared meanwhile (one created by a not-yet-pinned thread may still carry the old mask)."""
+def _each_thread(apply) -> None:
+    """``apply(tid)`` on every thread of this process, repeated until no new thread appeared meanwhile (one created
+    by a thread not yet reached inherits that thread's old attribute); a thread that exited meanwhile is skipped."""
     done: set[int] = set()
     for _ in range(10):
         todo = _thread_ids() - done
@@ -87,10 +83,19 @@ def pin_all_threads(cores: list[int]) -> None:
             return
         for tid in todo:
             try:
-                os.sched_setaffinity(tid, cores)
+                apply(tid)
             except (ProcessLookupError, PermissionError):  # the thread has exited meanwhile
                 pass
         done |= todo
+
+
+def pin_all_threads(cores: list[int]) -> None:
+    """Set the affinity of EVERY thread of this process, not just the caller's.
+
+    ``os.sched_setaffinity(0, ...)`` changes the calling thread only; threads that already exist (Ray's
+    gRPC and event-loop threads, torch's pools) keep their old mask, and a thread inherits the mask of the
+    thread that creates it. So: set the mask on every task in /proc/self/task (``_each_thread``)."""
+    _each_thread(lambda tid: os.sched_setaffinity(tid, cores))
 
 
 def pin_current_process(env_key: str) -> list[int] | None:
@@ -115,17 +120,7 @@ def renice_current_process(env_key: str) -> int | None:
     if not spec or int(spec) == 0:
         return None
     value = int(spec)
-    done: set[int] = set()
-    for _ in range(10):
-        todo = _thread_ids() - done
-        if not todo:
-            break
-        for tid in todo:
-            try:
-                os.setpriority(os.PRIO_PROCESS, tid, value)
-            except (ProcessLookupError, PermissionError):  # the thread has exited meanwhile
-                pass
-        done |= todo
+    _each_thread(lambda tid: os.setpriority(os.PRIO_PROCESS, tid, value))
     return value
 
 
