@@ -49,7 +49,7 @@ def _hog(kind: str, core: int, go, seconds: float, nice: int = 0) -> None:
         step()
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="conf/bench/paper_tiny.yaml")
     ap.add_argument("--rounds", type=int, default=3)
@@ -58,7 +58,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--hog-nice", type=int, default=0, help="the stand-in load's nice value (as a niced trainer)")
     ap.add_argument("--hog-factor", type=float, default=2.0,
                     help="the stand-in load runs this many warm-up rollouts' time from each step's start")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
 
     from verl_pipe.bench.run import mode_kwargs
     from verl_pipe.bench.settings import load_config, stack_of, stack_overrides, workload_for
