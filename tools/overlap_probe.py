@@ -32,16 +32,16 @@ LOADS = ("none", "compute", "memory")
 
 
 def _hog(kind: str, core: int, go, seconds: float, nice: int = 0) -> None:
-    """A stand-in load pinned to ``core`` for ``seconds`` after ``go`` (platform.core_pair's units of work). It
+    """A stand-in load pinned to ``core`` for ``seconds`` after ``go`` (platform.core_pair's unit_of_work). It
     stops on a timer, not at the rollout's end: left on, it would time-slice the trainer's own core afterwards."""
     import torch
 
-    from verl_pipe.platform.core_pair import _work
+    from verl_pipe.platform.core_pair import unit_of_work
 
     os.sched_setaffinity(0, {core})
     os.nice(nice)
     torch.set_num_threads(1)
-    step, _ = _work(kind)
+    step, _ = unit_of_work(kind)
     step()
     go.wait()
     t0 = time.perf_counter()

@@ -30,7 +30,7 @@ COPY_FLOATS = 32 * 1024 * 1024  # 128 MiB of fp32: far beyond any L3 cache
 KINDS = ("compute", "memory")
 
 
-def _work(kind: str):
+def unit_of_work(kind: str):
     """(one unit of work, its size: GFLOP for compute, GB moved for memory)."""
     import torch
 
@@ -48,7 +48,7 @@ def _spin(kind: str, core: int, seconds: float, start, out) -> None:
 
     os.sched_setaffinity(0, {core})
     torch.set_num_threads(1)
-    step, size = _work(kind)
+    step, size = unit_of_work(kind)
     step()  # warm-up (kernel selection, first touch), before the common start
     start.wait()
     t0, k = time.perf_counter(), 0
