@@ -37,7 +37,7 @@ def pipe(tmp_path_factory):
 
     ckpt = tmp_path_factory.mktemp("ckpt")
     # The worked example's reward (1 right, 0.25 a wrong number, 0 none): the tiny model's 0/1 digit-math reward
-    # is so sparse (~3%) that a step often has no signal at all, and these tests need the actor to move.
+    # is so sparse before training that a step often has no signal at all, and these tests need the actor to move.
     cfg = compose(E2E_OVERRIDES + [f"trainer.default_local_dir={ckpt}", *PARTIAL_CREDIT_REWARD])
     session = PipeSession(cfg)
     yield session

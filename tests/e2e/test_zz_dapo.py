@@ -3,9 +3,10 @@
 The recipe tiny_cpu_extension_example (recipes/extension_example/): ExampleTrainer (custom trainability
 filter, deferring admission policy), its reward (correctness + format credit) through verl's custom_reward_function,
 clip-higher (0.2 / 0.28), token-mean loss, the zero-variance filter and oversampling (8 extra prompts).
-The tiny model's 0/1 reward is right about 3% of the time, so nearly every group would be
-zero-variance; the example reward's format credit (0.25 for a response with a number) gives about 60% of
-the groups reward variance. Its own stack (a
+The tiny model's 0/1 reward is rarely right before training (the random-initialised model: 1 of 128 sampled, kept in
+docs/bench/logs), so nearly every group would be zero-variance; the example reward's format credit (0.25 for a
+response with a number) gives most groups reward variance (8 of 10 completed groups in the run docs/extending.md
+quotes). Its own stack (a
 different trainer class and reward), after the shared modules are torn down.
 """
 
@@ -78,7 +79,7 @@ def test_dapo_step_with_the_extension_example(dapo_pipe):
     trained = rec["trained_groups"]
     m = rec["metrics"]
     tm = rec["timeline"]
-    assert trained, "no group had reward variance: the format credit should give about 60% of them"
+    assert trained, "no group had reward variance: the format credit should give most of them some"
     assert len(set(trained)) == len(trained) <= TRAIN_BATCH
     if len(trained) < TRAIN_BATCH:  # the pool ran out: every group completed, the untrainable ones dropped
         assert m["rolloutpipe/untrainable_groups"] == num_groups - len(trained)

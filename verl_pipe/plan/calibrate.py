@@ -121,8 +121,8 @@ def load_run(run_dir, prompt_len: float | None = None) -> list[dict]:
                       "metrics": tm, "step": rec["step"]})
     if not steps:
         raise ValueError(f"--calibrate {path}: no step records")
-    # A run's first step pays the engines' warm-up (on the tiny default 5.5 s against ~2.2 s for the next ones,
-    # docs/plan.md), as the bench's discarded warm-up step does: left out when the run has others to fit on.
+    # A run's first step pays the engines' warm-up (on the tiny default two to three times a later step: docs/plan.md's
+    # fresh-run pair), as the bench's discarded warm-up step does: left out when the run has others to fit on.
     return steps[1:] if len(steps) > 1 else steps
 
 
