@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     cfg = load_config(args.config)
     setting = cfg["settings"][0]
     stack = stack_of(setting, cfg)
-    overrides = stack_overrides(cfg, stack) + list(args.overrides) + [f"trainer.default_local_dir={tempfile.mkdtemp(prefix='overlap_')}"]
+    ckpt = tempfile.mkdtemp(prefix="overlap_")
+    overrides = stack_overrides(cfg, stack) + list(args.overrides) + [f"trainer.default_local_dir={ckpt}"]
     session = PipeSession(compose(overrides))
     c = session.config
     trainer_core = int(str(c.rolloutpipe.cpu.trainer_cores).split(",")[0].split("-")[0])

@@ -34,8 +34,7 @@ def paired(steps: list[dict], a: str, b: str, key: str = "rollout_to_train_end_s
         se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
         out[name] = {"rounds": rounds, "diffs": diffs, "mean": statistics.mean(diffs),
                      "rel_pct": 100 * statistics.mean(diffs) / base, "se": se,
-                     "preemptions": [(by[(name, r, a)].get("vllm_preemptions"), by[(name, r, b)].get("vllm_preemptions"))
-                                     for r in rounds]}
+                     "preemptions": [tuple(by[(name, r, m)].get("vllm_preemptions") for m in (a, b)) for r in rounds]}
     return out
 
 
