@@ -124,30 +124,28 @@ def renice_current_process(env_key: str) -> int | None:
     return value
 
 
-def thread_nice(pid: int) -> dict[int, int]:
-    """The nice value of every thread of a live process, by thread id (for checks and tests)."""
+def _per_thread(pid: int, name: str, read) -> dict:
+    """``read(text)`` of /proc/<pid>/task/<tid>/<name> for every thread of a live process, by thread id; a thread
+    that exited meanwhile (or whose file has no such field) is left out."""
     out = {}
     for tid in _thread_ids(pid):
         try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                out[tid] = int(f.read().rsplit(")", 1)[1].split()[16])  # field 19: nice
-        except (OSError, IndexError, ValueError):  # the thread exited
+            with open(f"/proc/{pid}/task/{tid}/{name}") as f:
+                out[tid] = read(f.read())
+        except (OSError, IndexError, ValueError, StopIteration):
             pass
     return out
+
+
+def thread_nice(pid: int) -> dict[int, int]:
+    """The nice value of every thread of a live process, by thread id (for checks and tests)."""
+    return _per_thread(pid, "stat", lambda text: int(text.rsplit(")", 1)[1].split()[16]))  # field 19: nice
 
 
 def thread_affinities(pid: int) -> dict[int, str]:
     """Cpus_allowed_list of every thread of a live process, by thread id (for checks and tests)."""
-    out = {}
-    for tid in _thread_ids(pid):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/status") as f:
-                for line in f:
-                    if line.startswith("Cpus_allowed_list:"):
-                        out[tid] = line.split(":", 1)[1].strip()
-        except OSError:  # the thread exited
-            pass
-    return out
+    return _per_thread(pid, "status", lambda text: next(line.split(":", 1)[1].strip() for line in text.splitlines()
+                                                        if line.startswith("Cpus_allowed_list:")))
 
 
 def system_core_list(system_cores: str, rollout_cores: str) -> list[int] | None:
