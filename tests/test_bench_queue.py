@@ -94,7 +94,7 @@ def test_preemption_counter_is_summed_over_engines_and_absent_without_stats():
 
 def test_a_capped_kv_stack_borrows_the_engine_of_an_uncapped_stack_of_the_same_model():
     from verl_pipe.bench.calib import StepShape
-    from verl_pipe.bench.run import capped_kv_tokens, engine_donors
+    from verl_pipe.bench.sim_windows import capped_kv_tokens, engine_donors
 
     cap = "++actor_rollout_ref.rollout.engine_kwargs.vllm.num_gpu_blocks_override=32"
     assert capped_kv_tokens(["a=1", cap]) == 32 * 128  # vLLM-CPU's block of 128 tokens

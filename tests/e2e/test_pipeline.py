@@ -335,9 +335,9 @@ def test_every_thread_of_each_pool_is_pinned_to_its_cores(pipe):
                 assert parse_cpu_list(allowed) == cores, \
                     f"{pool} pool: thread {tid} of pid {pid} ({psutil.Process(pid).name()}) may run on {allowed}"
     assert len(trainer_pids) >= 1 and len(rollout_pids) >= 2 and seen > 20
-    # rolloutpipe.cpu.trainer_nice reaches every thread of the trainer worker (a process started niced keeps its
-    # own value where it is higher: raising a nice value needs no privilege, lowering it does)
-    want = max(int(cpu.get("trainer_nice", 0)), os.getpriority(os.PRIO_PROCESS, 0))
+    # rolloutpipe.cpu.trainer_nice reaches every thread of the trainer worker: none runs at a lower nice value (at the
+    # default 0 nothing is reniced; Ray already runs some of a worker's threads at 15)
+    want = int(cpu.get("trainer_nice", 0))
     for pid in trainer_pids:
         nice = thread_nice(pid)
-        assert nice and set(nice.values()) == {want}, f"trainer pid {pid}: thread nice values {nice}, want {want}"
+        assert nice and min(nice.values()) >= want, f"trainer pid {pid}: thread nice values {nice}, want >= {want}"
