@@ -31,24 +31,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 LOADS = ("none", "compute", "memory")
 
 
-def _hog(kind: str, core: int, go, seconds: float, nice: int = 0) -> None:
-    """A stand-in load pinned to ``core`` for ``seconds`` after ``go`` (platform.core_pair's unit_of_work). It
-    stops on a timer, not at the rollout's end: left on, it would time-slice the trainer's own core afterwards."""
-    import torch
-
-    from verl_pipe.platform.core_pair import unit_of_work
-
-    os.sched_setaffinity(0, {core})
-    os.nice(nice)
-    torch.set_num_threads(1)
-    step, _ = unit_of_work(kind)
-    step()
-    go.wait()
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        step()
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="conf/bench/paper_tiny.yaml")
@@ -67,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     from verl_pipe.bench.run import mode_kwargs
     from verl_pipe.bench.settings import load_config, stack_of, stack_overrides, workload_for
     from verl_pipe.core.workload import exact_lengths
+    from verl_pipe.platform.core_pair import spin  # the probe's stand-in load, on a timer
     from verl_pipe.session import PipeSession, compose
 
     cfg = load_config(args.config)
@@ -85,6 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         wl = workload_for(setting["workload"], groups, n, seed=int(cfg.get("seed", 0)))
         warm = session.step(**mode_kwargs("sync"), sampling_overrides=exact_lengths(wl))  # warm-up, discarded
+        # the load stops on a timer, not at the rollout's end: left on, it would time-slice the trainer's own core
         hog_s = args.hog_factor * warm["timeline"]["rollout_end_s"]
         print(f"warm-up rollout {warm['timeline']['rollout_end_s']:.2f}s; loads run {hog_s:.2f}s from each step's "
               "start", flush=True)
@@ -93,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
             for load in LOADS[r % 3:] + LOADS[:r % 3]:  # the order rotates, so drift hits every load alike
                 go, proc = ctx.Event(), None
                 if load != "none":
-                    proc = ctx.Process(target=_hog, args=(load, trainer_core, go, hog_s, args.hog_nice))
+                    proc = ctx.Process(target=spin, args=(load, trainer_core, hog_s, go, None, args.hog_nice))
                     proc.start()
                     time.sleep(3.0)  # its interpreter and torch are up, waiting for the step
                 go.set()

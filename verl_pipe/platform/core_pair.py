@@ -42,11 +42,14 @@ def unit_of_work(kind: str):
     return (lambda: dst.copy_(src)), 2 * 4 * COPY_FLOATS / 1e9
 
 
-def _spin(kind: str, core: int, seconds: float, start, out) -> None:
-    """In a child process: pinned to ``core``, one thread, ``kind`` of work for ``seconds``; puts its rate."""
+def spin(kind: str, core: int, seconds: float, start, out=None, nice: int = 0) -> None:
+    """In a child process: pinned to ``core`` at ``nice``, one thread, ``kind`` of work for ``seconds`` from
+    ``start.wait()`` (a barrier or an event); puts ``(core, rate)`` on ``out`` when given. Also the stand-in load of
+    tools/overlap_probe.py."""
     import torch
 
     os.sched_setaffinity(0, {core})
+    os.nice(nice)
     torch.set_num_threads(1)
     step, size = unit_of_work(kind)
     step()  # warm-up (kernel selection, first touch), before the common start
@@ -55,14 +58,15 @@ def _spin(kind: str, core: int, seconds: float, start, out) -> None:
     while time.perf_counter() - t0 < seconds:
         step()
         k += 1
-    out.put((core, size * k / (time.perf_counter() - t0)))
+    if out is not None:
+        out.put((core, size * k / (time.perf_counter() - t0)))
 
 
 def _run(kind: str, cores: list[int], seconds: float) -> dict[int, float]:
     """The rate per core (GFLOP/s or GB/s) with one spinning process on each of ``cores`` at the same time."""
     ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited torch thread pool or affinity
     start, out = ctx.Barrier(len(cores) + 1), ctx.Queue()
-    procs = [ctx.Process(target=_spin, args=(kind, c, seconds, start, out)) for c in cores]
+    procs = [ctx.Process(target=spin, args=(kind, c, seconds, start, out)) for c in cores]
     for p in procs:
         p.start()
     start.wait(timeout=120)
