@@ -83,7 +83,11 @@ def test_run_agent_loop_runs_the_loop_and_postprocesses(registered):
     out = asyncio.run(worker()._run_agent_loop({"temperature": 1.0}, {"step": 1, "sample_index": 0, "rollout_n": 2,
                                                                        "validate": False},
                                                agent_name=registered, trace=False, raw_prompt=["p"], priority=3))
-    assert out["sampling_params"] == {"temperature": 1.0, "detokenize": False}  # vLLM detokenizes nothing
+    from vllm.sampling_params import RequestOutputKind
+
+    # vLLM detokenizes nothing and sends the final output only
+    assert out["sampling_params"] == {"temperature": 1.0, "detokenize": False,
+                                      "output_kind": RequestOutputKind.FINAL_ONLY}
     assert out["kwargs"] == {"raw_prompt": ["p"], "priority": 3} and out["validate"] is False
     assert out["built_with"]["hf_model_type"] == "qwen3"
     with pytest.raises(AssertionError, match="not registered"):
@@ -142,3 +146,19 @@ def test_detokenization_off_unless_chosen_or_needed():
     assert without_detokenization({"detokenize": True}) == {"detokenize": True}
     assert "detokenize" not in without_detokenization({"stop": ["\n\n"]})
     assert without_detokenization({"stop": []}) == {"stop": [], "detokenize": False}
+
+
+def test_final_output_only_unless_chosen():
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    from verl_pipe.rollout.agent_worker import final_output_only, rollout_sampling_params
+
+    sp = {"temperature": 1.0}
+    assert final_output_only(sp) == {"temperature": 1.0, "output_kind": RequestOutputKind.FINAL_ONLY}
+    assert sp == {"temperature": 1.0}
+    mine = {"output_kind": RequestOutputKind.CUMULATIVE}
+    assert final_output_only(mine) == mine
+    # what verl's server builds from them: vLLM's own SamplingParams takes both keys
+    built = SamplingParams(max_tokens=4, **rollout_sampling_params({"temperature": 1.0, "logprobs": 0}))
+    assert built.output_kind == RequestOutputKind.FINAL_ONLY and built.detokenize is False

@@ -9,12 +9,13 @@ Starts the bench config's first setting's stack (real Ray, vLLM, verl workers; t
 1. with ``--pyspy-dir``: one cgp step per variant under ``py-spy record`` (raw collapsed stacks, 100 Hz,
    non-blocking) of the driver (this process), the vLLM server actor and a reward worker, and a summary of where
    each spends its samples (these steps are left out of the figures below: py-spy shares the cores);
-2. ``--rounds`` rounds of cgp steps, one per variant, the order alternating, each round on its own workload seed:
+2. ``--rounds`` rounds of cgp steps, one per variant, the order rotating, each round on its own workload seed:
    CPU-seconds per step per process kind (cpu_sampler.step_cpu_seconds), rollout time, rollout->train end.
 
 Variants, switched between steps on the live stack: ``verl`` (verl's and vLLM's defaults: vLLM detokenizes every
-generated token, verl pads through ``tokenizer.pad``) and ``cut`` (the rollout as shipped, verl_pipe/rollout:
-``detokenize=False`` in the sampling params, torch padding). Start-up settings (Ray's dashboard) cannot be
+generated token and makes a cumulative output per engine step, verl pads through ``tokenizer.pad``), ``streamed``
+(the cuts of 2026-12-02: ``detokenize=False``, torch padding; outputs still per engine step) and ``cut`` (the
+rollout as shipped, verl_pipe/rollout: also vLLM's final output only). Start-up settings (Ray's dashboard) cannot be
 switched on a live stack; the bench before/after measures them (docs/cpu.md).
 """
 
@@ -35,21 +36,24 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-VARIANTS = ("verl", "cut")
+VARIANTS = ("verl", "streamed", "cut")
 PROFILED = ("driver", "ray::vLLMHttpServer", "ray::RewardLoopWorker")
 
 
 def set_variant(session, variant: str) -> None:
     """Switches the live rollout between verl's defaults and the shipped cuts (same samples either way)."""
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from vllm.sampling_params import RequestOutputKind
 
     rollout = session.trainer.rollout
+    for key in ("detokenize", "output_kind"):
+        rollout.sampling_params.pop(key, None)
+    rollout.worker.__dict__.pop("_pad_token_ids", None)
+    if variant in ("verl", "streamed"):
+        rollout.sampling_params["output_kind"] = RequestOutputKind.CUMULATIVE
     if variant == "verl":
         rollout.sampling_params["detokenize"] = True
         rollout.worker._pad_token_ids = types.MethodType(AgentLoopWorker._pad_token_ids, rollout.worker)
-    else:
-        rollout.sampling_params.pop("detokenize", None)
-        rollout.worker.__dict__.pop("_pad_token_ids", None)
 
 
 def pids_of(kinds) -> dict[str, int]:
@@ -134,7 +138,7 @@ def main(argv=None) -> int:
                     setting["workload"], B, n, seed=20_000), v, out_dir))
         for r in range(args.rounds):
             wl = workload_for(setting["workload"], B, n, seed=int(cfg.get("seed", 0)) + r)
-            for v in (VARIANTS if r % 2 == 0 else VARIANTS[::-1]):
+            for v in VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]:  # each variant in each place
                 set_variant(session, v)
                 res = runner._step(session, "cgp", wl)
                 m = res["metrics"]

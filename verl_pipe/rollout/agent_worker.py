@@ -10,7 +10,7 @@ entry>, **kwargs)``. For an agent loop registered with verl's ``@register`` the 
 class is resolved once, as Hydra resolves it (``hydra.utils.get_class``), and called with the same kwargs; any
 other entry (one from ``rollout.agent.agent_loop_config_path``, with parameters of its own) still goes through
 Hydra. ``_run_agent_loop`` is verl's own method otherwise unchanged, but for the sampling params it hands on (vLLM's
-detokenization off: ``without_detokenization``); ``VERL_RUN_AGENT_LOOP_SHA256`` pins the verl source it was copied
+detokenization off, its final output only: ``rollout_sampling_params``); ``VERL_RUN_AGENT_LOOP_SHA256`` pins the verl source it was copied
 from, and a test fails when verl's changes. Post-processing pads through torch instead of ``tokenizer.pad``
 (``_pad_token_ids``, the same tensors).
 """
@@ -102,7 +102,7 @@ class PipeAgentLoopWorker(AgentLoopWorker):
             assert agent_name in _agent_loop_registry, (
                 f"Agent loop {agent_name} not registered, registered agent loops: {_agent_loop_registry.keys()}"
             )
-            sampling_params = without_detokenization(sampling_params)
+            sampling_params = rollout_sampling_params(sampling_params)
             agent_loop = self._agent_loop(_agent_loop_registry[agent_name])
             output = await agent_loop.run(sampling_params, **kwargs)
             return await self._agent_loop_postprocess(output, trajectory["validate"], **kwargs)
@@ -117,3 +117,23 @@ def without_detokenization(sampling_params: dict[str, Any]) -> dict[str, Any]:
     if "detokenize" in sampling_params or sampling_params.get("stop"):
         return sampling_params
     return {**sampling_params, "detokenize": False}
+
+
+def final_output_only(sampling_params: dict[str, Any]) -> dict[str, Any]:
+    """The request's sampling params asking vLLM for its final output only (``RequestOutputKind.FINAL_ONLY``), unless
+    they choose an ``output_kind``. verl's server loops over vLLM's outputs and keeps only the last one, the whole
+    response (seam: verl passes the sampling params through to vLLM's ``SamplingParams``); by default vLLM makes a
+    cumulative output for every running request at every engine step and wakes the request's coroutine for it, in
+    the server actor's output handler. The final output carries the same token ids and log-probs. A request whose
+    task is cancelled is aborted in vLLM at once (``client.CancellingServer``): verl's weight-sync abort waits for
+    every request still without an output, which with final outputs only is every request still running."""
+    if "output_kind" in sampling_params:
+        return sampling_params
+    from vllm.sampling_params import RequestOutputKind
+
+    return {**sampling_params, "output_kind": RequestOutputKind.FINAL_ONLY}
+
+
+def rollout_sampling_params(sampling_params: dict[str, Any]) -> dict[str, Any]:
+    """What the rollout sends vLLM: no detokenization, the final output only (same tokens, log-probs, stops)."""
+    return final_output_only(without_detokenization(sampling_params))
