@@ -46,8 +46,10 @@ def test_cancelled_task_cancels_the_actor_call(monkeypatch):
         object.__new__(client.CancellingServer).other
 
     async def main():
-        done = asyncio.create_task(server.generate.remote(request_id="a", prompt_ids=[1]))
-        stuck = asyncio.create_task(server.generate.remote(request_id="b", prompt_ids=[2]))
+        done = asyncio.ensure_future(server.generate.remote(request_id="a", prompt_ids=[1]))
+        call = server.generate.remote(request_id="b", prompt_ids=[2])
+        assert call.ref is handle.refs[1]
+        stuck = asyncio.ensure_future(call)
         await asyncio.sleep(0)
         handle.refs[0].fut.set_result("output a")
         assert await done == "output a"
@@ -67,7 +69,7 @@ def test_an_error_is_not_a_cancellation(monkeypatch):
     server = client.CancellingServer(handle)
 
     async def main():
-        task = asyncio.create_task(server.generate.remote(request_id="a"))
+        task = asyncio.ensure_future(server.generate.remote(request_id="a"))
         await asyncio.sleep(0)
         handle.refs[0].fut.set_exception(RuntimeError("engine died"))
         with pytest.raises(RuntimeError, match="engine died"):

@@ -33,12 +33,22 @@ async def _cancelling(ref):
         raise
 
 
+class _Call:
+    """An actor call's result, awaitable once, like the ObjectRef it wraps (``ref``), but cancelled with its awaiter."""
+
+    def __init__(self, ref):
+        self.ref = ref
+
+    def __await__(self):
+        return _cancelling(self.ref).__await__()
+
+
 class _Method:
     def __init__(self, method):
         self._method = method
 
-    def remote(self, *args, **kwargs):
-        return _cancelling(self._method.remote(*args, **kwargs))
+    def remote(self, *args, **kwargs) -> _Call:
+        return _Call(self._method.remote(*args, **kwargs))
 
 
 class CancellingServer:
