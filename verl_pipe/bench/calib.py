@@ -2,11 +2,12 @@
 
 Pure Python + numpy (no Ray, vLLM or torch): it reads recorded ``StepTimeline`` dicts only.
 
-Engine (``verl_pipe.sim.engine``), fitted twice: on sync steps (the rollout runs alone) and on pipelined
-steps (the trainer works at the same time; ``Calibration``). The client timeline knows when each request was submitted and finished
-and how many tokens it generated, not when vLLM scheduled it. On one replica with FCFS admission, the engine
-start of a request is its submission, or, if ``max_num_seqs`` requests were already running, the moment a
-slot freed (``engine_intervals``). A request that ran from ``a`` to ``f`` generated L tokens in L decode
+Engine (``verl_pipe.sim.engine``), fitted twice: on sync steps (the rollout runs alone) and on pipelined steps (the
+trainer works at the same time; ``Calibration``), pooled over a stack's settings, then run at each setting's own
+speed where it has enough requests (``with_setting_engines``). The client timeline knows when each request was
+submitted and finished and how many tokens it generated, not when vLLM scheduled it. On one replica with FCFS
+admission, the engine start of a request is its submission, or, if ``max_num_seqs`` requests were already running,
+the moment a slot freed (``engine_intervals``). A request that ran from ``a`` to ``f`` generated L tokens in L decode
 steps, each costing ``t0 + per_seq * b`` for the batch ``b`` running at that step, plus the prefills the engine did
 in that time (prompt tokens of requests that started meanwhile, its own included):
 
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from verl_pipe.bench.peer_fit import PeerFit, fit_peer, scaled
+from verl_pipe.bench.peer_fit import PeerFit, fit_engine_scale, fit_peer, scaled
 from verl_pipe.core.variants import OURS, SIMULATED, variant
 from verl_pipe.core.workload import Workload
 from verl_pipe.sim.engine import CPU_TINY, EngineParams, fit_engine_params
@@ -59,7 +60,13 @@ MIN_TOKENS_FOR_STEP_SAMPLE = 4
 def engine_intervals(tl: dict, max_num_seqs: int) -> list[dict]:
     """Per finished request: engine start ``a``, finish ``f`` (seconds since t0), tokens, replica.
 
-    Assumes FCFS admission in submission order per replica and that KV never binds (true for the bench).
+    Assumes FCFS admission in submission order per replica and that KV never binds (true for the bench). Where a
+    whole batch is submitted at once through several agent workers and ``max_num_seqs`` binds (the 32-slot queue
+    stacks' sync and cgp steps), vLLM receives the requests in another order than the client stamped them: some
+    finish while this inference still holds them queued, are admitted later here and never leave, each holding a
+    slot to the step's end; the requests queued behind get late starts or none (seen: 1219 intervals of 1536 sync
+    requests on queue_seqs' long tail, 2026-12-02). Those fits rest on fewer and skewed requests;
+    ``with_setting_engines`` then sets each setting's speed from its rollout figures.
     """
     reqs = sorted(tl["requests"], key=lambda r: r["t"])
     if not reqs:
@@ -153,6 +160,7 @@ class EngineFit:
     samples: list[tuple[float, float]]  # (mean running batch, decode step seconds)
     num_requests: int
     rms_residual_s: float  # of the per-request regression
+    scale: float = 1.0  # a setting's own speed over the pooled fit's (``with_setting_engines``); 1: the fit as is
 
 
 def engine_regression_rows(tl: dict, max_num_seqs: int, prompt_len: float) -> list[tuple[float, float, float, float]]:
@@ -405,6 +413,11 @@ def base_engine(shape: StepShape) -> EngineParams:
                           kv_capacity_tokens=shape.kv_capacity_tokens, kv_block_tokens=shape.kv_block_tokens)
 
 
+# A setting whose own steps hold at least this many finished requests of a kind (alone or overlapped) gets its own
+# engine speed of that kind (``with_setting_engines``): a few rounds of a bench setting
+MIN_SETTING_REQUESTS = 512
+
+
 @dataclass
 class Calibration:
     """Engine fits for a rollout running alone (sync) and beside a busy trainer (pipelined modes), and the
@@ -412,17 +425,28 @@ class Calibration:
     processes are unpinned, so the rollout is measurably slower while the trainer works; the simulator has no
     such coupling, so each case gets its own engine constants (the same model, refit). ``peer``: verl's peer's own
     mechanisms where the run measured it (``bench.peer_fit``): its engine is the overlapped one scaled, its mini-step
-    gap is in the trainer's params (only verl's schedule reads it)."""
+    gap is in the trainer's params (only verl's schedule reads it).
+
+    ``per_setting``: {setting: {"alone" | "overlapped": EngineFit}}, the engine at one setting's own speed where it
+    has enough requests of its own (``with_setting_engines``). The host's engine speed is not one constant across a
+    stack's settings: the trainer's nice level, the host's drift between settings and the batch's shape (on the
+    32-slot queue stacks an equal-length batch runs in whole waves, the first one slower, and a long tail drains to
+    one request) move it, and a fit pooled over the settings reproduces none of them exactly.
+    ``engine_for(mode, setting)`` takes the setting's own where there is one, the pooled fit otherwise (a setting
+    held out of the calibration, one with too few requests, or no setting named)."""
 
     alone: EngineFit
     overlapped: EngineFit
     trainer: TrainerFit
     peer: PeerFit | None = None
+    per_setting: dict[str, dict[str, EngineFit]] = dataclasses.field(default_factory=dict)
 
-    def engine_for(self, mode: str) -> EngineParams:
+    def engine_for(self, mode: str, setting: str | None = None) -> EngineParams:
         if not variant(mode).ours and self.peer is not None:
             return scaled(self.overlapped.params, self.peer.engine_scale)
-        return (self.overlapped if variant(mode).overlapped else self.alone).params
+        kind = "overlapped" if variant(mode).overlapped else "alone"
+        own = self.per_setting.get(setting, {}).get(kind) if setting is not None else None
+        return (own or getattr(self, kind)).params
 
 
 def with_peer(cal: Calibration, peer_steps: list[dict], shape: StepShape) -> Calibration:
@@ -447,6 +471,43 @@ def calibrate(steps: list[dict], shape: StepShape) -> Calibration:
     return Calibration(alone=fit_engine(alone, shape.max_num_seqs, base) if alone and overlapped else joint,
                        overlapped=fit_engine(overlapped, shape.max_num_seqs, base) if alone and overlapped else joint,
                        trainer=fit_trainer(steps, shape.micro_rows, update_order=shape.update_order))
+
+
+def with_setting_engines(cal: Calibration, steps: list[dict], shape: StepShape,
+                         min_requests: int | None = None) -> Calibration:
+    """``cal`` with each setting's own engine speed (``Calibration.per_setting``) where the setting's steps of a kind
+    (alone: sync; overlapped: the pipelined modes) hold at least ``min_requests`` finished requests (default
+    ``MIN_SETTING_REQUESTS``): ``cal``'s engine of that kind with its step and prefill costs scaled
+    (``peer_fit.scaled``) so that the setting's simulated rollout figures (first unit ready, group completion p50
+    and p90, last response) match its measured ones (``peer_fit.fit_engine_scale``, as verl's peer gets its own).
+    The per-request fit gives the engine's shape (a step's fixed and per-sequence cost, prefill), pooled over the
+    stack's settings; the speed is the one figure a setting has enough requests to fit on its own, and fitted
+    through the simulator it sees the running batch even where the request timings cannot (a capped KV pool: the
+    donor's engine, at the capped stack's own speed)."""
+    def simulate(step: dict, engine: EngineParams) -> dict:
+        return simulate_like(step, step["mode"], step["granularity"], engine, cal.trainer.params, shape)
+
+    min_requests = MIN_SETTING_REQUESTS if min_requests is None else min_requests
+    out: dict[str, dict[str, EngineFit]] = {}
+    for setting in sorted({s["setting"] for s in steps}):
+        for kind, overlapped in (("alone", False), ("overlapped", True)):
+            mine = [s for s in steps if s["setting"] == setting and s["mode"] in OURS
+                    and variant(s["mode"]).overlapped == overlapped]
+            if sum(len(s["timeline"]["responses"]) for s in mine) < min_requests:
+                continue
+            pooled: EngineFit = getattr(cal, kind)
+            scale = fit_engine_scale(mine, simulate, pooled.params)
+            out.setdefault(setting, {})[kind] = dataclasses.replace(pooled, params=scaled(pooled.params, scale),
+                                                                    scale=scale)
+    return dataclasses.replace(cal, per_setting=out)
+
+
+def with_own_speeds(cal: Calibration, steps: list[dict], shape: StepShape, borrowed: bool = False) -> Calibration:
+    """``with_setting_engines`` where ``cal``'s engine was fitted on more than one setting's steps (``steps`` span
+    several settings) or on none of them (``borrowed``: a donor's engine); ``cal`` as is otherwise."""
+    if borrowed or len({s["setting"] for s in steps}) > 1:
+        return with_setting_engines(cal, steps, shape)
+    return cal
 
 
 def simulate_like(step: dict, mode: str, granularity: str, engine: EngineParams, trainer: TrainerParams,
@@ -475,7 +536,7 @@ def _validation_table(steps: list[dict], fits_for, shape: StepShape) -> dict:
     for s in steps:
         cal = fits_for(s)
         mode = s["mode"]
-        pred = simulate_like(s, mode, s["granularity"], cal.engine_for(mode), cal.trainer.params, shape)
+        pred = simulate_like(s, mode, s["granularity"], cal.engine_for(mode, s["setting"]), cal.trainer.params, shape)
         d = per.setdefault((s["setting"], s["mode"]), {"measured": [], "predicted": [], "meas_rollout": [],
                                                       "pred_rollout": []})
         d["measured"].append(s["metrics"]["rollout_to_train_end_s"])
@@ -530,9 +591,10 @@ def sim_validation(steps: list[dict], shape: StepShape, target: float = 0.15,
     cal = calibrate(ours, shape)
     if engine_donor is not None:
         cal = with_engine_of(cal, engine_donor, shape)
+    settings = sorted({s["setting"] for s in ours})
+    cal = with_own_speeds(cal, ours, shape, borrowed=engine_donor is not None)
     cal = with_peer(cal, peer, shape)
     in_sample = _validation_table(steps, lambda s: cal, shape)
-    settings = sorted({s["setting"] for s in ours})
     holdout = None
     if len(settings) >= 2:
         fits = {}
@@ -587,4 +649,7 @@ def calibration_summary(cal: Calibration) -> dict:
                     "pad_rows": t.pad_rows, "update_order": t.update_order,
                     "spans": tr.num_spans},
         **({"verl_peer": cal.peer.summary()} if cal.peer is not None else {}),
+        # each setting's own engine speed over engine_alone / engine_overlapped (with_setting_engines)
+        **({"engine_scale_per_setting": {name: {kind: fit.scale for kind, fit in fits.items()}
+                                         for name, fits in cal.per_setting.items()}} if cal.per_setting else {}),
     }

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from verl_pipe.bench.calib import PaddedWorkload, StepShape, simulate_like
+from verl_pipe.bench.calib import PaddedWorkload, StepShape, simulate_like, with_own_speeds
+from verl_pipe.bench.peer_fit import scaled
 from verl_pipe.bench.settings import workload_for
 from verl_pipe.bench.sim_windows import engine_from_summary, trainer_from_summary
 from verl_pipe.core.variants import OURS, PEERS, variant
@@ -79,11 +80,17 @@ def _setting_window(s: dict, shape: StepShape):
     return int(m.group(1)) if m else s.get("fgd_window") or shape.fgd_window or shape.max_num_seqs
 
 
-def _predict(run: dict, s: dict, mode: str, entry: dict, cal: dict, verl_scale: float = 1.0) -> float:
-    """Mean predicted rollout→train end of ``mode`` on setting ``s`` over the measured rounds' workloads."""
+def _predict(run: dict, s: dict, mode: str, entry: dict, cal: dict, verl_scale: float = 1.0,
+             own_speed: bool = False) -> float:
+    """Mean predicted rollout→train end of ``mode`` on setting ``s`` over the measured rounds' workloads;
+    ``own_speed`` (``cal`` is the run's own): our modes at the setting's own engine speed where the bench fitted one
+    (``calib.with_setting_engines``), else at the pooled one."""
     size = s["model_size"]
     shape = StepShape(**run["data"]["config"]["shapes"][size])
     alone, over = engine_from_summary(cal["engine_alone"], shape), engine_from_summary(cal["engine_overlapped"], shape)
+    if own_speed and mode in OURS:
+        own = (cal.get("engine_scale_per_setting") or {}).get(s["name"], {})
+        alone, over = scaled(alone, own.get("alone", 1.0)), scaled(over, own.get("overlapped", 1.0))
     trainer = trainer_from_summary(cal["trainer"])
     if mode in PEERS:
         trainer = trainer.with_(time_scale=verl_scale)
@@ -206,17 +213,21 @@ def in_run_verl(got: dict) -> dict:
 
 
 def held_out_rounds(got: dict) -> dict[tuple[str, str], float]:
-    """Each measured round predicted by a calibration on the run's other rounds (our modes; verl's trainer on its
-    other rounds' spans): {(setting, mode): relative error of the mean}."""
+    """Each measured round predicted by a calibration on the run's other rounds (our modes, each setting at its own
+    engine speed fitted on its other rounds where they hold enough requests; verl's trainer on its other rounds'
+    spans): {(setting, mode): relative error of the mean}."""
     ours, peer, shape = got["ours"], got["peer"], got["shape"]
     rounds = sorted({s["round"] for s in ours})
     acc: dict = {}
     if len(rounds) < 2:
         return {}
     for r in rounds:
-        cal = calibrate_steps(got, [s for s in ours if s["round"] != r])
+        train = [s for s in ours if s["round"] != r]
+        # each setting at its own engine speed, fitted on its other rounds (``calib.with_own_speeds``)
+        cal = with_own_speeds(calibrate_steps(got, train), train, shape, borrowed="engine_donor" in got)
         for s in (s for s in ours if s["round"] == r):
-            m = simulate_like(s, s["mode"], s["granularity"], cal.engine_for(s["mode"]), cal.trainer.params, shape)
+            m = simulate_like(s, s["mode"], s["granularity"], cal.engine_for(s["mode"], s["setting"]),
+                              cal.trainer.params, shape)
             _agg(acc, (s["setting"], s["mode"]), m["rollout_to_train_end_s"], s["metrics"]["rollout_to_train_end_s"])
         train, test = [p for p in peer if p["round"] != r], [p for p in peer if p["round"] == r]
         if train and test:
@@ -302,7 +313,7 @@ def _run_rows(run: dict, runs: list[dict], scales: dict, steps: dict[str, dict])
                 own = peer_fit.get((size, s["name"])) if mode == "verl_separate_async" else None
                 _peer_in_run(row, run, s, entry, cals[size], scales, own)
             else:
-                row["in_run_s"] = _predict(run, s, mode, entry, cals[size])
+                row["in_run_s"] = _predict(run, s, mode, entry, cals[size], own_speed=True)
                 row["in_run_err"] = row["in_run_s"] / meas - 1
             if (s["name"], mode) in held:
                 row["held_out_err"] = held[(s["name"], mode)]
