@@ -47,7 +47,7 @@ from verl_pipe.rollout.replicas import ReplicaSupervisor
 from verl_pipe.rollout.stream import StepRequest, StreamingRollout, group_rows
 from verl_pipe.run_loop import RunLoop
 from verl_pipe.step_record import StepHistory, record_step
-from verl_pipe.trainer_seam import TrainerSeam
+from verl_pipe.trainer_seam import TrainerSeam, for_actor_worker
 from verl_pipe.weight_sync import RolloutWeights
 
 logger = logging.getLogger(__name__)
@@ -61,6 +61,9 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
     # constructor arguments from ``admission_kwargs`` (docs/extending.md).
     fgd_policy_cls = FrontierPolicy
     baseline_policy_cls = FCFSPolicy
+    # The per-row non-tensor columns verl's actor worker is sent (trainer_seam.for_actor_worker): verl's engine reads
+    # only these; a subclass whose loss reads another (e.g. "uid") adds it here.
+    actor_non_tensor_keys: tuple[str, ...] = ("multi_modal_inputs",)
 
     def __init__(self, *args, stop_file: str | None = None, stop_key: str | None = None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -95,6 +98,14 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
             self._models_ready.exception()  # the trainer's init finishes first; the rollout's error is the one raised
             raise
         self._models_ready.result()
+
+    # Seam: verl's _fit_compute_log_prob / _fit_compute_ref_log_prob call these with the whole batch and merge their
+    # results into it; the worker gets the batch without the columns it never reads (trainer_seam.for_actor_worker).
+    def _compute_old_log_prob(self, batch: DataProto):
+        return super()._compute_old_log_prob(for_actor_worker(batch, self.actor_non_tensor_keys))
+
+    def _compute_ref_log_prob(self, batch: DataProto) -> DataProto:
+        return super()._compute_ref_log_prob(for_actor_worker(batch, self.actor_non_tensor_keys))
 
     def init_workers(self):
         t0 = time.perf_counter()

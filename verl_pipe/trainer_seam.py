@@ -34,6 +34,20 @@ def with_token_counts(batch: DataProto, temperature) -> DataProto:
     return batch
 
 
+def for_actor_worker(batch: DataProto, keys) -> DataProto:
+    """``batch`` as verl's actor worker needs it: its tensors and meta_info (shared, not copied) and only the
+    non-tensor columns in ``keys``. verl 0.9.1's ``_compute_old_log_prob``, ``_compute_ref_log_prob`` and
+    ``_update_actor`` turn the whole DataProto into a TensorDict (``DataProto.to_tensordict``: one ``NonTensorData``
+    object per row of every non-tensor column, ~5 ms for a unit of 32 rows with 14 columns) and ship it to the worker,
+    whose engine reads no per-row non-tensor column but ``multi_modal_inputs``; the prompts, reward-model entries,
+    uids and agent-loop fields the rollout left there travel for nothing, pickled by the trainer's loop and unpickled
+    on the trainer's core. Same tensors, so the same numbers."""
+    if all(k in keys for k in batch.non_tensor_batch):
+        return batch
+    return DataProto(batch=batch.batch, meta_info=batch.meta_info,
+                     non_tensor_batch={k: v for k, v in batch.non_tensor_batch.items() if k in keys})
+
+
 class _VerlView:
     """The trainer, seen by one of verl's RayPPOTrainer methods with a few attributes given explicitly.
 
@@ -142,7 +156,7 @@ class TrainerSeam:
     def update_actor(self, batch: DataProto, config, worker_group=None) -> DataProto:
         """verl's RayPPOTrainer._update_actor (or a subclass's) with the config and the worker group given."""
         view = _VerlView(self._trainer, config=config, actor_rollout_wg=worker_group or self.update_workers)
-        return type(self._trainer)._update_actor(view, batch)
+        return type(self._trainer)._update_actor(view, for_actor_worker(batch, self._trainer.actor_non_tensor_keys))
 
     def dp_size(self) -> int:
         return self._trainer._get_dp_size(self.update_workers, "actor")
