@@ -447,6 +447,22 @@ def test_adaptive_margin_grows_with_the_largest_burst_seen_on_one_replica():
     assert p.window_limit() == 8 and p.stats()["completion_burst_peak"] == 3  # a smaller burst never shrinks it
 
 
+def test_adaptive_margin_is_the_slots_from_the_start_with_one_replica():
+    # one replica: a held request could go nowhere else, so a whole batch waits in vLLM from the first admission (an
+    # equal-length first wave's refill is not left to the driver)
+    w = AdaptiveWindow(capacity=32, floor=8)
+    assert w.limit(0, replicas=1) == 64 and w.limit(0, replicas=2) == 40
+    one = FrontierPolicy(num_groups=32, n=8, groups_per_unit=4, target_groups=32, replicas=[0], window=w)
+    first = one.admit()
+    assert len(first) == 64 and [a.request.group for a in first] == sorted(a.request.group for a in first)
+    assert {a.request.group for a in first} == set(range(8))  # the frontier's ranks first
+    two = FrontierPolicy(num_groups=32, n=8, groups_per_unit=4, target_groups=32, replicas=[0, 1], window=w)
+    assert len(two.admit()) == 80  # 40 per replica: the margin grows with the bursts seen
+    one.add_replica(1)  # a replica joins (a restart): the window does not shrink within the step
+    one.admit()
+    assert one.window_limit() == 64 and one.inflight_count(1) > 0
+
+
 def test_adaptive_admits_everything_when_the_slots_cover_the_step():
     # max_num_seqs covers the step (verl's GPU default): the whole step is in the engine at once, like the baseline,
     # where fgd.window=auto would hold all but two units back.

@@ -87,6 +87,12 @@ class AdaptiveWindow:
     number of slots seen freeing on one replica between two ``admit()`` calls (what the driver must refill per
     cycle; equal-length groups free a whole batch at once), never above ``capacity``: the window stays within
     ``[capacity + floor, 2 * capacity]`` and never shrinks within a step.
+
+    With one replica the margin is ``capacity`` from the start (``limit(..., replicas=1)``): a request held on the
+    client could only ever go to that replica, so holding it buys nothing, while a margin still growing costs the
+    refill of the first burst (equal-length responses finish a whole batch together: on the 32-slot bench the second
+    wave took 0.8-0.9 s against 0.5-0.6 s with everything submitted, docs/fgd.md). With several replicas the margin
+    grows from ``floor``: requests the client holds go to whichever replica frees slots first.
     """
 
     capacity: int
@@ -96,8 +102,11 @@ class AdaptiveWindow:
         _check_int("capacity", self.capacity, 1)
         _check_int("floor", self.floor, 1)
 
-    def limit(self, peak_burst: int) -> int:
-        """In-flight requests allowed per replica once bursts of up to ``peak_burst`` completions were seen."""
+    def limit(self, peak_burst: int, replicas: int = 2) -> int:
+        """In-flight requests allowed per replica once bursts of up to ``peak_burst`` completions were seen, with
+        ``replicas`` replicas open to admissions."""
+        if replicas == 1:
+            return 2 * self.capacity
         margin = min(self.capacity, max(self.floor, ADAPTIVE_BURST_FACTOR * peak_burst))
         return self.capacity + margin
 
@@ -175,9 +184,10 @@ class AdmissionPolicy:
         # AdaptiveWindow: slots freed per replica since the last admit(), and the largest such burst so far
         self._freed = {r: 0 for r in replicas}
         self._peak_burst = 0
+        self._adaptive_peak = 0  # the adaptive window's largest limit so far (it never shrinks within a step)
+        self._inflight: dict[int, set[Request]] = {r: set() for r in sorted(replicas)}  # turns in flight (slots)
         self._limit = self.window_limit()
         self.groups_per_unit, self.target_groups = groups_per_unit, target_groups
-        self._inflight: dict[int, set[Request]] = {r: set() for r in sorted(replicas)}  # turns in flight (slots)
         self._replica_of: dict[Request, int] = {}  # every trajectory started: in a turn, on its tool, or ready
         self._tool_wait: set[Request] = set()  # waiting on its tool: on its replica, no slot
         # tool returned, next turn not yet admitted -> (the turn's number, a token naming its heap entry)
@@ -237,7 +247,9 @@ class AdmissionPolicy:
         if w is None:
             return math.inf
         if isinstance(w, AdaptiveWindow):
-            return w.limit(self._peak_burst)
+            # never shrinks within a step, also when a replica joins one that ran alone
+            self._adaptive_peak = max(self._adaptive_peak, w.limit(self._peak_burst, replicas=len(self._inflight)))
+            return self._adaptive_peak
         return w
 
     def _room(self, replica: int) -> float:
