@@ -10,8 +10,8 @@ entry>, **kwargs)``. For an agent loop registered with verl's ``@register`` the 
 class is resolved once, as Hydra resolves it (``hydra.utils.get_class``), and called with the same kwargs; any
 other entry (one from ``rollout.agent.agent_loop_config_path``, with parameters of its own) still goes through
 Hydra. ``_run_agent_loop`` is verl's own method otherwise unchanged, but for the sampling params it hands on (vLLM's
-detokenization off, its final output only: ``rollout_sampling_params``); ``VERL_RUN_AGENT_LOOP_SHA256`` pins the verl source it was copied
-from, and a test fails when verl's changes. Post-processing pads through torch instead of ``tokenizer.pad``
+detokenization off, its final output only: ``rollout_sampling_params``); ``VERL_RUN_AGENT_LOOP_SHA256`` pins the
+verl source it was copied from, and a test fails when verl's changes. Post-processing pads through torch instead of ``tokenizer.pad``
 (``_pad_token_ids``, the same tensors).
 """
 
