@@ -64,6 +64,7 @@ class FakeTrainer:
     backend_cls = ActorBackend
     train = RolloutPipeTrainer.train
     _units_per_step = RolloutPipeTrainer._units_per_step
+    actor_non_tensor_keys = RolloutPipeTrainer.actor_non_tensor_keys
 
     def __init__(self, estimator="grpo"):
         self.config = OmegaConf.create({
