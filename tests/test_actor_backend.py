@@ -1,4 +1,4 @@
-"""The real executor of the schedule (verl_pipe/actor_backend.py) against a fake trainer and worker group: no Ray.
+"""The real executor of the schedule (verl_pipe/trainer/actor_backend.py) against a fake trainer and worker group: no Ray.
 
 The fake records what reaches verl and the worker: which weights each old log-prob was computed with, the
 mini-batch size verl's _update_actor was given, where group granularity's passes went. Every mode trains each
@@ -18,12 +18,12 @@ from omegaconf import OmegaConf
 from verl import DataProto
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
-from verl_pipe.actor_backend import ActorBackend, StepOutcome
+from verl_pipe.trainer.actor_backend import ActorBackend, StepOutcome
 from verl_pipe.core.group_queue import Group, GroupQueue
 from verl_pipe.core.timeline import StepTimeline
-from verl_pipe.knobs import StepKnobs
+from verl_pipe.trainer.knobs import StepKnobs
 from verl_pipe.trainer import RolloutPipeTrainer
-from verl_pipe.trainer_seam import TrainerSeam
+from verl_pipe.trainer.seam import TrainerSeam
 
 N, GPU, UNITS, R = 2, 2, 2, 3
 

@@ -12,7 +12,7 @@ from verl_pipe.bench.report import check_schema, format_setting
 from verl_pipe.bench.sim_windows import stack_shape
 from verl_pipe.config import validate
 from verl_pipe.core.workload import from_spec
-from verl_pipe.session import compose
+from verl_pipe.launch.session import compose
 from verl_pipe.sim.simulate import simulate_step
 
 QUEUE = bench.CONF_DIR / "queue.yaml"

@@ -3,7 +3,7 @@
 import pytest
 
 from verl_pipe.config import ConfigError, validate
-from verl_pipe.session import compose
+from verl_pipe.launch.session import compose
 
 # The table of bad configs (every rolloutpipe.* key and the verl keys we depend on): test_config_table.py.
 

@@ -8,7 +8,7 @@ import pytest
 from omegaconf import DictConfig
 
 from verl_pipe.config import INTERNAL, ROLLOUTPIPE, ConfigError, schema_leaves, validate
-from verl_pipe.session import compose
+from verl_pipe.launch.session import compose
 
 CGP = "rolloutpipe.mode=cgp"
 RPPB = "algorithm.adv_estimator=reinforce_plus_plus_baseline"

@@ -27,7 +27,7 @@ def test_matmul_probe_reports_both_paths():
 
 
 def _cfg(*overrides):
-    from verl_pipe.session import compose
+    from verl_pipe.launch.session import compose
 
     return compose(list(overrides))
 

@@ -19,7 +19,7 @@ from verl_pipe.data_check import (
     skip_metrics,
     write_bad_records_parquet,
 )
-from verl_pipe.session import compose
+from verl_pipe.launch.session import compose
 
 DIGITS = "verl_pipe/digit_math"
 

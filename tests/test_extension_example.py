@@ -13,7 +13,7 @@ from verl import DataProto
 
 from verl_pipe.config import validate
 from verl_pipe.core.frontier import FCFSPolicy, FrontierPolicy, Request
-from verl_pipe.session import compose
+from verl_pipe.launch.session import compose
 
 RECIPE = "tiny_cpu_extension_example"
 
@@ -130,7 +130,7 @@ def _policy_trainer(cfg, history=None):
 
 
 def _knobs(cfg, fgd=True):
-    from verl_pipe.knobs import step_knobs
+    from verl_pipe.trainer.knobs import step_knobs
 
     return step_knobs(cfg, fgd=fgd, fgd_window=8, baseline_window=None, baseline_order="group_major")
 

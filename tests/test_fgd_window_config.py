@@ -5,7 +5,7 @@ import pytest
 
 from verl_pipe.config import ConfigError, validate
 from verl_pipe.core.frontier import AdaptiveWindow, resolve_window
-from verl_pipe.session import compose
+from verl_pipe.launch.session import compose
 
 CGP_FGD = ["rolloutpipe.mode=cgp", "rolloutpipe.fgd.enable=true"]
 

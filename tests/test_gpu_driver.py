@@ -1,4 +1,4 @@
-"""The GPU start-up check of the NVIDIA driver (verl_pipe/gpu_driver.py), on stubbed nvidia-smi, /proc and /dev."""
+"""The GPU start-up check of the NVIDIA driver (verl_pipe/launch/gpu_driver.py), on stubbed nvidia-smi, /proc and /dev."""
 
 import subprocess
 import warnings
@@ -6,8 +6,8 @@ import warnings
 import pytest
 
 from verl_pipe.config import ConfigError
-from verl_pipe.gpu_driver import GpuDriverNotChecked, check_gpu_driver, gpu_expected, read_driver
-from verl_pipe.session import compose
+from verl_pipe.launch.gpu_driver import GpuDriverNotChecked, check_gpu_driver, gpu_expected, read_driver
+from verl_pipe.launch.session import compose
 
 CU13 = {"cuda": "13.0", "torch_version": "2.13.0"}  # PyPI's torch 2.13.0 (constraints/gpu.txt)
 CU12 = {"cuda": "12.8", "torch_version": "2.10.0"}  # PyPI's torch 2.10.0 (constraints/gpu-cu12.txt)
@@ -153,7 +153,7 @@ def test_an_unknown_cuda_major_warns(node):
 
 
 def test_the_preflight_runs_it_on_gpu_only(node, monkeypatch):
-    from verl_pipe import preflight
+    from verl_pipe.launch import preflight
     from verl_pipe.main_grpo import select_platform
 
     run = smi("550.54.15", ("NVIDIA H100", "9.0"))

@@ -21,8 +21,8 @@ import json, os, sys
 from omegaconf import OmegaConf
 from verl_pipe.config import validate
 from verl_pipe.main_grpo import ray_init_kwargs
-from verl_pipe.preflight import check_environment
-from verl_pipe.session import compose
+from verl_pipe.launch.preflight import check_environment
+from verl_pipe.launch.session import compose
 
 out = {}
 for name in sys.argv[1:]:

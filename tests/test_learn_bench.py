@@ -69,7 +69,7 @@ def test_step_row_reads_the_record():
 
 @pytest.mark.parametrize("mode", sorted(LEARN_MODES))
 def test_run_overrides_compose(mode):
-    from verl_pipe.session import compose
+    from verl_pipe.launch.session import compose
 
     cfg = compose(run_overrides(mode, 2, 30, 10))
     assert cfg.trainer.total_training_steps == 30 and cfg.trainer.test_freq == 10 and cfg.data.seed == 2

@@ -1,11 +1,11 @@
 """The update's row order (verl_pipe/core/micro_batches.py) and the worker log's records
-(verl_pipe/bench/worker_log.py)."""
+(verl_pipe/trainer/worker_log.py)."""
 
 import json
 
 import pytest
 
-from verl_pipe.bench import worker_log
+from verl_pipe.trainer import worker_log
 from verl_pipe.core.micro_batches import length_order, padded_tokens
 
 

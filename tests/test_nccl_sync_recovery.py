@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 from verl_pipe.core.deadline import DeadlineExceeded
 from verl_pipe.platform.recoverable_sync import GROUP_PREFIX, RecoverableSync, SyncMetadata
 from verl_pipe.platform.sync_guard import SyncAborted, SyncGuard
-from verl_pipe.weight_sync import GIB, WeightSync, bytes_deadline_s, sync_deadline
+from verl_pipe.trainer.weight_sync import GIB, WeightSync, bytes_deadline_s, sync_deadline
 
 DEADLINE = 0.3  # seconds: the engines' deadline in these tests
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from verl_pipe.main_grpo import attaches
-from verl_pipe.node_roles import ROLLOUT_RESOURCE, TRAINER_RESOURCE, pool_resource
+from verl_pipe.platform.node_roles import ROLLOUT_RESOURCE, TRAINER_RESOURCE, pool_resource
 
 ROOT = Path(__file__).resolve().parents[1]
 BOTH = {"CPU", "GPU", ROLLOUT_RESOURCE, TRAINER_RESOURCE}

@@ -23,7 +23,7 @@ from verl_pipe.plan.runconfig import CannotModel, Shape, shape_of
 from verl_pipe.sim.engine import CPU_TINY
 from verl_pipe.sim.simulate import simulate_step
 from verl_pipe.sim.trainer import TrainerParams
-from verl_pipe.step_record import step_record, write_trace
+from verl_pipe.trainer.step_record import step_record, write_trace
 
 SHAPE = Shape(num_groups=16, n=8, groups_per_unit=4, rollout_gpus=2, train_gpus=2, max_num_seqs=64,
               max_num_batched_tokens=8192, max_response_length=4096, max_prompt_length=512,

@@ -1,11 +1,11 @@
-"""Start-up checks (verl_pipe/preflight.py): they fail before any worker starts, naming what to change."""
+"""Start-up checks (verl_pipe/launch/preflight.py): they fail before any worker starts, naming what to change."""
 
 import pytest
 
 from verl_pipe.config import ConfigError
-from verl_pipe.preflight import (check_attention, check_checkpoint_backend, check_environment, cpu_leftovers,
+from verl_pipe.launch.preflight import (check_attention, check_checkpoint_backend, check_environment, cpu_leftovers,
                                  gpu_runtime_env)
-from verl_pipe.session import compose
+from verl_pipe.launch.session import compose
 
 GPU = ["rolloutpipe.platform=gpu", "trainer.device=cuda"]
 BACKEND = "actor_rollout_ref.rollout.checkpoint_engine.backend"

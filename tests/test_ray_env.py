@@ -23,7 +23,7 @@ def _launch_kwargs(extra_env: dict) -> dict:
     import subprocess
     import sys
 
-    code = ("import json, os\nfrom verl_pipe.main_grpo import ray_init_kwargs\nfrom verl_pipe.session import compose\n"
+    code = ("import json, os\nfrom verl_pipe.main_grpo import ray_init_kwargs\nfrom verl_pipe.launch.session import compose\n"
             "k = ray_init_kwargs(compose([]))\n"
             "print('RESULT' + json.dumps({'include_dashboard': k.get('include_dashboard'), "
             "'env_vars': k['runtime_env']['env_vars'], "

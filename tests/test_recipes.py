@@ -12,7 +12,7 @@ import pytest
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl_pipe.config import validate
-from verl_pipe.session import compose
+from verl_pipe.launch.session import compose
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE_DIR = ROOT / "recipes"
@@ -142,7 +142,7 @@ def test_tiny_recipes_run_on_this_cpu_machine(configs, name):
 @pytest.mark.parametrize("name", RECIPES)
 def test_recipe_trainer_class_and_reward_load(configs, name):
     """A recipe's rolloutpipe.trainer_class and custom reward function load the way a run loads them
-    (verl_pipe.task_runner.build_trainer; verl's reward loop)."""
+    (verl_pipe.launch.task_runner.build_trainer; verl's reward loop)."""
     from verl.trainer.ppo.reward import get_custom_reward_fn
     from verl.utils.import_utils import load_class_from_fqn
 

@@ -1,11 +1,11 @@
-"""A failed step's rollback (verl_pipe/rollback.py) on a fake trainer seen through the real seam: what is restored,
+"""A failed step's rollback (verl_pipe/trainer/rollback.py) on a fake trainer seen through the real seam: what is restored,
 which checkpoint is saved with which data-loader state, and what the error says."""
 
 import pytest
 from omegaconf import OmegaConf
 
-from verl_pipe.rollback import StepFailedError, drop_train_state_snapshot, fail_step, theta_k_saved
-from verl_pipe.trainer_seam import TrainerSeam
+from verl_pipe.trainer.rollback import StepFailedError, drop_train_state_snapshot, fail_step, theta_k_saved
+from verl_pipe.trainer.seam import TrainerSeam
 
 
 class Workers:

@@ -1,9 +1,9 @@
-"""PipeSession's sticky knobs (verl_pipe/session.py), without a stack: a knob set by one step and set again by the
+"""PipeSession's sticky knobs (verl_pipe/launch/session.py), without a stack: a knob set by one step and set again by the
 next must replace the earlier value (the bench changes the mode every step)."""
 
 from types import SimpleNamespace
 
-from verl_pipe.session import PipeSession, compose
+from verl_pipe.launch.session import PipeSession, compose
 
 
 def _session():

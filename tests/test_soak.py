@@ -62,7 +62,7 @@ def test_a_soak_result_records_its_composed_config_and_the_machine(tmp_path, mon
     # a stand-in here (no Ray, no vLLM); the config is composed for real.
     import json
 
-    import verl_pipe.session as session_mod
+    import verl_pipe.launch.session as session_mod
     from verl_pipe.bench import soak
 
     class FakeSession:

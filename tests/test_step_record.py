@@ -1,4 +1,4 @@
-"""A completed step's bookkeeping (verl_pipe/step_record.py) on a fake trainer seam with a real StepTimeline: the
+"""A completed step's bookkeeping (verl_pipe/trainer/step_record.py) on a fake trainer seam with a real StepTimeline: the
 metrics it adds (in order), the step's record and the run's history, the trace files and the summary line."""
 
 import json
@@ -9,9 +9,9 @@ from omegaconf import OmegaConf
 
 from verl_pipe.core.group_queue import Group
 from verl_pipe.core.timeline import StepTimeline
-from verl_pipe.knobs import StepKnobs
+from verl_pipe.trainer.knobs import StepKnobs
 from verl_pipe.rollout.stream import StepResult
-from verl_pipe.step_record import StepHistory, record_step, summary_line
+from verl_pipe.trainer.step_record import StepHistory, record_step, summary_line
 
 T0 = 1000.0
 
@@ -115,7 +115,7 @@ def test_exact_lengths_overrides():
 def test_replica_deaths_found_outside_the_requests_count_with_the_rollouts():
     from verl_pipe.rollout.replicas import Health
     from verl_pipe.rollout.stream import StepResult
-    from verl_pipe.step_record import rollout_metrics
+    from verl_pipe.trainer.step_record import rollout_metrics
 
     health = Health(found={"weight_sync": 1}, restarts=1, recovery_s=[40.0])
     m = rollout_metrics({}, StepResult(replica_failures=1, replica_restarts=1, recovery_s=[30.0]), 8, health)
@@ -126,7 +126,7 @@ def test_replica_deaths_found_outside_the_requests_count_with_the_rollouts():
 
 
 def test_learning_line_reports_val_core_before_and_after():
-    from verl_pipe.step_record import learning_line, val_core
+    from verl_pipe.trainer.step_record import learning_line, val_core
 
     before = {"val-core/src/acc/mean@1": 0.25, "val-aux/src/reward/mean@1": 0.25, "timing_s/x": 1.0}
     after = {"val-core/src/acc/mean@1": 0.5}

@@ -1,11 +1,11 @@
-"""The stop request through the Ray cluster (verl_pipe/stop_request.py) and how the run loop reads it, without a
+"""The stop request through the Ray cluster (verl_pipe/launch/stop_request.py) and how the run loop reads it, without a
 cluster: outside Ray nothing is requested; a bad run id is refused by name. A real cluster's request (another node's
 TaskRunner, no shared /tmp) is run in tests/e2e/test_multinode.py."""
 
 import pytest
 
-from verl_pipe import stop_request
-from verl_pipe.run_loop import RunLoop
+from verl_pipe.launch import stop_request
+from verl_pipe.trainer.run_loop import RunLoop
 
 
 def test_outside_a_ray_cluster_nothing_is_requested():

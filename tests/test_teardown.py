@@ -1,4 +1,4 @@
-"""verl_pipe/teardown.py: a launcher that is a child subreaper finds and ends the orphans its run leaves (a process
+"""verl_pipe/launch/teardown.py: a launcher that is a child subreaper finds and ends the orphans its run leaves (a process
 whose parent died first, like vLLM's EngineCore when a group signal kills its server actor), in a subprocess so the
 test process's own children are not touched."""
 
@@ -12,7 +12,7 @@ import pytest
 
 SCRIPT = textwrap.dedent("""
     import json, os, subprocess, sys, time
-    from verl_pipe.teardown import become_subreaper, descendants, reap
+    from verl_pipe.launch.teardown import become_subreaper, descendants, reap
 
     adopt = sys.argv[1] == "subreaper"
     if adopt:
@@ -57,7 +57,7 @@ def test_without_the_subreaper_the_orphan_is_out_of_reach():
 
 RESET_SCRIPT = textwrap.dedent("""
     import ctypes, os, signal, sys, threading, time
-    from verl_pipe.teardown import run_ignoring
+    from verl_pipe.launch.teardown import run_ignoring
 
     def ray_like_shutdown():
         # what ray.shutdown does from C++ (RayLog::UninstallSignalAction): SIGTERM back to SIG_DFL, under Python

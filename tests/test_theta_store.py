@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from verl_pipe.theta_store import (AUTO_MARGIN_FRACTION, KEY, OptimizerSnapshot, ThetaStore, ThetaStoreError,
+from verl_pipe.trainer.theta_store import (AUTO_MARGIN_FRACTION, KEY, OptimizerSnapshot, ThetaStore, ThetaStoreError,
                                    check_placement, resolve_placement)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,7 +112,7 @@ def test_swap_out_restores_even_when_the_block_raises():
 
 def test_the_config_allows_the_store_placements():
     from verl_pipe.config import THETA_K_PLACEMENTS
-    from verl_pipe.theta_store import PLACEMENTS
+    from verl_pipe.trainer.theta_store import PLACEMENTS
 
     assert THETA_K_PLACEMENTS == PLACEMENTS
 
@@ -285,7 +285,7 @@ FSDP_ROOT_SCRIPT = textwrap.dedent("""
     dist.init_process_group("gloo", rank=0, world_size=1)
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.device_mesh import init_device_mesh
-    from verl_pipe.theta_store import ThetaStore
+    from verl_pipe.trainer.theta_store import ThetaStore
     mesh = init_device_mesh("cpu", (1,))
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Embedding(11, 8), torch.nn.Sequential(torch.nn.Linear(8, 8)),

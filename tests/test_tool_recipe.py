@@ -33,7 +33,7 @@ def resolved() -> dict:
 
 @pytest.fixture(scope="module")
 def cfg():
-    from verl_pipe.session import compose
+    from verl_pipe.launch.session import compose
 
     return compose([], config_name=RECIPE)
 

@@ -5,7 +5,7 @@ import torch
 from verl import DataProto
 
 from verl_pipe.trainer import RolloutPipeTrainer
-from verl_pipe.trainer_seam import for_actor_worker
+from verl_pipe.trainer.seam import for_actor_worker
 
 
 def _batch():

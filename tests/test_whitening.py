@@ -1,4 +1,4 @@
-"""reinforce_plus_plus_baseline in CGP (verl_pipe/whitening.py), pure torch: the affine form of verl's
+"""reinforce_plus_plus_baseline in CGP (verl_pipe/trainer/whitening.py), pure torch: the affine form of verl's
 batch whitening, and the gradient identity the gradient buffers rely on, on verl's own vanilla PPO loss."""
 
 import numpy as np
@@ -11,7 +11,7 @@ from verl.trainer.ppo.core_algos import (
     get_policy_loss_fn,
     kl_penalty,
 )
-from verl_pipe.whitening import (BASIS_C, BASIS_ONE, BASIS_ZERO, affine_coefficients, basis_advantages, combination,
+from verl_pipe.trainer.whitening import (BASIS_C, BASIS_ONE, BASIS_ZERO, affine_coefficients, basis_advantages, combination,
                                  has_aux_loss)
 
 

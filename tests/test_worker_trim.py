@@ -9,7 +9,7 @@ import pytest
 def test_the_actor_trims_after_every_weight_sync(monkeypatch):
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
-    from verl_pipe import workers
+    from verl_pipe.trainer import workers
 
     calls = []
 

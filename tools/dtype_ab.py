@@ -29,7 +29,7 @@ def main() -> None:
 
     from verl_pipe.conf import ROOT as CONF_DIR
     from verl_pipe.platform.cpu_info import report
-    from verl_pipe.session import PipeSession, compose
+    from verl_pipe.launch.session import PipeSession, compose
 
     env = report()
     print("[ab] cpu", json.dumps(env))

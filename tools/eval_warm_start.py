@@ -67,7 +67,7 @@ def generate(model, tok, prompts: list[str], do_sample: bool) -> list[str]:
 def _default_paths() -> tuple[str, str]:
     """The default config's warm-start (its directory carries its tokenizer) and validation file."""
     from verl_pipe.main_grpo import prepare_config
-    from verl_pipe.session import compose
+    from verl_pipe.launch.session import compose
 
     config = prepare_config(compose([]))
     return config.actor_rollout_ref.model.path, config.data.val_files

@@ -1,4 +1,4 @@
-"""Check and time the θ_k store (verl_pipe/theta_store.py) under FSDP2: torch + transformers only.
+"""Check and time the θ_k store (verl_pipe/trainer/theta_store.py) under FSDP2: torch + transformers only.
 
     python tools/gpu_check.py [--json out.json]            # Qwen3-1.7B shape on one GPU (nccl), fp32 master
                                                            # weights, bf16 compute, gradient checkpointing
@@ -49,7 +49,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # verl_pipe without installing it
 
-from verl_pipe.theta_store import OptimizerSnapshot, ThetaStore, reshard, save_step_state  # noqa: E402
+from verl_pipe.trainer.theta_store import OptimizerSnapshot, ThetaStore, reshard, save_step_state  # noqa: E402
 
 FULL = dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
             intermediate_size=6144, vocab_size=151936, head_dim=128, tie_word_embeddings=True)

@@ -6,7 +6,7 @@ vLLM process on it at once): ``kill_node`` SIGKILLs the node's whole session.
 
     python tools/local_ray_cluster.py up [--port 6390] [--root /tmp/mn_cluster]   # until Ctrl-C / SIGTERM
     RAY_ADDRESS=127.0.0.1:6390 python -m verl_pipe.main_grpo \\
-        ray_kwargs.ray_init.address=127.0.0.1:6390      # pools on the role nodes (verl_pipe/node_roles.py)
+        ray_kwargs.ray_init.address=127.0.0.1:6390      # pools on the role nodes (verl_pipe/platform/node_roles.py)
 
 The default layout (``DEFAULT_NODES``): a head with CPUs for the driver-side actors (task runner, reward and
 agent-loop workers) and no GPU; a ``rollout`` node with one logical GPU and the ``verl_pipe_rollout`` resource; a
@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from verl_pipe.node_roles import ROLLOUT_RESOURCE, TRAINER_RESOURCE
+from verl_pipe.platform.node_roles import ROLLOUT_RESOURCE, TRAINER_RESOURCE
 
 
 @dataclass
@@ -43,7 +43,7 @@ class NodeSpec:
 # Logical CPUs, not cores: every node runs on the machine's cores (the pools are pinned to theirs by the CPU
 # platform). verl's trainer pool asks 3 CPUs per bundle, a rollout replica 2, plus 1 for its vLLM server and 1 for
 # its checkpoint-engine worker; with 4 per role node one run waited for good in its first weight sync (presumably an
-# actor pending for a CPU there), so the role nodes get 16. The head's 32 take the actors verl_pipe.node_roles keeps
+# actor pending for a CPU there), so the role nodes get 16. The head's 32 take the actors verl_pipe.platform.node_roles keeps
 # off the role nodes (agent-loop and reward workers) and what Ray places anywhere.
 DEFAULT_NODES = (
     NodeSpec("head", num_cpus=32),

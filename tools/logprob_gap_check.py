@@ -8,7 +8,7 @@ step's mean reward.
 
 import sys
 
-from verl_pipe.session import PipeSession, compose
+from verl_pipe.launch.session import PipeSession, compose
 
 
 def main(modes: list[str]) -> None:

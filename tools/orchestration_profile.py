@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     from verl_pipe.bench.cpu_sampler import SamplerProcess, step_cpu_seconds
     from verl_pipe.bench.run import BenchRunner
     from verl_pipe.bench.settings import load_config, stack_of, stack_overrides, workload_for
-    from verl_pipe.session import PipeSession, compose
+    from verl_pipe.launch.session import PipeSession, compose
 
     cfg = load_config(args.config)
     setting = cfg["settings"][0]

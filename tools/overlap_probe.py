@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     from verl_pipe.bench.settings import load_config, stack_of, stack_overrides, workload_for
     from verl_pipe.core.workload import exact_lengths
     from verl_pipe.platform.core_pair import spin  # the probe's stand-in load, on a timer
-    from verl_pipe.session import PipeSession, compose
+    from verl_pipe.launch.session import PipeSession, compose
 
     cfg = load_config(args.config)
     setting = cfg["settings"][0]

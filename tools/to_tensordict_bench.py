@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     from verl import DataProto
 
     from verl_pipe.trainer import RolloutPipeTrainer
-    from verl_pipe.trainer_seam import for_actor_worker
+    from verl_pipe.trainer.seam import for_actor_worker
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=32)

@@ -40,9 +40,9 @@ NOT_GROUP_ESTIMATORS = {
     "gdpo": "whitens over the whole batch after per-group normalization; verl_pipe does not recompute it over "
             "the batch",
 }
-# Loss aggregations whose normalizer group granularity can rescale (verl_pipe.workers.unit_loss_scale).
+# Loss aggregations whose normalizer group granularity can rescale (verl_pipe.trainer.workers.unit_loss_scale).
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean")
-# Where θ_k and the optimizer's rollback snapshot live (verl_pipe.theta_store.PLACEMENTS; not imported here:
+# Where θ_k and the optimizer's rollback snapshot live (verl_pipe.trainer.theta_store.PLACEMENTS; not imported here:
 # it imports torch).
 THETA_K_PLACEMENTS = ("device", "pinned", "auto")
 # Weight-sync backends: naive is verl's colocated engine; separate pools need one that crosses pools.
@@ -485,7 +485,7 @@ def _validate_trainer_pool(config: DictConfig) -> None:
     units = int(config.data.train_batch_size) // groups_per_unit(config)
     if rp.mode != "cgp" or units < 2:
         return
-    # CGP with several units per step keeps θ_k in the worker's store (verl_pipe/theta_store.py) for later
+    # CGP with several units per step keeps θ_k in the worker's store (verl_pipe/trainer/theta_store.py) for later
     # units' old log-probs: persistent buffers beside this rank's FSDP2 shards, swapped in by rebinding the
     # shards' storage. Parameters that verl moves between host and device (offload) replace that storage
     # behind the store's back.
@@ -499,7 +499,7 @@ def _validate_trainer_pool(config: DictConfig) -> None:
     if actor.strategy != "fsdp2":
         raise _err("actor_rollout_ref.actor.strategy",
                    f"got {actor.strategy!r}; CGP with {units} units per step needs fsdp2 (rolloutpipe.theta_k.store "
-                   "keeps this rank's FSDP2 shards, verl_pipe/theta_store.py)")
+                   "keeps this rank's FSDP2 shards, verl_pipe/trainer/theta_store.py)")
 
 
 def _validate_rollout(config: DictConfig) -> None:

@@ -212,7 +212,7 @@ class PromptLength:
         if data.get("tool_config_path") or data.get("function_tool_path"):
             _log("overlong prompts are left to verl's filter (tool schemas in the chat template); not counted")
             return None
-        path = config.actor_rollout_ref.model.path  # the dataset's tokenizer (verl_pipe.task_runner)
+        path = config.actor_rollout_ref.model.path  # the dataset's tokenizer (verl_pipe.launch.task_runner)
         if not path or not Path(os.path.expanduser(str(path))).exists():
             _log(f"overlong prompts are left to verl's filter (no local model path: {path}); not counted")
             return None

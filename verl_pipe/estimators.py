@@ -11,7 +11,7 @@ config check runs before Ray and verl start.
   CGP streams it at either granularity.
 - ``AFFINE_BATCH`` ("affine_batch"): per group, then an affine map per token with batch statistics
   (reinforce_plus_plus_baseline's whitening): CGP trains it exactly at group granularity, unit 0's early groups
-  into gradient buffers (verl_pipe/whitening.py); sync mode recomputes it over the batch.
+  into gradient buffers (verl_pipe/trainer/whitening.py); sync mode recomputes it over the batch.
 - ``BATCH`` ("batch"): per group, then normalized over the whole batch in another way: sync mode only (it
   recomputes the advantages over the complete batch, as verl does).
 
@@ -71,7 +71,7 @@ def cgp_problem(name: str, granularity: str) -> str | None:
         return None
     if how == AFFINE_BATCH:
         return (f"{name!r} whitens across the whole batch; CGP trains it exactly only at group granularity "
-                "(verl_pipe/whitening.py): set rolloutpipe.cgp.granularity=group (or rolloutpipe.mode=sync)")
+                "(verl_pipe/trainer/whitening.py): set rolloutpipe.cgp.granularity=group (or rolloutpipe.mode=sync)")
     return (f"{name!r} normalizes across the whole batch, so a group's advantages are not final when it "
             f"completes; CGP supports: {', '.join(registered(GROUP))}, and "
             f"{', '.join(registered(AFFINE_BATCH))} at rolloutpipe.cgp.granularity=group (use "

@@ -96,7 +96,7 @@ def select_platform(config: DictConfig) -> dict:
     """Sets the platform's environment in this process (before verl resolves its platform); returns the
     variables every process Ray starts for the run gets (its runtime_env)."""
     if config.rolloutpipe.platform != "cpu":
-        from verl_pipe.preflight import check_environment, check_gpu_driver, gpu_runtime_env
+        from verl_pipe.launch.preflight import check_environment, check_gpu_driver, gpu_runtime_env
 
         check_environment(config)  # no CPU-run leftovers in the launcher's environment
         check_gpu_driver(config)  # a driver that runs torch's CUDA build, before Ray starts (CUDA 13: >= 580)
@@ -191,7 +191,7 @@ def start_ray(config: DictConfig) -> None:
 
 # Touched when the launcher is signalled: the trainer starts no new step (RolloutPipeTrainer.stop_requested).
 STOP_FILE = Path(tempfile.gettempdir()) / f"verl_pipe_stop_{os.getpid()}"
-# The same request through the Ray cluster, for a TaskRunner on another node (verl_pipe/stop_request.py).
+# The same request through the Ray cluster, for a TaskRunner on another node (verl_pipe/launch/stop_request.py).
 RUN_ID = f"{socket.gethostname()}-{os.getpid()}"
 _attached = False  # start_ray attached to a cluster this launcher did not start
 
@@ -206,7 +206,7 @@ def request_stop() -> None:
     try:
         import ray
 
-        from verl_pipe import stop_request
+        from verl_pipe.launch import stop_request
 
         if ray.is_initialized():
             stop_request.request(RUN_ID)
@@ -218,12 +218,12 @@ def run(config: DictConfig) -> dict:
     """Runs training in a TaskRunner actor; returns its summary. Ray must be started."""
     import ray
 
-    from verl_pipe.task_runner import PipeTaskRunner
+    from verl_pipe.launch.task_runner import PipeTaskRunner
 
     STOP_FILE.unlink(missing_ok=True)  # a previous process's, with our pid
-    print(f"[verl_pipe] run id {RUN_ID}: `python -m verl_pipe.stop_request {RUN_ID}` from any machine of the cluster "
+    print(f"[verl_pipe] run id {RUN_ID}: `python -m verl_pipe.launch.stop_request {RUN_ID}` from any machine of the cluster "
           "stops it before its next step", flush=True)
-    from verl_pipe.node_roles import on_this_node
+    from verl_pipe.platform.node_roles import on_this_node
 
     runner = PipeTaskRunner.options(scheduling_strategy=on_this_node()).remote()  # not on a role node of a cluster
     return ray.get(runner.run.remote(config, str(STOP_FILE), RUN_ID))
@@ -259,10 +259,10 @@ def stop(reason: str, shutdown_timeout_s: float = 20.0) -> None:
     """Tears down what this run started: the Ray cluster (if this process started it) with every
     actor in it, and the vLLM engines under the server actors. When the whole process group was signalled,
     Ray's own processes may be gone already and ``ray.shutdown`` may wait on them: it gets a deadline, then every
-    process left in the launcher's tree (orphans included: verl_pipe/teardown.py) is terminated."""
+    process left in the launcher's tree (orphans included: verl_pipe/launch/teardown.py) is terminated."""
     import ray
 
-    from verl_pipe.teardown import reap, run_ignoring
+    from verl_pipe.launch.teardown import reap, run_ignoring
 
     print(f"[verl_pipe] stopping ({reason}): shutting down Ray and the rollout engines", flush=True)
     if ray.is_initialized() and not run_ignoring(ray.shutdown, shutdown_timeout_s):
@@ -275,11 +275,11 @@ def stop(reason: str, shutdown_timeout_s: float = 20.0) -> None:
 
 @hydra.main(config_path=f"pkg://{CONF_MODULE}", config_name="rolloutpipe_trainer", version_base=None)
 def main(config: DictConfig) -> None:
-    from verl_pipe.teardown import become_subreaper
+    from verl_pipe.launch.teardown import become_subreaper
 
     t0 = time.perf_counter()
     config = prepare_config(config)
-    become_subreaper()  # the run's orphaned processes stay ours to end (verl_pipe/teardown.py)
+    become_subreaper()  # the run's orphaned processes stay ours to end (verl_pipe/launch/teardown.py)
     try:
         start_ray(config)
         # After ray.init, which installs its own fatal-signal handler (it aborts the driver with a dump).
@@ -300,7 +300,7 @@ def main(config: DictConfig) -> None:
         print("[verl_pipe] stopped; the latest completed checkpoint (if any) is in "
               f"{config.trainer.default_local_dir}; resume with trainer.resume_mode=auto", flush=True)
         raise SystemExit(128 + signum) from None
-    from verl_pipe.step_record import learning_line
+    from verl_pipe.trainer.step_record import learning_line
 
     print(learning_line(summary.get("val_before"), summary.get("val_after"), summary.get("steps", 0),
                         summary.get("rewards")))

@@ -16,7 +16,7 @@ Hydra imports every module under the ``hydra_plugins`` namespace package and cal
 
     python -m verl_pipe.main_grpo --config-name qwen3_1p7b_gsm8k_4x4
 
-  and ``verl_pipe.session.compose([], config_name="qwen3_1p7b_gsm8k_4x4")`` both work.
+  and ``verl_pipe.launch.session.compose([], config_name="qwen3_1p7b_gsm8k_4x4")`` both work.
 
 Only ``pkg://`` paths: a ``file://`` path next to the package exists in a checkout only.
 Appended, not prepended: a recipe never shadows a config of the same name in the primary dir.

@@ -30,7 +30,7 @@ from typing import Iterable, Mapping
 from verl import DataProto
 
 from verl_pipe.core.frontier import FrontierPolicy, Request
-from verl_pipe.knobs import StepKnobs
+from verl_pipe.trainer.knobs import StepKnobs
 from verl_pipe.recipes.extension_example import estimator  # noqa: F401 -- registers grpo_median
 from verl_pipe.rollout.materialize import sequence_scores
 from verl_pipe.trainer import RolloutPipeTrainer

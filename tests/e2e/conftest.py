@@ -33,7 +33,7 @@ E2E_OVERRIDES = [
 def pipe(tmp_path_factory):
     """One live RolloutPipe stack for the end-to-end tests of a module (one Ray cluster, one vLLM
     start); torn down with the module so the next module's stack gets the machine's cores."""
-    from verl_pipe.session import PipeSession, compose
+    from verl_pipe.launch.session import PipeSession, compose
 
     ckpt = tmp_path_factory.mktemp("ckpt")
     # The worked example's reward (1 right, 0.25 a wrong number, 0 none): the tiny model's 0/1 digit-math reward
@@ -151,7 +151,7 @@ def update_deviation(state, base_state, theta_k) -> float:
 def whitened_estimator_equivalence(session, tmp_path) -> dict:
     """reinforce_plus_plus_baseline on the same responses three ways: sync; CGP group granularity with the
     batch complete from the start (final advantages only); CGP group granularity with unit 0's groups
-    trained before the batch is complete (gradient buffers, verl_pipe/whitening.py)."""
+    trained before the batch is complete (gradient buffers, verl_pipe/trainer/whitening.py)."""
     trainer = session.trainer
     sync, group = trainer_in(trainer, "sync", "minibatch"), trainer_in(trainer, "cgp", "group")
 
@@ -238,7 +238,7 @@ class KillAtFirstUnit:
 def learn_pipe(tmp_path_factory):
     """A live stack of the tiny default as `make demo` runs it (its SFT warm-start, its reward, its learning settings),
     driven step by step."""
-    from verl_pipe.session import PipeSession, compose
+    from verl_pipe.launch.session import PipeSession, compose
 
     ckpt = tmp_path_factory.mktemp("ckpt")
     cfg = compose(["trainer.total_training_steps=1000", "trainer.test_freq=-1", "trainer.val_before_train=false",

@@ -44,7 +44,7 @@ def quick_bench_time_limit_s() -> float:
 
     from verl_pipe.assets import ensure_assets
     from verl_pipe.platform.cpu_info import probe_matmul
-    from verl_pipe.session import compose
+    from verl_pipe.launch.session import compose
 
     quick = _quick()
     settings = smoke_settings(quick)

@@ -53,7 +53,7 @@ def bad_data(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def stack(ckpt_dir, bad_data):
-    from verl_pipe.session import PipeSession, compose
+    from verl_pipe.launch.session import PipeSession, compose
 
     overrides, expected = bad_data
     session = PipeSession(compose(FAULT_OVERRIDES + overrides + [f"trainer.default_local_dir={ckpt_dir}"]))
@@ -304,7 +304,7 @@ def _no_replica_left_rolls_back_and_checkpoints(stack, ckpt_dir):
 
 
 def _resume_from_the_rolled_back_checkpoint(stack, ckpt_dir):
-    from verl_pipe.session import PipeSession, compose
+    from verl_pipe.launch.session import PipeSession, compose
 
     assert stack.closed
     resumed = PipeSession(compose(FAULT_OVERRIDES + stack.overrides + [f"trainer.default_local_dir={ckpt_dir}",

@@ -1,7 +1,7 @@
 """Beyond one machine: a real multi-node Ray cluster (tools/local_ray_cluster.py: a head, rollout nodes and a trainer
 node, each its own raylet, object store and process group), the stack attached to it with ``ray.init(address=...)``
 as a user's cluster run does, each rollout replica on a rollout node and the trainer pool on the trainer node
-(verl_pipe/node_roles.py), the weights synced across nodes (``ray_store``: between the object stores of two nodes,
+(verl_pipe/platform/node_roles.py), the weights synced across nodes (``ray_store``: between the object stores of two nodes,
 through a channel pinned to the trainer's node), and nodes lost (a node's whole process group SIGKILLed: raylet,
 object store, vLLM server and engine at once):
 
@@ -12,7 +12,7 @@ object store, vLLM server and engine at once):
 2. a launcher (``python -m verl_pipe.main_grpo``) attached to the cluster resumes that checkpoint and loses the
    trainer's node: it stops with the error, the last checkpoint intact, nothing of the run left on the other nodes;
 3. a second launcher resumes that one and is stopped from another process through the cluster (``python -m
-   verl_pipe.stop_request``, no stop file): it ends after its step, the cluster stays up;
+   verl_pipe.launch.stop_request``, no stop file): it ends after its step, the cluster stays up;
 4. a third resumes that one and gets SIGTERM: exit 143, none of the run's actors left on any node, the cluster up;
 5. a fourth resumes that one and loses the head (the module's last test: the cluster ends with it).
 
@@ -335,7 +335,7 @@ def _last_rollout_node_lost(session, cluster, name_of, survivor: int, ckpt: Path
 
 
 def test_pools_on_their_nodes_and_rollout_nodes_lost(cluster, tmp_path_factory, caplog):
-    from verl_pipe.session import PipeSession, compose
+    from verl_pipe.launch.session import PipeSession, compose
 
     ckpt = tmp_path_factory.mktemp("mn_ckpt")
     t0 = time.perf_counter()
@@ -480,7 +480,7 @@ def test_launcher_resumes_after_node_loss_then_loses_the_trainer_node(cluster, t
 
 def test_stop_request_through_the_cluster_no_shared_tmp(cluster, tmp_path):
     """A new launcher resumes the checkpoint the lost trainer node left (the step after it, so none lost) and is
-    stopped from another process through the cluster (``python -m verl_pipe.stop_request <run id>``; the launcher's
+    stopped from another process through the cluster (``python -m verl_pipe.launch.stop_request <run id>``; the launcher's
     /tmp is its own and no stop file is made): the step in progress completes, no new one starts, exit 0, every
     node still up and nothing of the run left."""
     if "latest" not in STATE:
@@ -495,7 +495,7 @@ def test_stop_request_through_the_cluster_no_shared_tmp(cluster, tmp_path):
         _wait_for(proc, log, rf"\[verl_pipe\] step {latest + 1} ")
         t = time.perf_counter()
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-        subprocess.run([sys.executable, "-m", "verl_pipe.stop_request", run_id, "--address", cluster.address],
+        subprocess.run([sys.executable, "-m", "verl_pipe.launch.stop_request", run_id, "--address", cluster.address],
                        check=True, cwd=ROOT, timeout=120, env=env)
         request_s = time.perf_counter() - t
         rc = proc.wait(timeout=180)

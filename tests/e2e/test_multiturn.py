@@ -51,7 +51,7 @@ MT_OVERRIDES = [
 def mt(tmp_path_factory):
     """The multi-turn recipe's live stack, from the tiny default's SFT warm-start (its answers earn the
     environment's reward now and then, so groups carry a learning signal)."""
-    from verl_pipe.session import PipeSession, compose
+    from verl_pipe.launch.session import PipeSession, compose
 
     ckpt = tmp_path_factory.mktemp("ckpt")
     cfg = compose(MT_OVERRIDES + [f"trainer.default_local_dir={ckpt}"], config_name="tiny_cpu_multiturn_cgp_fgd")

@@ -281,7 +281,7 @@ def test_untrainable_groups_are_replaced_and_leftovers_aborted(pipe):
 def test_estimators_match_verls_own_function(pipe, estimator, mode, granularity):
     """The advantages every group was trained with equal verl's compute_advantage over the whole
     batch on the same rewards, with FGD admission (CGP). Per-group estimators stream; the batch-
-    whitened reinforce_plus_plus_baseline runs in CGP at group granularity (verl_pipe/whitening.py)."""
+    whitened reinforce_plus_plus_baseline runs in CGP at group granularity (verl_pipe/trainer/whitening.py)."""
     from verl import DataProto
     from verl.trainer.ppo.ray_trainer import compute_advantage
 

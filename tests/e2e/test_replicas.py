@@ -20,7 +20,7 @@ SHORT, LONG = 4, 128
 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory):
-    from verl_pipe.session import PipeSession, compose
+    from verl_pipe.launch.session import PipeSession, compose
 
     ckpt = tmp_path_factory.mktemp("two_ckpt")
     session = PipeSession(compose(E2E_OVERRIDES + [

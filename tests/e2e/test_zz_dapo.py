@@ -30,7 +30,7 @@ DEFERRED = [0, 1, 2, 3]
 
 @pytest.fixture(scope="module")
 def dapo_pipe(tmp_path_factory):
-    from verl_pipe.session import PipeSession, compose
+    from verl_pipe.launch.session import PipeSession, compose
 
     ckpt = tmp_path_factory.mktemp("ckpt_dapo")
     # n=4, 8 prompts per batch, units of 4 (E2E_OVERRIDES); a window of one unit's requests (4 groups x 4)

@@ -27,7 +27,7 @@ BATCH, N = 8, 4  # E2E_OVERRIDES
 
 @pytest.fixture(scope="module")
 def kl_pipe(tmp_path_factory):
-    from verl_pipe.session import PipeSession, compose
+    from verl_pipe.launch.session import PipeSession, compose
 
     ckpt = tmp_path_factory.mktemp("ckpt_kl")
     dump = tmp_path_factory.mktemp("rollout_data")

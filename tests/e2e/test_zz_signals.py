@@ -111,7 +111,7 @@ def _stopped_checkpoint(ckpt: Path, trace: Path, at_signal: int, may_lack_trace:
     """The run was signalled when its latest checkpoint was step ``at_signal``: the checkpoint holds only completed
     steps. That is ``at_signal`` (the step in progress was cut short), or ``at_signal + 1`` when the signal landed
     after that step had trained (a sync cut short by the engines' deaths saves the trained step:
-    verl_pipe/rollback.py), never a partial step. ``may_lack_trace``: steps an earlier run saved on its way out (its
+    verl_pipe/trainer/rollback.py), never a partial step. ``may_lack_trace``: steps an earlier run saved on its way out (its
     trace line can be cut by the signal). Returns the latest checkpointed step."""
     latest = int((ckpt / "latest_checkpointed_iteration.txt").read_text())
     assert latest in (at_signal, at_signal + 1), f"checkpointed step {at_signal} at the signal, latest {latest}"

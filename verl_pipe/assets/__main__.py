@@ -7,7 +7,7 @@ import sys
 
 def main(argv: list[str]) -> int:
     from verl_pipe.main_grpo import prepare_config
-    from verl_pipe.session import compose
+    from verl_pipe.launch.session import compose
 
     config = prepare_config(compose(argv))
     print(f"model: {config.actor_rollout_ref.model.path}\ntrain: {config.data.train_files}\n"

@@ -64,7 +64,7 @@ def step_row(record: dict, wall_s: float) -> dict:
 
 def run_one(mode: str, seed: int, steps: int, val_every: int, overrides: list[str], log=print) -> dict:
     """One training run on a fresh stack; its curve."""
-    from verl_pipe.session import PipeSession, compose
+    from verl_pipe.launch.session import PipeSession, compose
 
     session = PipeSession(compose(list(overrides) + run_overrides(mode, seed, steps, val_every)))
     try:
@@ -325,7 +325,7 @@ def reference_runs(path: str, steps: int, seeds: list[int], val_every: int) -> l
 
 
 def _val_size(overrides: list[str]) -> int | None:
-    from verl_pipe.session import compose
+    from verl_pipe.launch.session import compose
 
     try:
         import pyarrow.parquet as pq

@@ -88,7 +88,7 @@ def compose_config(cfg: dict, extra: list[str] = ()):
     """The live stack's config: the recipe with the bench's overrides and its ``multiturn`` node."""
     from omegaconf import OmegaConf, open_dict
 
-    from verl_pipe.session import compose
+    from verl_pipe.launch.session import compose
 
     c = compose(list(cfg.get("overrides") or []) + list(extra), config_name=cfg["recipe"])
     with open_dict(c):
@@ -190,7 +190,7 @@ def _rounds(session, cfg: dict, repeats: int, log) -> tuple[list[dict], list[dic
 def run_live(cfg: dict, repeats: int, log=print) -> dict:
     import tempfile
 
-    from verl_pipe.session import PipeSession
+    from verl_pipe.launch.session import PipeSession
 
     ckpt = tempfile.mkdtemp(prefix="verl_pipe_mt_bench_")
     t0 = time.perf_counter()

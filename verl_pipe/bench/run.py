@@ -31,7 +31,7 @@ from verl_pipe.bench.report import (BASE, MODES, PEERS, check_schema, format_set
 from verl_pipe.bench.settings import CONF_DIR, load_config, stack_of, stack_overrides, workload_for
 from verl_pipe.bench.sim_windows import CPU_BLOCK_TOKENS, engine_donors, kv_override_tokens, recorded_shape
 from verl_pipe.core.variants import GRANULARITIES, name_of, variant
-from verl_pipe.knobs import window_label  # noqa: F401 -- FGD's window as the results record it (tests, callers)
+from verl_pipe.trainer.knobs import window_label  # noqa: F401 -- FGD's window as the results record it (tests, callers)
 
 SEPARATE_ASYNC = "verl_separate_async"
 
@@ -160,7 +160,7 @@ class BenchRunner:
         """One live stack (``size``: its name, see ``stack_of``) for ``settings``."""
         import tempfile
 
-        from verl_pipe.session import PipeSession, compose
+        from verl_pipe.launch.session import PipeSession, compose
 
         ckpt = tempfile.mkdtemp(prefix="verl_pipe_bench_ckpt_")
         t0 = time.perf_counter()
@@ -247,7 +247,7 @@ class BenchRunner:
         preempted = step_delta(preempted_before, self._preemptions(session))
         if preempted is not None:  # vLLM counts them only with actor_rollout_ref.rollout.disable_log_stats=false
             m["vllm_preemptions"] = preempted
-        from verl_pipe.step_record import learning_metrics
+        from verl_pipe.trainer.step_record import learning_metrics
 
         return {"metrics": m, "timeline": tl.to_dict(), "fgd_window": rec["knobs"]["fgd_window"],  # as the step ran
                 "unit_fill": rec["knobs"].get("unit_fill", "completion"),

@@ -106,7 +106,7 @@ def engine_donors(shapes: dict, stacks: dict | None) -> dict[str, str]:
 def stack_shape(cfg: dict, stack: str, kv_tokens_per_gib: int) -> tuple[StepShape, int]:
     """The step's shape on a bench stack and its number of prompts, from the Hydra config its overrides compose to."""
     from verl_pipe.bench.settings import stack_overrides
-    from verl_pipe.session import compose
+    from verl_pipe.launch.session import compose
 
     c = compose(stack_overrides(cfg, stack))
     roll = c.actor_rollout_ref.rollout

@@ -127,8 +127,8 @@ def sample_rss() -> dict[str, float]:
 def run_soak(steps: int, save_freq: int, overrides: list[str], log=print, provenance: dict | None = None) -> list[dict]:
     """``steps`` CGP+FGD steps on one live session, sampled after each. ``provenance``, when given, gets the
     composed config (``config``: provenance.stack_record) and the machine (``env``: provenance.env_info)."""
-    from verl_pipe.session import PipeSession, compose
-    from verl_pipe.step_record import learning_metrics
+    from verl_pipe.launch.session import PipeSession, compose
+    from verl_pipe.trainer.step_record import learning_metrics
 
     work = Path(tempfile.mkdtemp(prefix="verl_pipe_soak_"))
     composed = SOAK_OVERRIDES + [f"trainer.save_freq={save_freq}", f"trainer.default_local_dir={work / 'ckpt'}",

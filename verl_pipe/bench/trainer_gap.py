@@ -1,7 +1,7 @@
 """The trainer's calls span by span: what the driver waited for against what the worker spent, per mode and setting.
 
 ``python -m verl_pipe.bench.trainer_gap STEPS_JSON WORKER_LOG [--out FILE.json]``: STEPS_JSON is a bench run's
-``*_steps.json`` (either may be gzipped: ``.gz``), WORKER_LOG the file the run's ``VERL_PIPE_WORKER_LOG`` named (verl_pipe/bench/worker_log.py).
+``*_steps.json`` (either may be gzipped: ``.gz``), WORKER_LOG the file the run's ``VERL_PIPE_WORKER_LOG`` named (verl_pipe/trainer/worker_log.py).
 For each setting and mode, means per measured step of:
 
 - ``driver_s``: the trainer's spans of the call kind (old log-probs, updates) as the driver timed them: the call's
@@ -22,11 +22,11 @@ import argparse
 import json
 from collections import defaultdict
 
-from verl_pipe.bench import worker_log
+from verl_pipe.trainer import worker_log
 from verl_pipe.bench.readme_tables import trainer_spans
 from verl_pipe.core.micro_batches import padded_tokens
 
-# A call kind: the trainer's span kinds (verl_pipe/core/schedule.py) and the worker calls (verl_pipe/workers.py) it
+# A call kind: the trainer's span kinds (verl_pipe/core/schedule.py) and the worker calls (verl_pipe/trainer/workers.py) it
 # covers. Group granularity's update is its forward/backward passes and its optimizer step.
 KINDS = {"old_log_prob": (("old_log_prob",), ("compute_log_prob",)),
          "update": (("update", "forward_backward", "optimizer_step"), ("update_actor", "accumulate_group", "finish_unit"))}

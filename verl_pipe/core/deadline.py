@@ -20,7 +20,7 @@ class DeadlineExceeded(RuntimeError):
 def call_with_deadline(fn: Callable[[], Any], seconds: float | None, what: str, setting: str,
                        while_waiting: Callable[[], None] | None = None, poll_s: float = 0.001) -> Any:
     """``while_waiting``: called every ``poll_s`` in the caller's thread until ``fn`` returns or the deadline passes
-    (the launcher's teardown re-asserts its signal dispositions with it: verl_pipe/teardown.py)."""
+    (the launcher's teardown re-asserts its signal dispositions with it: verl_pipe/launch/teardown.py)."""
     if not seconds:
         return fn()
     box: dict[str, Any] = {}

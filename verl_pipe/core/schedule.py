@@ -3,7 +3,7 @@
 Pure Python (no verl, Ray or torch), like ``frontier.py``. A step's schedule is a generator over actions: it
 yields what the trainer does next (take groups from the FIFO, old log-probs at θ_k, ref log-probs, keep θ_k,
 update, accumulate a group, optimizer step, ...) and receives each action's result. Groups are their dispatch
-indices; the executor holds their data. Two executors run it: ``verl_pipe.actor_backend.ActorBackend`` over
+indices; the executor holds their data. Two executors run it: ``verl_pipe.trainer.actor_backend.ActorBackend`` over
 verl's worker group (the real trainer) and ``verl_pipe.sim.trainer.CostModel`` (the simulator's clock).
 
 Driver protocol (one step)::
@@ -28,7 +28,7 @@ The three schedules:
   swap) per catch-up instead of one per unit; the units are then formed FIFO from what was taken;
 - cgp, group granularity: each take of whatever has arrived (up to the unit's remainder) is one
   gradient-accumulation micro-batch (old log-probs, ref, ``Accumulate``); the optimizer steps when the unit is
-  complete. A batch-whitened estimator (``whiten``, verl_pipe/whitening.py) trains the groups that arrive
+  complete. A batch-whitened estimator (``whiten``, verl_pipe/trainer/whitening.py) trains the groups that arrive
   before the batch is complete into gradient buffers, which only unit 0 can do (later units start after unit
   0's step, which waits for the batch); their advantages are set to the final ones at the end.
 """

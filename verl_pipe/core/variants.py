@@ -7,7 +7,7 @@ trainer as a peer: ``verl_separate_async``, ``verl_separate_async_1off``) stands
 peer's configurations read names through this table; none of them decodes a name by itself.
 
 Old log-prob coalescing (``rolloutpipe.cgp.coalesce_log_probs``) is not part of a name: every variant runs it as
-the run's config sets it (a step's knobs, verl_pipe/knobs.py, record what it was).
+the run's config sets it (a step's knobs, verl_pipe/trainer/knobs.py, record what it was).
 """
 
 from __future__ import annotations

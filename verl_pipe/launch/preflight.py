@@ -50,7 +50,7 @@ def check_gpu_driver(config: DictConfig, **probe) -> None:
     """``probe``: gpu_driver.check_gpu_driver's injectables (torch's build, nvidia-smi, /proc, /dev), for tests."""
     if config.rolloutpipe.platform != "gpu":
         return
-    from verl_pipe.gpu_driver import check_gpu_driver as check
+    from verl_pipe.launch.gpu_driver import check_gpu_driver as check
 
     check(**probe)
 

@@ -12,13 +12,13 @@ import time
 
 from omegaconf import DictConfig
 
-from verl_pipe.knobs import StepKnobs, step_knobs
+from verl_pipe.trainer.knobs import StepKnobs, step_knobs
 
 
 class PipeSession:
     def __init__(self, config: DictConfig):
         from verl_pipe.main_grpo import prepare_config, start_ray
-        from verl_pipe.task_runner import build_trainer
+        from verl_pipe.launch.task_runner import build_trainer
 
         t0 = time.perf_counter()
         self.config = prepare_config(config)

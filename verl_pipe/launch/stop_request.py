@@ -7,7 +7,7 @@ both before every step: the step in progress completes (and is checkpointed when
 new one starts. The launcher prints its run id; a stop can also be asked for from any machine that reaches the
 cluster, without a signal:
 
-    python -m verl_pipe.stop_request <run id> [--address <head>:6379]    # default: RAY_ADDRESS, else auto
+    python -m verl_pipe.launch.stop_request <run id> [--address <head>:6379]    # default: RAY_ADDRESS, else auto
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ class PipeTaskRunner:
     def run(self, config, stop_file: str | None = None, stop_key: str | None = None) -> dict:
         t0 = time.perf_counter()
         # The launcher's stop request (RunLoop.stop_requested): a file on its node, and the same request through the
-        # cluster's GCS (verl_pipe/stop_request.py).
+        # cluster's GCS (verl_pipe/launch/stop_request.py).
         trainer = build_trainer(config, stop_file=stop_file, stop_key=stop_key)
         trainer.init_workers()
         startup_s = time.perf_counter() - t0
@@ -36,9 +36,9 @@ def build_trainer(config, stop_file: str | None = None, stop_key: str | None = N
     from verl.utils.dataset.rl_dataset import collate_fn
     from verl.utils.fs import copy_to_local
 
-    from verl_pipe.preflight import check_runtime
+    from verl_pipe.launch.preflight import check_runtime
     from verl_pipe.trainer import RolloutPipeTrainer
-    from verl_pipe.workers import PipeActorWorker
+    from verl_pipe.trainer.workers import PipeActorWorker
 
     OmegaConf.resolve(config)
     check_runtime(config)  # before any worker: the weight-sync backend and the attention kernel are usable here
@@ -52,7 +52,7 @@ def build_trainer(config, stop_file: str | None = None, stop_key: str | None = N
     tokenizer = hf_tokenizer(local_path, trust_remote_code=config.data.get("trust_remote_code", False))
     processor = hf_processor(local_path, trust_remote_code=config.data.get("trust_remote_code", False), use_fast=True)
     resource_pool_manager = create_resource_pool_manager(config, role_worker_mapping.keys())
-    from verl_pipe.node_roles import place_pools_by_role
+    from verl_pipe.platform.node_roles import place_pools_by_role
 
     resource_pool_manager = place_pools_by_role(resource_pool_manager)  # a cluster with role nodes: pools on them
     train_dataset = create_rl_dataset(config.data.train_files, config.data, tokenizer, processor,

@@ -1,7 +1,7 @@
 """The run config the user would launch -> the shape the planner simulates, or a refusal naming the key.
 
 ``shape_of`` is pure (it reads a composed config); ``compose_run`` composes it exactly as
-``python -m verl_pipe.main_grpo --config-name NAME overrides...`` would (``verl_pipe.session.compose``).
+``python -m verl_pipe.main_grpo --config-name NAME overrides...`` would (``verl_pipe.launch.session.compose``).
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def shape_of(cfg) -> Shape:
 
 def compose_run(config_name: str | None, overrides: list[str]):
     """The config ``main_grpo`` would compose (its own config module and search path, recipes included)."""
-    from verl_pipe.session import compose
+    from verl_pipe.launch.session import compose
 
     try:
         return compose(overrides, config_name=config_name or "rolloutpipe_trainer")

@@ -165,7 +165,7 @@ def confine_launcher(cores: list[int] | None) -> None:
 
 def malloc_trim() -> bool:
     """glibc's ``malloc_trim(0)``: give freed heap pages back to the OS. False where there is no glibc. Called after
-    every weight update in the vLLM worker (platform/vllm_plugin.py) and the trainer worker (verl_pipe/workers.py)."""
+    every weight update in the vLLM worker (platform/vllm_plugin.py) and the trainer worker (verl_pipe/trainer/workers.py)."""
     import ctypes
 
     try:

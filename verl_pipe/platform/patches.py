@@ -35,7 +35,7 @@ def _patch_cpu_snapshots_copy() -> None:
     # verl/utils/fsdp_utils.py:fsdp2_sharded_save_to_cpu snapshots each shard with ``.cpu()``,
     # which copies off a GPU but is a no-op on CPU: the "snapshot" aliases the live parameters
     # and follows every later optimizer step. DetachActorWorker.save_model_to_cpu would then restore the
-    # updated weights. Clone so it is a real copy. (The trainer keeps θ_k in verl_pipe.theta_store; tests
+    # updated weights. Clone so it is a real copy. (The trainer keeps θ_k in verl_pipe.trainer.theta_store; tests
     # still use save_model_to_cpu to hold weights.)
     import verl.utils.fsdp_utils as fsdp_utils
 

@@ -3,7 +3,7 @@
 verl's ``RolloutReplica.init_standalone`` creates the replica's placement groups and waits for them with no limit
 (``ray.get(pg.ready())`` inside ``RayResourcePool.get_placement_groups``, a blocking call that an asyncio timeout
 cannot interrupt). When no live node can take the replica (its rollout node lost and no spare one with a free GPU
-and the pool's role resource, verl_pipe/node_roles.py), Ray keeps the groups pending for good and a restart would
+and the pool's role resource, verl_pipe/platform/node_roles.py), Ray keeps the groups pending for good and a restart would
 wait with them. Here the groups are made first: ``place`` creates them and polls; it gives up when
 ``verl_pipe.core.placement.unplaceable`` has said for ``confirm_s`` in a row that the live nodes' free resources
 cannot hold them (the dead replica's own resources may take a moment to show free again), or after ``timeout_s``
@@ -40,7 +40,7 @@ def pool_name(replica) -> str:
 def role_of(old_replica, resources: set[str]) -> str | None:
     """The role resource a restart of ``old_replica`` asks for: its pool's (it keeps asking for it when every node
     that has it is gone, so it is not placed off its role), else the one the cluster has for the pool's name."""
-    from verl_pipe.node_roles import pool_resource
+    from verl_pipe.platform.node_roles import pool_resource
 
     pool = getattr(old_replica, "resource_pool", None)
     return getattr(pool, "accelerator_type", None) or pool_resource(pool_name(old_replica), resources)

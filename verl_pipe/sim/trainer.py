@@ -11,7 +11,7 @@ by ``time_scale``, the knob of the T/R sweep (CPU model copies and polling are n
 
 The rollout never waits for the trainer (separate pools, fixed weights), so the trainer is a single server
 that consumes group completions in order. Our modes run the real trainer's own schedule (``verl_pipe.core.schedule``,
-the same generator ``verl_pipe/trainer.py`` executes on verl's workers) on ``CostModel``, which prices each
+the same generator ``verl_pipe/trainer/pipe_trainer.py`` executes on verl's workers) on ``CostModel``, which prices each
 action; what that gives per mode:
 
 - sync: one old_log_prob (and ref) call over the whole batch after the rollout, then one update per unit;

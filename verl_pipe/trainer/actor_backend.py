@@ -1,9 +1,9 @@
 """The real executor of the trainer's schedule (verl_pipe/core/schedule.py): its actions on verl's actor worker group.
 
 ``train_step`` runs one step's schedule: an ``ActorBackend`` takes groups from the step's GroupQueue, keeps each
-trained piece's DataProto, and calls into verl through the trainer's seam (verl_pipe/trainer_seam.py: verl's
+trained piece's DataProto, and calls into verl through the trainer's seam (verl_pipe/trainer/seam.py: verl's
 ``_fit_compute_log_prob``, ``_fit_compute_ref_log_prob``, ``_update_actor``, ``_balance_batch``) and our worker's
-RPCs (verl_pipe/workers.py: ``begin_unit`` / ``accumulate_group`` / ``finish_unit``, the θ_k store). Its metrics
+RPCs (verl_pipe/trainer/workers.py: ``begin_unit`` / ``accumulate_group`` / ``finish_unit``, the θ_k store). Its metrics
 go into the step's outcome. The simulator's executor of the same schedule is ``verl_pipe.sim.trainer.CostModel``.
 """
 
@@ -22,10 +22,10 @@ from verl_pipe.core import schedule as S
 from verl_pipe.core.group_queue import Group, GroupQueue
 from verl_pipe.core.micro_batches import length_order
 from verl_pipe.core.timeline import StepTimeline
-from verl_pipe.knobs import StepKnobs
+from verl_pipe.trainer.knobs import StepKnobs
 from verl_pipe.rollout.materialize import advantages
-from verl_pipe.trainer_seam import TrainerSeam
-from verl_pipe.whitening import affine_coefficients, basis_advantages, combination, has_aux_loss
+from verl_pipe.trainer.seam import TrainerSeam
+from verl_pipe.trainer.whitening import affine_coefficients, basis_advantages, combination, has_aux_loss
 
 
 @dataclass
@@ -229,7 +229,7 @@ class ActorBackend:
         self._verl_update(batch, _AccumulateInsteadOfUpdate(self.actor.update_workers), self.config)
 
     def _accumulate_basis(self, batch: DataProto) -> None:
-        """The gradient passes of a group trained before the batch is complete (verl_pipe.whitening), each into
+        """The gradient passes of a group trained before the batch is complete (verl_pipe.trainer.whitening), each into
         its own buffer on the worker."""
         own = batch.batch["advantages"]
         passes = basis_advantages(batch.batch["token_level_rewards"], batch.batch["response_mask"],

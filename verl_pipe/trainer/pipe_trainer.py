@@ -12,12 +12,12 @@ Both modes run the same code: the same admission, the same per-group reward and 
 same per-unit calls into verl's actor worker. Only *when* a unit is trained differs. Weights move to the rollout pool
 only after the step's last unit, so every sample trained in step k was generated with θ_k (asserted per group).
 
-A step runs as its knobs say (verl_pipe/knobs.py: mode, granularity, FGD and its window, ...; default the config's).
-The trainer's parts live beside it, one job each: the run around the steps (verl_pipe/run_loop.py), the step's
-training plan (verl_pipe/core/schedule.py) and its executor on verl's worker group (verl_pipe/actor_backend.py), the
-failed step's rollback (verl_pipe/rollback.py), the completed step's metrics, record, trace and summary
-(verl_pipe/step_record.py), the weights into the rollout pool (verl_pipe/weight_sync.py). The executor, the rollback
-and the record see the trainer only through its seam (verl_pipe/trainer_seam.py).
+A step runs as its knobs say (verl_pipe/trainer/knobs.py: mode, granularity, FGD and its window, ...; default the config's).
+The trainer's parts live beside it, one job each: the run around the steps (verl_pipe/trainer/run_loop.py), the step's
+training plan (verl_pipe/core/schedule.py) and its executor on verl's worker group (verl_pipe/trainer/actor_backend.py), the
+failed step's rollback (verl_pipe/trainer/rollback.py), the completed step's metrics, record, trace and summary
+(verl_pipe/trainer/step_record.py), the weights into the rollout pool (verl_pipe/trainer/weight_sync.py). The executor, the rollback
+and the record see the trainer only through its seam (verl_pipe/trainer/seam.py).
 
 verl's ``OneStepOffRayTrainer`` is the ``SeparateRayPPOTrainer`` that wires the separate pools (actor on the trainer
 pool, standalone vLLM replicas on their own pools, a checkpoint engine between them); we keep that wiring and replace
@@ -33,26 +33,26 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from verl import DataProto
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
 
-from verl_pipe.actor_backend import ActorBackend, StepOutcome, train_step
+from verl_pipe.trainer.actor_backend import ActorBackend, StepOutcome, train_step
 from verl_pipe.config import ConfigError, cgp_estimator_problem, groups_per_unit
 from verl_pipe.core.frontier import FCFSPolicy, FrontierPolicy
 from verl_pipe.core.group_filter import GroupFilters
 from verl_pipe.core.group_queue import Group, GroupQueue
 from verl_pipe.core.release import DispatchOrderRelease
 from verl_pipe.core.timeline import StepTimeline
-from verl_pipe.knobs import StepKnobs, step_knobs
-from verl_pipe.rollback import StepFailedError, drop_train_state_snapshot, fail_step
+from verl_pipe.trainer.knobs import StepKnobs, step_knobs
+from verl_pipe.trainer.rollback import StepFailedError, drop_train_state_snapshot, fail_step
 from verl_pipe.rollout.materialize import is_trainable, materialize_group, weight_versions
 from verl_pipe.rollout.replicas import ReplicaSupervisor
 from verl_pipe.rollout.stream import StepRequest, StreamingRollout, group_rows
-from verl_pipe.run_loop import RunLoop
-from verl_pipe.step_record import StepHistory, record_step
-from verl_pipe.trainer_seam import TrainerSeam, for_actor_worker
-from verl_pipe.weight_sync import RolloutWeights
+from verl_pipe.trainer.run_loop import RunLoop
+from verl_pipe.trainer.step_record import StepHistory, record_step
+from verl_pipe.trainer.seam import TrainerSeam, for_actor_worker
+from verl_pipe.trainer.weight_sync import RolloutWeights
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RolloutPipeTrainer", "StepFailedError"]  # StepFailedError lives in verl_pipe/rollback.py
+__all__ = ["RolloutPipeTrainer", "StepFailedError"]  # StepFailedError lives in verl_pipe/trainer/rollback.py
 
 
 class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
@@ -174,7 +174,7 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
     def train(self, queue: GroupQueue, timeline: StepTimeline, knobs: StepKnobs | None = None, backend_cls=None,
               **changes) -> StepOutcome:
         """Trains the step's groups from ``queue`` as ``knobs`` (default: ``configured_knobs``) with ``changes``
-        (StepKnobs fields, e.g. ``mode``, ``granularity``, ``unit_order``) say: verl_pipe/actor_backend.py."""
+        (StepKnobs fields, e.g. ``mode``, ``granularity``, ``unit_order``) say: verl_pipe/trainer/actor_backend.py."""
         knobs = (knobs or self.configured_knobs).replace(**changes)
         return train_step(self.actor_seam, queue, timeline, knobs, groups_per_unit=self.groups_per_unit,
                           units=self._units_per_step(), use_ref=bool(self.use_reference_policy),

@@ -4,8 +4,8 @@ One job: RolloutPipeTrainer.fit_step's failure path (docs/reliability.md, "A ste
 lifetime of the rollback state it relies on (θ_k and the optimizer state in the worker's store, saved by the step's
 executor before its first optimizer step: ``TrainerSeam.saved`` / ``stepped``).
 
-It sees the trainer through its seam (verl_pipe/trainer_seam.py): the actor's lock, the worker's
-``restore_train_state`` / ``drop_train_state`` RPCs (verl_pipe/workers.py), and verl's
+It sees the trainer through its seam (verl_pipe/trainer/seam.py): the actor's lock, the worker's
+``restore_train_state`` / ``drop_train_state`` RPCs (verl_pipe/trainer/workers.py), and verl's
 ``RayPPOTrainer._save_checkpoint`` (``TrainerSeam.save_checkpoint``: it reads only plain attributes of the trainer,
 given explicitly there); verl's ``trainer.*`` keys (``default_local_dir``, ``resume_mode``) are in the messages.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import NoReturn
 
-from verl_pipe.trainer_seam import TrainerSeam
+from verl_pipe.trainer.seam import TrainerSeam
 
 
 class StepFailedError(RuntimeError):

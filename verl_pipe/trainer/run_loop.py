@@ -20,7 +20,7 @@ class RunLoop:
     # The launcher touches this file when it is signalled (verl_pipe/main_grpo.py): Ray's workers run in process
     # groups of their own, so a signal to the launcher's group does not reach this loop, which would otherwise go on
     # with new steps until the teardown ends it. The file is on the launcher's node; ``stop_key`` carries the same
-    # request through the Ray cluster to a loop on any node (verl_pipe/stop_request.py).
+    # request through the Ray cluster to a loop on any node (verl_pipe/launch/stop_request.py).
     stop_file: str | None = None
     stop_key: str | None = None  # the launcher's run id: the same request through the cluster's GCS (any node)
     progress_bar = None
@@ -78,7 +78,7 @@ class RunLoop:
         self.next_step_profile = False
 
     def stop_requested(self) -> bool:
-        from verl_pipe import stop_request
+        from verl_pipe.launch import stop_request
 
         if bool(self.stop_file) and os.path.exists(self.stop_file):
             return True

@@ -3,15 +3,15 @@ RolloutPipeTrainer, and nothing more.
 
 It owns the actor's lock (the trainer thread and a mid-step replica restart share the actor) and the state of the
 step in training (``saved``: θ_k and the optimizer's rollback state are in the worker's store; ``stepped``: an
-optimizer step of it has run), and forwards the calls into verl. Its users: ``verl_pipe.actor_backend.ActorBackend``
-(the schedule's executor), ``verl_pipe.rollback`` (a step that fails for good), ``verl_pipe.step_record`` (verl's
+optimizer step of it has run), and forwards the calls into verl. Its users: ``verl_pipe.trainer.actor_backend.ActorBackend``
+(the schedule's executor), ``verl_pipe.trainer.rollback`` (a step that fails for good), ``verl_pipe.trainer.step_record`` (verl's
 step metrics) and ``RolloutPipeTrainer._push_weights`` (a restarted replica's weights).
 
 verl seams (verl 0.9.1, methods of RayPPOTrainer / SeparateRayPPOTrainer on the trainer): ``_fit_compute_log_prob``
 and ``_fit_compute_ref_log_prob`` (they write the trainer's ``metrics`` and ``timing_raw``), ``_update_actor`` and
 ``_save_checkpoint`` (run on ``_VerlView``: the values of one call given explicitly), ``_balance_batch``,
 ``_get_dp_size``, ``_fit_collect_metrics``; on verl's actor worker group (``actor_wg``) our worker's RPCs
-(verl_pipe/workers.py): the θ_k store (``save_train_state``, ``enter_theta_k`` / ``leave_theta_k``,
+(verl_pipe/trainer/workers.py): the θ_k store (``save_train_state``, ``enter_theta_k`` / ``leave_theta_k``,
 ``restore_train_state``, ``drop_train_state``) and group granularity's ``begin_unit`` / ``finish_unit``.
 """
 
@@ -94,7 +94,7 @@ class TrainerSeam:
 
     @property
     def workers(self):
-        """verl's actor worker group, with our worker's RPCs (verl_pipe/workers.py)."""
+        """verl's actor worker group, with our worker's RPCs (verl_pipe/trainer/workers.py)."""
         return self._trainer.actor_wg
 
     @property

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from verl_pipe.core.timeline import StepTimeline, write_chrome_trace
 from verl_pipe.data_check import skip_metrics
-from verl_pipe.knobs import StepKnobs
+from verl_pipe.trainer.knobs import StepKnobs
 
 KEEP_TIMELINES = 16  # the last steps' StepTimelines kept in memory (StepHistory.timelines)
 
@@ -107,7 +107,7 @@ def record_step(seam, history: StepHistory, *, step: int, knobs: StepKnobs, outc
             metrics.update(multiturn[0])
     metrics["timing_s/step"] = step_s
     record = step_record(step, data_index, [g.index for g in outcome.trained], tm, knobs.record())
-    from verl_pipe.node_roles import pool_nodes
+    from verl_pipe.platform.node_roles import pool_nodes
 
     nodes = pool_nodes(getattr(seam, "_trainer", None))  # {"trainer": [...], "rollout": [...]}: Ray node ids
     if nodes:

@@ -169,7 +169,7 @@ class RolloutWeights:
     replica's load (θ_k from the worker's store while the step trains, the actor's current weights after its sync).
 
     verl seams: verl's ``CheckpointEngineManager`` (``checkpoint_manager``: ``update_weights``, and a manager of the
-    same class over one replica for a restart). ``seam``: the trainer's (verl_pipe/trainer_seam.py: the actor's lock,
+    same class over one replica for a restart). ``seam``: the trainer's (verl_pipe/trainer/seam.py: the actor's lock,
     whether θ_k is saved, the θ_k swap)."""
 
     def __init__(self, config, checkpoint_manager, seam):

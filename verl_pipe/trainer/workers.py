@@ -3,7 +3,7 @@
 ``DetachActorWorker`` (verl/experimental/separation) is verl's actor worker for
 separate pools. CGP computes later units' old log-probs under the step's rollout
 weights θ_k after earlier units already moved the actor: θ_k and the optimizer's
-rollback snapshot live in verl_pipe.theta_store (``rolloutpipe.theta_k.store``:
+rollback snapshot live in verl_pipe.trainer.theta_store (``rolloutpipe.theta_k.store``:
 on the device with a pointer swap, or in pinned host buffers allocated once),
 instead of verl's ``save_model_to_cpu`` / ``restore_model_from_cpu`` (a fresh
 pageable host copy per call). On a CPU machine the worker pins itself
@@ -20,7 +20,7 @@ runs with a provisional normalizer of 1 and ``finish_unit`` scales the
 accumulated gradient by 1/total before clipping and the optimizer step: the
 gradient equals the mini-batch one.
 
-A batch-whitened estimator (verl_pipe.whitening) also trains groups before its
+A batch-whitened estimator (verl_pipe.trainer.whitening) also trains groups before its
 batch statistics exist: those passes go into named gradient buffers (``grad_buffer``
 in the data) instead of the parameters' ``.grad``, and ``finish_unit`` adds them in
 with the coefficients the whole batch gives.
@@ -39,10 +39,10 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.tensordict_utils import maybe_fix_3d_position_ids
 from verl.workers.utils.padding import no_padding_2_padding
 
-from verl_pipe.bench import worker_log
+from verl_pipe.trainer import worker_log
 from verl_pipe.platform.env import malloc_trim, pin_current_process, renice_current_process
-from verl_pipe.theta_store import KEY as THETA_KEY
-from verl_pipe.theta_store import OptimizerSnapshot, ThetaStore, save_step_state
+from verl_pipe.trainer.theta_store import KEY as THETA_KEY
+from verl_pipe.trainer.theta_store import OptimizerSnapshot, ThetaStore, save_step_state
 
 # Keys of verl's mini-batch iterator that a single accumulated micro-batch does not use.
 _ITERATOR_KEYS = ("mini_batch_size", "num_mini_batch", "epochs", "seed", "dataloader_kwargs",
@@ -84,7 +84,7 @@ class PipeActorWorker(DetachActorWorker):
     # verl seam: the engine worker's update_actor and compute_log_prob, which verl's V1 trainer (TransferQueue
     # metadata, fetched by verl's tqbridge before this body runs) and ours (a TensorDict through Ray) both call. With
     # VERL_PIPE_WORKER_LOG set, each call appends its time inside the worker and its rows' lengths to that file
-    # (verl_pipe/bench/worker_log.py): the span-by-span comparison of the two trainers (docs/trainer_gap.md).
+    # (verl_pipe/trainer/worker_log.py): the span-by-span comparison of the two trainers (docs/trainer_gap.md).
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def update_actor(self, data: TensorDict) -> TensorDict:
         with worker_log.call("update_actor", data, self.actor.engine_config.micro_batch_size_per_gpu):
@@ -98,7 +98,7 @@ class PipeActorWorker(DetachActorWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def weight_sync_nbytes(self) -> int:
         """Bytes of the full model at the actor's parameter dtype: what the trainer sizes the weight sync's deadline
-        by (verl_pipe/weight_sync.py). FSDP2 parameters are DTensors whose numel is the full tensor's; fp32 master
+        by (verl_pipe/trainer/weight_sync.py). FSDP2 parameters are DTensors whose numel is the full tensor's; fp32 master
         weights count 4 bytes where the sync may send 2 (bf16), which only makes the deadline longer."""
         return int(sum(p.numel() * p.element_size() for p in self.actor.engine.module.parameters()))
 
@@ -209,7 +209,7 @@ class PipeActorWorker(DetachActorWorker):
     # ------------------------------------------------------------------ θ_k and the rollback snapshot
 
     def _train_state_stores(self, placement: str, margin_gib: float | None) -> tuple[ThetaStore, OptimizerSnapshot]:
-        """The θ_k store and the optimizer snapshot (verl_pipe.theta_store), built on first use: their buffers
+        """The θ_k store and the optimizer snapshot (verl_pipe.trainer.theta_store), built on first use: their buffers
         are allocated once and reused every step. Seam: verl's FSDP engine exposes the FSDP2 module and the
         torch optimizer as ``actor.engine.module`` / ``actor.engine.optimizer``."""
         stores = getattr(self, "_stores", None)

@@ -130,7 +130,7 @@ class PeerSeparateAsyncTrainer(PPOTrainerSeparateAsync):
 
     def _init_resource_pool_mgr(self):
         super()._init_resource_pool_mgr()
-        from verl_pipe.workers import PipeActorWorker
+        from verl_pipe.trainer.workers import PipeActorWorker
 
         for role in (Role.Actor, Role.RefPolicy):
             if role in self.role_worker_mapping:

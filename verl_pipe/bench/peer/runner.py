@@ -4,7 +4,7 @@
 "workload", "seed"}, and for a multi-turn setting "config_name" (the recipe) and "multiturn" (its
 ``rolloutpipe.multiturn`` node: each submission's episodes use the bench round's seed); OUT gets the mode entry
 (see ``__init__.run_peer``, which launches this as a subprocess).
-Built like our stack (verl_pipe.session: compose -> prepare_config -> start_ray: same assets, pools, CPU env
+Built like our stack (verl_pipe.launch.session: compose -> prepare_config -> start_ray: same assets, pools, CPU env
 and core pinning), then what verl's TaskRunnerV1.run does (tq.init, trainer.init, agent-loop manager, fit),
 with the hooks' subclasses in place of verl's classes.
 """
@@ -91,7 +91,7 @@ def compose_spec(spec: dict):
     from omegaconf import OmegaConf, open_dict
 
     from verl_pipe.bench.peer.configs import peer_overrides
-    from verl_pipe.session import compose
+    from verl_pipe.launch.session import compose
 
     overrides = peer_overrides(spec["config"], list(spec.get("overrides", [])), int(spec["steps"]))
     config = compose(overrides, config_name=spec.get("config_name") or "rolloutpipe_trainer")
