@@ -157,7 +157,7 @@ TRAINER = TrainerParams(num_gpus=1, flops_per_s_per_gpu=1 / 4e-4, efficiency=1.0
 def _record_run(trace_dir, modes=("sync", "cgp", "cgp_group", "sync", "cgp", "cgp_group"), warmup=False):
     """A run's steps.jsonl and traces, simulated with known costs; ``warmup``: a step 0 before them (what a real
     run's first step is to the fit: left out)."""
-    from verl_pipe.bench.calib import PaddedWorkload
+    from verl_pipe.sim.calib import PaddedWorkload
 
     for step, mode in enumerate(modes, 0 if warmup else 1):
         wl = lognormal(8, 4, median=60, sigma=0.6, rho=0.7, cap=256, prompt_len=20, seed=step)

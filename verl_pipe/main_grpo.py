@@ -25,7 +25,7 @@ CONF_MODULE = "verl_pipe.conf"
 
 def prepare_config(config: DictConfig) -> DictConfig:
     """Fills what the launcher derives (asset paths, pool sizes) and validates, before Ray starts."""
-    from verl_pipe.config import validate
+    from verl_pipe.config import resolve_pkg_path, validate
 
     rp = config.rolloutpipe
     with open_dict(config):
@@ -59,17 +59,6 @@ def prepare_config(config: DictConfig) -> DictConfig:
 
     clean_datasets(config)
     return config
-
-
-def resolve_pkg_path(path: str) -> str:
-    """``pkg://package.name/rel/path`` -> the absolute path of that file of the installed package."""
-    from importlib.resources import files
-
-    package, _, rel = path[len("pkg://"):].partition("/")
-    resolved = Path(str(files(package).joinpath(rel)))
-    if not resolved.is_file():
-        raise FileNotFoundError(f"{path}: no file {rel!r} in package {package} ({resolved})")
-    return str(resolved)
 
 
 def _tiny_model(assets, rp) -> Path:

@@ -36,7 +36,7 @@ class Variant:
     @property
     def overlapped(self) -> bool:
         """The rollout shares the machine with a busy trainer (every variant but sync): the calibration fits
-        its engine apart from sync's (verl_pipe/bench/calib.py)."""
+        its engine apart from sync's (verl_pipe/sim/calib.py)."""
         return self.mode != "sync"
 
     @property

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from verl_pipe.bench.calib import PaddedWorkload
+from verl_pipe.sim.calib import PaddedWorkload
 from verl_pipe.core.frontier import AdaptiveWindow, resolve_window
 from verl_pipe.core.variants import variant
 from verl_pipe.core.workload import Workload

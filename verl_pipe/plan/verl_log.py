@@ -350,7 +350,7 @@ def _assumed_lengths(M: list[dict], shape, num_groups: int, n: int) -> dict:
 def _simulated_step(m: dict, j: int, ctx: dict, seed: int) -> tuple[float, float, float]:
     """One draw of fitted step ``j``'s assumed workload on the profile: (rollout end, update seconds, old-log-prob
     seconds at ratio 1)."""
-    from verl_pipe.bench.calib import PaddedWorkload
+    from verl_pipe.sim.calib import PaddedWorkload
     from verl_pipe.sim.simulate import rollout_for_mode, timeline_for
 
     shape, lengths, trainer = ctx["shape"], ctx["lengths"], ctx["trainer"]
