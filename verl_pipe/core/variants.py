@@ -1,7 +1,8 @@
 """The variants a step can run as, by name: the one place mode names are decoded.
 
 Pure Python (no verl, Ray or torch). A variant name (``sync``, ``cgp``, ``cgp_group``, ``cgp_fgd``, and verl's own
-trainer as a peer: ``verl_separate_async``, ``verl_separate_async_1off``) stands for a trainer mode
+trainer as a peer: ``verl_separate_async``, ``verl_separate_async_1off``, ``verl_separate_async_tuned``,
+``verl_separate_sync``, ``verl_colocated``) stands for a trainer mode
 (``rolloutpipe.mode``), a granularity (``rolloutpipe.cgp.granularity``) and whether FGD admits the rollout
 (``rolloutpipe.fgd.enable``). The config's validation, the trainer, the simulator, the benchmark, the planner and the
 peer's configurations read names through this table; none of them decodes a name by itself.
@@ -77,6 +78,13 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     # verl's default (one batch ahead, which the simulator does not model)
     Variant("verl_separate_async", None, "minibatch", peer_config="onpolicy"),
     Variant("verl_separate_async_1off", None, "minibatch", peer_config="default", simulated=False),
+    # verl's trainers at their best (docs/peer.md): separate_async on-policy tuned for this work; verl's own
+    # synchronous trainers, on separate pools (the experimental SeparateRayPPOTrainer) and colocated (V1 sync, verl's
+    # main_ppo default: rollout and training take turns on every core). Not in the simulator (the planner's colocated
+    # model is fitted on the colocated peer's measured phases).
+    Variant("verl_separate_async_tuned", None, "minibatch", peer_config="tuned", simulated=False),
+    Variant("verl_separate_sync", None, "minibatch", peer_config="separate_sync", simulated=False),
+    Variant("verl_colocated", None, "minibatch", peer_config="colocated", simulated=False),
 )}
 
 OURS = tuple(k for k, v in VARIANTS.items() if v.ours)  # the bench's modes of RolloutPipeTrainer
