@@ -41,6 +41,8 @@ def format_plan(result: dict) -> str:
             rows.append([LABELS[k], "-", "-", "-", "-", m["skipped"]])
             continue
         label = LABELS[k] + (f" [{m['fgd_window']}, {m['granularity']}]" if k == "cgp_fgd" else "")
+        if k == "verl_colocated" and "colocated" in p:
+            label = f"verl colocated ({p['colocated']['gpus']} GPUs take turns)"
         rows.append([label, f"{m['step_time_s']:.1f}", f"{m['rollout_to_train_end_s']:.1f}",
                      f"{m['reduction_vs_sync_pct']:+.1f}%", f"{m['trainer_wait_ratio']:.3f}",
                      _err(m["expected_error"])])
@@ -68,6 +70,12 @@ def format_plan(result: dict) -> str:
                      f"({rec['best_sync_split']['step_time_s']:.1f} s)")
     lines.append("  overrides: " + " ".join(rec["overrides"]))
     lines += ["", p["verdict"]["message"]]
+    if "versus_colocated" in p:
+        c, vc = p["colocated"], p["versus_colocated"]
+        lines += ["", f"Recommendation vs colocated: {vc['decision']}: {vc['message']}",
+                  f"  colocated step: rollout {c['rollout_end_s']:.1f} s on {c['replicas']} replicas + sleep "
+                  f"{c['sleep_s']:.1f} s + training {c['train_s']:.1f} s on {c['gpus']} GPUs + weight reload "
+                  f"{c['update_weights_s']:.1f} s (sleep: {c['sleep_from']}; reload: {c['update_weights_from']})"]
     for note in inp.get("notes", []):
         lines.append(f"note: {note}")
     lines.append(f"(planned in {result['elapsed_s']:.1f} s)")
