@@ -32,6 +32,9 @@ class VerlLogCosts(ProfileCosts):
         if self.fit.colocated and self.fit.update_weights_s:
             got = dict(got, update_weights_s=self.fit.update_weights_s,
                        update_weights_from=f"the log's timing_s/update_weights ({self.fit.train_gpus} GPUs)")
+        step = self.fit.measured.get("timing_s/step")
+        if self.fit.colocated and step and shape.rollout_gpus == self.fit.train_gpus:  # the log's own GPU count
+            got["log_step_s"] = step
         return got
 
 

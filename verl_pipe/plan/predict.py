@@ -298,7 +298,8 @@ def colocated_baseline(shape: Shape, ro: Rollouts, seeds) -> dict:
         out.append(colocated_step(rollout, wl, trainer, shape.groups_per_unit, params))
     got = _mean(out)
     got.update(gpus=n, replicas=whole.replicas, kv_capacity_tokens=engine.kv_capacity_tokens,
-               sleep_from=info["sleep_from"], update_weights_from=info["update_weights_from"])
+               sleep_from=info["sleep_from"], update_weights_from=info["update_weights_from"],
+               log_step_s=info.get("log_step_s"))
     return got
 
 

@@ -76,6 +76,10 @@ def format_plan(result: dict) -> str:
                   f"  colocated step: rollout {c['rollout_end_s']:.1f} s on {c['replicas']} replicas + sleep "
                   f"{c['sleep_s']:.1f} s + training {c['train_s']:.1f} s on {c['gpus']} GPUs + weight reload "
                   f"{c['update_weights_s']:.1f} s (sleep: {c['sleep_from']}; reload: {c['update_weights_from']})"]
+        if c.get("log_step_s"):
+            lines.append(f"  the verl log's own step (timing_s/step, its reward and advantages included): "
+                         f"{c['log_step_s']:.1f} s measured, {c['step_time_s']:.1f} s modelled "
+                         f"({100 * (c['step_time_s'] / c['log_step_s'] - 1):+.1f}%, the planned config's trainer)")
     for note in inp.get("notes", []):
         lines.append(f"note: {note}")
     lines.append(f"(planned in {result['elapsed_s']:.1f} s)")
