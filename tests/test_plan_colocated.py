@@ -267,3 +267,96 @@ def test_tensor_parallelism_is_planned_or_refused_with_why():
         costs.check(replace(big, tp=4, train_gpus=8))
     with pytest.raises(ValueError, match="14 attention heads do not split evenly over 4"):
         ProfileCosts(profile("h100"), MODELS["qwen2.5-0.5b"]).check(replace(SHAPE, rollout_gpus=4, tp=4))
+
+
+# ----------------------------------------------------------------------------- against measured colocated steps
+
+def _records(k=6, engine_x=1.3, sleep=0.4, reload=1.1, gpu=2):
+    """Colocated steps as the bench's peer records them (lengths, trainer spans with verl's one update call,
+    phases, measured step), made by the model itself with known costs."""
+    from verl_pipe.sim.calib import PaddedWorkload
+    from verl_pipe.sim.trainer import schedule
+    from verl_pipe.plan.verl_log import scale_engine
+
+    eng = scale_engine(CPU_TINY.with_(max_num_seqs=64), engine_x)
+    tr = TrainerParams(num_gpus=1, flops_per_s_per_gpu=1 / 2e-4, linear_flops_per_token=1.0, attn_flops_coef=0.0,
+                       microbatch_overhead_s=0.0, max_tokens_per_microbatch=1 << 40, logprob_ratio=0.3,
+                       use_ref=False, optimizer_step_s=0.0, pad_rows=4)
+    out = []
+    for i in range(k):
+        w = lognormal(8, 4, median=60, sigma=0.9, rho=0.7, cap=512, prompt_len=30, seed=200 + i)
+        wl = PaddedWorkload(w.num_groups, w.n, w.lengths, w.prompt_len)
+        ro = rollout_for_mode("sync", wl, eng, 1, gpu, None)
+        m = colocated_step(ro, wl, tr, gpu, ColocatedParams(sleep_s=sleep, update_weights_s=reload))
+        plan = schedule("sync", ro.completions, wl.seq_lens, tr, gpu, ro.rollout_end + sleep)
+        lp = [s for s in plan.spans if s[0] == "old_log_prob"][0]
+        upd = [s for s in plan.spans if s[0] in ("update", "optimizer_step")]
+        spans = [{"kind": "old_log_prob", "start": lp[1], "end": lp[2], "unit": 0},
+                 {"kind": "update", "start": min(s[1] for s in upd), "end": max(s[2] for s in upd), "unit": 0}]
+        out.append({"mode": "verl_colocated", "step": i, "round": i % 3, "lengths": w.lengths, "prompt_len": 30.0,
+                    "groups_per_unit": gpu, "train_spans": spans,
+                    "metrics": {"rollout_end_s": ro.rollout_end, "step_time_s": m["step_time_s"]},
+                    "phases": [{"phase": "sleep", "start": ro.rollout_end, "end": ro.rollout_end + sleep},
+                               {"phase": "weight_reload", "start": m["rollout_to_train_end_s"],
+                                "end": m["step_time_s"]}]})
+    return out
+
+
+def test_the_colocated_check_recovers_a_known_model(tmp_path):
+    import gzip
+
+    from verl_pipe.plan import colocated_check as CC
+
+    recs = _records()
+    f = CC.fit(recs, max_num_seqs=64)
+    assert f.engine_scale == pytest.approx(1.3, rel=0.05)
+    assert f.params.sleep_s == pytest.approx(0.4) and f.params.update_weights_s == pytest.approx(1.1)
+    got = CC.check(recs, max_num_seqs=64)
+    assert got["held_out"] == "round" and got["max_abs_rel_error"] < 0.05
+    path = tmp_path / "bench_colocated_steps.json.gz"
+    with gzip.open(path, "wt") as fh:
+        json.dump({"steps": recs + [dict(recs[0], mode="sync")]}, fh)
+    assert len(CC.colocated_records(path)) == len(recs)
+
+
+def _peer_colocated_files():
+    from pathlib import Path
+
+    from verl_pipe.plan import colocated_check as CC
+
+    bench = Path(__file__).resolve().parents[1] / "docs" / "bench"
+    out = []
+    for f in sorted(bench.glob("*.json*")):
+        try:
+            if CC.colocated_records(f):
+                out.append(f)
+        except (ValueError, OSError, EOFError):
+            continue
+    return out
+
+
+def test_the_colocated_model_within_15pct_of_the_measured_cpu_runs():
+    """The colocated peer's real CPU runs (issue 40's bench, kept in docs/bench): each step predicted by a fit on
+    the other rounds, within 15% of its measured step time. Skipped until such a run is kept."""
+    from verl_pipe.plan import colocated_check as CC
+
+    files = _peer_colocated_files()
+    if not files:
+        pytest.skip("no verl_colocated steps kept in docs/bench yet (the bench's colocated peer, issue 40)")
+    for f in files:
+        got = CC.check(CC.colocated_records(f))
+        assert got["max_abs_rel_error"] < 0.15, (f.name, got["rows"])
+
+
+def test_the_public_colocated_figures():
+    """verl's fully_async README's colocate-sync rows (Qwen2.5-Math-7B on 32 / 64 / 128 H20): the model's reload,
+    derived from the 128-GPU row's residual, leaves the 32- and 64-GPU rows within 0.1% (their phases are the
+    published ones: this checks the transition's size and that it does not grow with N, not the phases)."""
+    from verl_pipe.plan import colocated_check as CC
+
+    reload_s = profile("h200").colocated(model_shape("Qwen2.5-Math-7B"))["update_weights_s"]
+    assert reload_s == pytest.approx(10.72, rel=0.01)
+    rows = CC.public_check(reload_s)
+    assert [r["gpus"] for r in rows] == [32, 64, 128]
+    assert all(abs(r["rel_error"]) < 0.002 for r in rows)
+    assert max(r["residual_s"] for r in rows) - min(r["residual_s"] for r in rows) < 0.5

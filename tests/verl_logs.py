@@ -73,7 +73,7 @@ class ColocatedRun:
     logprob_ratio: float = 0.3
     sleep_s: float = 0.5  # the profile's (the fit takes it out of timing_s/gen)
     update_weights_s: float = 3.2
-    rollout_name: str = "vllm"
+    use_ref: bool = False  # a KL loss: verl computes the reference log-prob (timing_s/ref)
 
 
 def _shape(run: ColocatedRun):
@@ -101,7 +101,8 @@ def colocated_metrics(run: ColocatedRun = ColocatedRun(), steps: int = 5, *, dro
                                  gpu_memory_utilization=shape.gpu_memory_utilization,
                                  resident_bytes=hw.colocated_resident_bytes(model, run.gpus)), run.engine_x)
     tr = hw.trainer(model, gpus=run.gpus, recompute=shape.recompute,
-                    max_tokens_per_microbatch=shape.max_tokens_per_microbatch, use_ref=False, placement="device")
+                    max_tokens_per_microbatch=shape.max_tokens_per_microbatch, use_ref=run.use_ref,
+                    placement="device")
     tr = tr.with_(time_scale=run.trainer_x, logprob_ratio=run.logprob_ratio)
     params = ColocatedParams(sleep_s=run.sleep_s, update_weights_s=run.update_weights_s)
     out = []
@@ -111,11 +112,12 @@ def colocated_metrics(run: ColocatedRun = ColocatedRun(), steps: int = 5, *, dro
         ro = rollout_for_mode("sync", wl, eng, run.gpus, run.groups_per_unit, None, "group_major")
         m = colocated_step(ro, wl, tr, run.groups_per_unit, params)
         lp = tr.logprob_s([L for g in range(wl.num_groups) for L in wl.seq_lens(g)])
-        upd = m["train_s"] - lp
+        ref = lp if run.use_ref else 0.0
+        upd = m["train_s"] - lp - ref
         x = np.asarray(wl.lengths, dtype=float)
         tokens = int(x.sum() + x.size * run.prompt_len)
         gen = (m["rollout_end_s"] * (3.0 if step == 1 else 1.0)) + run.sleep_s
-        t_step = gen + 0.3 + lp + 0.05 + upd + run.update_weights_s
+        t_step = gen + 0.3 + lp + ref + 0.05 + upd + run.update_weights_s
         per_rank = tokens / run.gpus
         d = {
             "training/global_step": step, "training/epoch": 0, "actor/entropy": 0.58, "actor/pg_loss": -0.004,
@@ -128,6 +130,7 @@ def colocated_metrics(run: ColocatedRun = ColocatedRun(), steps: int = 5, *, dro
             "global_seqlen/minmax_diff": int(per_rank * 0.02), "global_seqlen/balanced_min": int(per_rank),
             "global_seqlen/balanced_max": int(per_rank) + 1, "global_seqlen/mean": per_rank,
             "timing_s/gen": gen, "timing_s/reward": 0.3, "timing_s/old_log_prob": lp, "timing_s/adv": 0.05,
+            **({"timing_s/ref": ref} if run.use_ref else {}),
             "timing_s/update_actor": upd, "timing_s/update_weights": run.update_weights_s, "timing_s/step": t_step,
             "timing_per_token_ms/gen": 1000 * gen / x.sum(),
             "timing_per_token_ms/update_actor": 1000 * upd / tokens,

@@ -212,12 +212,7 @@ def load(arg: str, *, n: int, tokenizer: str | None = None, chars_per_token: flo
 
     spath, size = split_source(arg)
     if is_steps_file(spath):  # a bench's per-step file: the groups each measured step generated
-        got = steps_file(spath, size)
-        steps = got["ours"] + got["peer"]
-        groups = [list(map(int, g)) for s in steps for g in s["lengths"] if g]
-        prompt = sum(s["prompt_len"] for s in steps) / len(steps)
-        return Lengths(source=f"bench steps {arg} ({len(steps)} steps, {len(groups)} groups, "
-                              f"{sum(map(len, groups))} responses)", groups=groups, prompt_len=prompt)
+        return _bench_steps(arg, steps_file(spath, size))
     m = re.match(r"^(.*\.parquet):([^/]+)$", arg)
     path = Path(m.group(1) if m else arg).expanduser()
     if not m and path.exists() and verl_log.is_verl_log(path):  # verl's console / file-logger metrics
@@ -264,6 +259,14 @@ def load(arg: str, *, n: int, tokenizer: str | None = None, chars_per_token: flo
         raise ValueError(f"--lengths {arg}: no finished responses found")
     return Lengths(source=f"{kind} {arg} ({len(groups)} groups, {sum(map(len, groups))} responses)",
                    groups=groups, prompt_len=prompt)
+
+
+def _bench_steps(arg: str, got: dict) -> Lengths:
+    steps = got["ours"] + got["peer"]
+    groups = [list(map(int, g)) for s in steps for g in s["lengths"] if g]
+    prompt = sum(s["prompt_len"] for s in steps) / len(steps)
+    return Lengths(source=f"bench steps {arg} ({len(steps)} steps, {len(groups)} groups, "
+                          f"{sum(map(len, groups))} responses)", groups=groups, prompt_len=prompt)
 
 
 def _token_counter(tokenizer: str | None, chars_per_token: float | None):

@@ -75,6 +75,17 @@ def _get(cfg, dotted: str, default=None):
     return default if v is None else v
 
 
+def _rollout(cfg, need) -> tuple[str, int]:
+    """The rollout's server (vLLM or SGLang) and its tensor parallelism, checked."""
+    roll = "actor_rollout_ref.rollout"
+    name = str(_get(cfg, f"{roll}.name", "vllm"))
+    need(name in ROLLOUTS, f"{roll}.name={name}: the engine model is a continuous-batching server with vLLM's "
+                           f"scheduler; the planner models {', '.join(ROLLOUTS)}")
+    tp = int(_get(cfg, f"{roll}.tensor_model_parallel_size", 1))
+    need(tp >= 1, f"{roll}.tensor_model_parallel_size={tp}: must be >= 1")
+    return name, tp
+
+
 def shape_of(cfg) -> Shape:
     """Read the planner's shape from a composed run config; raise CannotModel for what it cannot model."""
     def need(cond: bool, msg: str) -> None:
@@ -89,11 +100,7 @@ def shape_of(cfg) -> Shape:
     grans = tuple(g for g in ("minibatch", "group") if estimators.cgp_problem(est, g) is None)
     need(bool(grans), f"algorithm.adv_estimator={est}: {estimators.cgp_problem(est, 'group')}; only sync would "
                       "run, there is nothing to plan")
-    name = str(_get(cfg, f"{roll}.name", "vllm"))
-    need(name in ROLLOUTS, f"{roll}.name={name}: the engine model is a continuous-batching server with vLLM's "
-                           f"scheduler; the planner models {', '.join(ROLLOUTS)}")
-    tp = int(_get(cfg, f"{roll}.tensor_model_parallel_size", 1))
-    need(tp >= 1, f"{roll}.tensor_model_parallel_size={tp}: must be >= 1")
+    name, tp = _rollout(cfg, need)
     need(not _get(cfg, f"{roll}.multi_turn.enable", False),
          f"{roll}.multi_turn.enable=true: multi-turn / tool rollouts are not modelled (one generation per request)")
     need(int(_get(cfg, "rolloutpipe.oversample", 0)) == 0 and not _get(cfg, "rolloutpipe.filter_zero_variance", False),
