@@ -89,7 +89,9 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
 )}
 
 OURS = tuple(k for k, v in VARIANTS.items() if v.ours)  # the bench's modes of RolloutPipeTrainer
-PEERS = tuple(k for k, v in VARIANTS.items() if not v.ours)  # verl's own trainer, in its configurations
+# verl's own trainer, in the configurations the bench runs (verl_colocated, until the bench gives it one, is the
+# planner's model only)
+PEERS = tuple(k for k, v in VARIANTS.items() if not v.ours and v.peer_config)
 SIMULATED = tuple(k for k, v in VARIANTS.items() if v.simulated)  # the simulator's modes
 PEER_MODE_NAMES = {v.peer_config: k for k, v in VARIANTS.items() if v.peer_config}  # peer configuration -> name
 

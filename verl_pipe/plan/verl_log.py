@@ -566,8 +566,9 @@ def fit_log(path, shape, hw, model, *, rollout_gpus: int | None = None, train_gp
     r_gpus, t_gpus, gpus_from = _run_gpus(run, shape, rollout_gpus, train_gpus)
     lengths = _assumed_lengths(M, shape, num_groups, shape.n) if run.has_lengths else None
     # the profile's figures for each fitted step's assumed workload
+    resident = hw.colocated_resident_bytes(model, t_gpus) if colocated else 0.0  # the trainer's states beside it
     engine = hw.engine(model, max_num_seqs=shape.max_num_seqs, max_num_batched_tokens=shape.max_num_batched_tokens,
-                       gpu_memory_utilization=shape.gpu_memory_utilization, tp=shape.tp)
+                       gpu_memory_utilization=shape.gpu_memory_utilization, tp=shape.tp, resident_bytes=resident)
     trainer = hw.trainer(model, gpus=t_gpus, recompute=shape.recompute,
                          max_tokens_per_microbatch=shape.max_tokens_per_microbatch, use_ref=shape.use_ref,
                          placement="device")
