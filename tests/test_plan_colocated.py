@@ -313,6 +313,10 @@ def test_the_colocated_check_recovers_a_known_model(tmp_path):
     assert f.params.sleep_s == pytest.approx(0.4) and f.params.update_weights_s == pytest.approx(1.1)
     got = CC.check(recs, max_num_seqs=64)
     assert got["held_out"] == "round" and got["max_abs_rel_error"] < 0.05
+    # two settings at other engine speeds: each is fitted on its own steps
+    other = [dict(r, setting="b") for r in _records(engine_x=2.0)]
+    got = CC.check([dict(r, setting="a") for r in recs] + other, max_num_seqs=64)
+    assert got["held_out"] == "round (per setting)" and got["max_abs_rel_error"] < 0.05
     path = tmp_path / "bench_colocated_steps.json.gz"
     with gzip.open(path, "wt") as fh:
         json.dump({"steps": recs + [dict(recs[0], mode="sync")]}, fh)

@@ -38,7 +38,9 @@ def colocated_records(path) -> list[dict]:
     steps = d.get("steps") if isinstance(d, dict) else None
     if not isinstance(steps, list):
         raise ValueError(f"{path}: not a bench steps file or a peer output (no 'steps' list)")
-    return [r for r in steps if r.get("mode", d.get("mode")) == MODE and not r.get("warmup")]
+    shapes = d.get("shapes") or {}
+    return [dict(r, stack_shape=shapes.get(r.get("model_size"), {})) for r in steps
+            if r.get("mode", d.get("mode")) == MODE and not r.get("warmup")]
 
 
 def _phase(rec: dict, name: str) -> float:
@@ -94,7 +96,10 @@ def fit(records: list[dict], *, replicas: int = 1, groups_per_unit: int | None =
 
     if not records:
         raise ValueError("no colocated steps to fit")
-    gpu = groups_per_unit or int(records[0].get("groups_per_unit") or max(1, len(records[0]["lengths"])))
+    stack = records[0].get("stack_shape") or {}  # a bench steps file's shape of the stack (its engine slots, units)
+    gpu = groups_per_unit or int(records[0].get("groups_per_unit") or stack.get("groups_per_unit")
+                                 or max(1, len(records[0]["lengths"])))
+    max_num_seqs = max_num_seqs or stack.get("max_num_seqs")
     peer = [{"train_spans": r["train_spans"], "lengths": r["lengths"], "prompt_len": _prompt(r),
              "metrics": r["metrics"], "step": r.get("step")} for r in records]
     trainer = fit_verl_trainer(peer).params
@@ -109,8 +114,15 @@ def fit(records: list[dict], *, replicas: int = 1, groups_per_unit: int | None =
 
 
 def check(records: list[dict], **kw) -> dict:
-    """Each step predicted by a fit on the others (held out by ``round`` where the records carry rounds, else one
-    step at a time): measured vs predicted step time, per step and the largest relative error."""
+    """Each step predicted by a fit on the others of its setting (held out by ``round`` where the records carry
+    rounds, else one step at a time): measured vs predicted step time, per step and the largest relative error."""
+    settings = sorted({str(r.get("setting")) for r in records})
+    if len(settings) > 1:
+        parts = [check([r for r in records if str(r.get("setting")) == k], **kw) for k in settings]
+        rows = [x for p in parts for x in p["rows"]]
+        errs = [abs(x["rel_error"]) for x in rows]
+        return {"rows": rows, "max_abs_rel_error": max(errs), "mean_abs_rel_error": float(np.mean(errs)),
+                "held_out": ", ".join(sorted({p["held_out"] for p in parts})) + " (per setting)"}
     rounds = sorted({r.get("round") for r in records if r.get("round") is not None})
     groups = ([[r for r in records if r.get("round") == k] for k in rounds] if len(rounds) > 1
               else [[r] for r in records])
