@@ -364,3 +364,18 @@ def test_the_public_colocated_figures():
     assert [r["gpus"] for r in rows] == [32, 64, 128]
     assert all(abs(r["rel_error"]) < 0.002 for r in rows)
     assert max(r["residual_s"] for r in rows) - min(r["residual_s"] for r in rows) < 0.5
+
+
+def test_a_large_unmeasured_reload_is_flagged():
+    from tests.test_plan import SHAPE
+    from verl_pipe.plan.predict import versus_colocated
+
+    coloc = {"step_time_s": 100.0, "sleep_s": 0.5, "update_weights_s": 40.0,
+             "update_weights_from": "h100 profile: 141.1 GB bf16 at 1.42 GB/s (derived)"}
+    split = [{"rollout_gpus": 1, "train_gpus": 3, "sync_step_s": 90.0, "recommended_step_s": 70.0}]
+    conf = {"mode": "cgp", "label": "cgp (group)"}
+    vc = versus_colocated(coloc, split, SHAPE, conf, {})
+    assert vc["decision"] == "split 1 + 3" and vc["gain_pct"] == pytest.approx(30.0)
+    assert "reload are 40% of it" in vc["message"] and "--calibrate-verl-log" in vc["message"]
+    measured = dict(coloc, update_weights_from="the log's timing_s/update_weights (4 GPUs)")
+    assert "would settle it" not in versus_colocated(measured, split, SHAPE, conf, {})["message"]

@@ -332,6 +332,11 @@ def versus_colocated(coloc: dict, splits: list[dict], shape: Shape, configured: 
            f"colocated default on all {n} GPUs {t_c:.1f} s: {gain:+.1f}% ± {unc:.0f} pt"
            + ("" if split else f" (a split must save at least {NO_HELP_PCT:g}%)")
            + (" — inside the planner's uncertainty: measure both before you move" if abs(gain) < unc else ""))
+    share = (coloc["sleep_s"] + coloc["update_weights_s"]) / t_c
+    if share > 0.15 and "timing_s/update_weights" not in coloc.get("update_weights_from", ""):
+        msg += (f"; the colocated step's sleep and weight reload are {100 * share:.0f}% of it and the reload is "
+                f"{coloc.get('update_weights_from', 'not measured')}: a verl log's timing_s/update_weights "
+                "(--calibrate-verl-log) would settle it")
     return {"decision": head, "split": split, "rollout_gpus": k, "train_gpus": rest, "mode": mode,
             "step_time_s": step, "colocated_step_s": t_c, "gain_pct": gain, "uncertainty_pt": unc,
             "expected_error": {"split": e_split, "colocated": e_col}, "message": msg}
@@ -458,7 +463,8 @@ def _split_sweep(inp: PlanInputs, ro: Rollouts, best: str, best_window, rec: dic
         try:
             inp.costs.check(s)
         except ValueError as e:  # the trainer's states or a replica do not fit this split's GPUs
-            rec.setdefault("splits_skipped", []).append({"rollout_gpus": r_gpus, "why": str(e)})
+            rec.setdefault("splits_skipped", []).append({"rollout_gpus": r_gpus, "train_gpus": total - r_gpus,
+                                                        "why": str(e)})
             continue
         r = simulate_shape(s, ro, inp.seeds if r_gpus == shape.rollout_gpus else inp.sweep_seeds,
                            windows=(best_window,) if rec["fgd"] else (),

@@ -54,7 +54,7 @@ def format_plan(result: dict) -> str:
         lines.append("theta_k store (recommended mode): " + ", ".join(
             f"{k} {v:.1f} s" for k, v in p["theta_k_placements"].items()))
     for sk in p["recommendation"].get("splits_skipped", []):
-        lines.append(f"split {sk['rollout_gpus']} + rest not planned: {sk['why']}")
+        lines.append(f"split {sk['rollout_gpus']} + {sk['train_gpus']} not planned: {sk['why']}")
     if p["splits"]:
         lines.append("split (rollout+trainer GPUs): step s sync / recommended: " + ", ".join(
             f"{s['rollout_gpus']}+{s['train_gpus']} {s['sync_step_s']:.1f}/{s['recommended_step_s']:.1f}"
