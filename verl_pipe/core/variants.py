@@ -27,7 +27,14 @@ class Variant:
     granularity: str | None  # fixed granularity (verl's own trains mini-batches); None: the run picks one (cgp_fgd)
     fgd: bool = False  # frontier-group dispatch admits the rollout
     peer_config: str | None = None  # a peer's configuration (verl_pipe/bench/peer/configs.py CONFIGS)
-    simulated: bool = True  # the simulator models it (verl_pipe/sim/trainer.py)
+    simulated: bool = True  # the simulator's step models it on two pools (verl_pipe/sim/trainer.py, simulate.py)
+    # rollout and training take turns on the same devices (verl's hybrid engine), not two pools: not a mode of the
+    # two-pool step (simulated=False); verl_pipe/sim/colocated.py models it, its trainer on ``schedule_as``'s schedule
+    colocated: bool = False
+    schedule_as: str | None = None  # a variant of ours whose trainer schedule this one's trainer follows
+    # a peer the two-pool simulator models as another (simulated) variant: the planner's validation predicts it as
+    # that one, with verl's trainer costs (verl_pipe/plan/validate.py)
+    simulate_as: str | None = None
 
     @property
     def ours(self) -> bool:
@@ -36,9 +43,10 @@ class Variant:
 
     @property
     def overlapped(self) -> bool:
-        """The rollout shares the machine with a busy trainer (every variant but sync): the calibration fits
-        its engine apart from sync's (verl_pipe/sim/calib.py)."""
-        return self.mode != "sync"
+        """The rollout shares the machine with a busy trainer (every variant but sync and the colocated one, whose
+        rollout runs while its trainer waits): the calibration fits its engine apart from sync's
+        (verl_pipe/sim/calib.py)."""
+        return self.mode != "sync" and not self.colocated
 
     @property
     def granularities(self) -> tuple[str, ...]:
@@ -80,17 +88,29 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("verl_separate_async_1off", None, "minibatch", peer_config="default", simulated=False),
     # verl's trainers at their best (docs/peer.md): separate_async on-policy tuned for this work; verl's own
     # synchronous trainers, on separate pools (the experimental SeparateRayPPOTrainer) and colocated (V1 sync, verl's
-    # main_ppo default: rollout and training take turns on every core). Not in the simulator (the planner's colocated
-    # model is fitted on the colocated peer's measured phases).
-    Variant("verl_separate_async_tuned", None, "minibatch", peer_config="tuned", simulated=False),
-    Variant("verl_separate_sync", None, "minibatch", peer_config="separate_sync", simulated=False),
-    Variant("verl_colocated", None, "minibatch", peer_config="colocated", simulated=False),
+    # main_ppo default: rollout and training take turns on every core). Not in the two-pool simulator; the colocated one
+    # (rollout on every device, engines put to sleep, old log-prob and update on sync's schedule, weights reloaded
+    # into the sleeping engines) is modelled in verl_pipe/sim/colocated.py.
+    Variant("verl_separate_async_tuned", None, "minibatch", peer_config="tuned", simulated=False,
+            simulate_as="verl_separate_async"),
+    Variant("verl_separate_sync", None, "minibatch", peer_config="separate_sync", simulated=False,
+            simulate_as="sync"),
+    Variant("verl_colocated", None, "minibatch", peer_config="colocated", simulated=False, colocated=True,
+            schedule_as="sync"),
 )}
 
 OURS = tuple(k for k, v in VARIANTS.items() if v.ours)  # the bench's modes of RolloutPipeTrainer
-PEERS = tuple(k for k, v in VARIANTS.items() if not v.ours)  # verl's own trainer, in its configurations
+# verl's own trainer, in the configurations the bench runs (verl_pipe/bench/peer/configs.py)
+PEERS = tuple(k for k, v in VARIANTS.items() if not v.ours and v.peer_config)
 SIMULATED = tuple(k for k, v in VARIANTS.items() if v.simulated)  # the simulator's modes
 PEER_MODE_NAMES = {v.peer_config: k for k, v in VARIANTS.items() if v.peer_config}  # peer configuration -> name
+
+
+def modelled_as(name: str) -> Variant:
+    """The variant the two-pool simulator models ``name`` as: itself, or its ``simulate_as`` (a tuned or synchronous
+    peer as the simulated schedule it follows)."""
+    v = variant(name)
+    return variant(v.simulate_as) if v.simulate_as else v
 
 
 def variant(name: str) -> Variant:
