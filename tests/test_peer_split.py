@@ -88,3 +88,28 @@ def test_colocated_phases_from_a_steps_file(tmp_path):
     assert out["split_sync"]["trainer_busy_s"] == 3.0
     assert phases.main([str(path), "--out", str(tmp_path / "p.json")]) == 0
     assert json.loads((tmp_path / "p.json").read_text())["sleep_available"] is False
+
+
+def test_windows_combine_rounds_and_the_aa_pairs_each_mode_with_itself(tmp_path, capsys):
+    import json
+
+    w1 = {"settings": [_setting(sync=[10.0, 11.0, 12.0], cgp_fgd=[7.0, 8.0, 9.0])]}
+    w2 = {"settings": [_setting(sync=[10.5, 11.0, 12.5], cgp_fgd=[7.0, 8.5, 8.0], verl_colocated=[9.0, 9.0, 9.0])]}
+    c = split.combine([w1, w2], ["a.json", "b.json"])
+    modes = c["settings"][0]["modes"]
+    assert set(modes) == {"sync", "cgp_fgd"}  # a mode missing from one window is left out
+    assert split.per_round(c["settings"][0], "sync") == [10.0, 11.0, 12.0, 10.5, 11.0, 12.5]
+    aa = c["aa"]["longtail-x"]["sync"]
+    assert aa["diffs"] == [0.5, 0.0, 0.5] and aa["diff_mean"] == pytest.approx(1 / 3)
+    lines = split.aa_table(c)
+    assert lines[0].startswith("`longtail-x`: A/A") and "a.json → b.json" in lines[0]
+    assert any(ln.startswith("| sync | 11.00 s | 11.33 s | +0.33 ± ") for ln in lines)
+    assert "gain_split_aa" in rt.KINDS
+    with pytest.raises(ValueError, match="at least two windows"):
+        split.combine([w1])
+    p1, p2, out = tmp_path / "w1.json", tmp_path / "w2.json", tmp_path / "c.json"
+    p1.write_text(json.dumps(w1))
+    p2.write_text(json.dumps(w2))
+    assert split.main(["--combine", str(p1), str(p2), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["windows"] == [str(p1), str(p2)]
+    assert "A/A" in capsys.readouterr().out

@@ -141,7 +141,68 @@ def split_table(result: dict) -> list[str]:
     return lines
 
 
+# ------------------------------------------------------------------------------------------------- windows
+
+def combine(results: list[dict], names: list[str] | None = None) -> dict:
+    """Results of the same bench config run in several windows (verl's stacks after ours in one, before in the next)
+    as one: per setting, each mode's rounds concatenated window after window (round i of every mode is still the
+    same workload: every window runs the same seeds), and ``aa`` the A/A of each mode against itself across the
+    first two windows (same mode, same workloads, another window), paired as every comparison is."""
+    if len(results) < 2:
+        raise ValueError("combine: expected the results of at least two windows")
+    names = names or [f"window {i + 1}" for i in range(len(results))]
+    first = results[0]["settings"]
+    settings, aa = [], {}
+    for s in first:
+        others = [next((o for o in r["settings"] if o["name"] == s["name"]), None) for r in results[1:]]
+        if None in others:
+            raise ValueError(f"combine: setting {s['name']!r} is not in every window")
+        modes = {}
+        for mode in s["modes"]:
+            runs = [per_round(w, mode) for w in [s] + others]
+            if None in runs:
+                continue
+            modes[mode] = {"per_run": [{KEY: v} for r in runs for v in r], "per_window": runs}
+            p = paired(runs[0], runs[1])
+            aa.setdefault(s["name"], {})[mode] = p
+        settings.append({"name": s["name"], "modes": modes})
+    return {"settings": settings, "aa": aa, "windows": names}
+
+
+def aa_table(combined: dict) -> list[str]:
+    """The A/A: each mode against itself in the next window, through the same paired test as the comparisons."""
+    lines: list[str] = []
+    for name, modes in combined.get("aa", {}).items():
+        if lines:
+            lines.append("")
+        w = combined.get("windows", ["window 1", "window 2"])
+        lines.append(f"`{name}`: A/A, each mode against itself ({w[0]} → {w[1]}, same workloads)")
+        lines.append("")
+        lines.append("| mode | first window | second window | B − A per round | change |")
+        lines.append("|---|---|---|---|---|")
+        for mode, p in modes.items():
+            lines.append(f"| {mode} | {p['a_mean']:.2f} s | {p['b_mean']:.2f} s | {_pm(p['diff_mean'], p['diff_se'])} | "
+                         f"{_pm(p['change_pct'], p['change_se'], '.1f', '%')} |")
+    return lines
+
+
 def main(argv: list[str]) -> int:
+    """``split RESULT.json…`` prints each one's tables; ``split --combine W1.json W2.json… --out FILE`` writes the
+    windows' combined results (``combine``) and prints their tables and the A/A."""
+    if argv and argv[0] == "--combine":
+        if "--out" not in argv or argv.index("--out") + 1 >= len(argv):
+            raise SystemExit("split --combine W1.json W2.json… --out FILE: --out is required")
+        i = argv.index("--out")
+        out, paths = argv[i + 1], argv[1:i] + argv[i + 2:]
+        results = []
+        for path in paths:
+            with open(path) as f:
+                results.append(json.load(f))
+        combined = combine(results, paths)
+        with open(out, "w") as f:
+            json.dump(combined, f, indent=1)
+        print("\n".join(split_table(combined) + [""] + aa_table(combined)))
+        return 0
     for path in argv:
         with open(path) as f:
             print("\n".join(split_table(json.load(f))))
