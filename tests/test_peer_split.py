@@ -51,7 +51,8 @@ def test_table_renders_a_row_per_comparison_and_the_target_line():
     rows = [ln for ln in lines if ln.startswith("| ") and not ln.startswith("| source")]
     assert len(rows) == len(split.COMPARISONS) - 1  # no verl_separate_async (untuned) in RUNS
     assert "| stack | our sync vs verl's separate sync | 12.33 s | 11.00 s | \u22121.33 ± 0.33 s |" in lines[4]
-    assert lines[-1].startswith("Pipelining gain over its own sync: ours (cgp + fgd) ")
+    assert lines[-3].startswith("Pipelining gain over its own sync: ours (cgp + fgd) ")
+    assert lines[-1].startswith("Our lead over verl's tuned separate_async")
     assert "gain_split" in rt.KINDS  # docs/peer.md's marked tables render through readme_tables
 
 
@@ -113,3 +114,17 @@ def test_windows_combine_rounds_and_the_aa_pairs_each_mode_with_itself(tmp_path,
     assert split.main(["--combine", str(p1), str(p2), "--out", str(out)]) == 0
     assert json.loads(out.read_text())["windows"] == [str(p1), str(p2)]
     assert "A/A" in capsys.readouterr().out
+
+
+def test_the_lead_splits_exactly_into_plumbing_and_pipelining():
+    ld = split.gain_split(_setting(**RUNS))["lead"]
+    lead = [t - f for t, f in zip(RUNS["verl_separate_async_tuned"], RUNS["cgp_fgd"])]
+    plumbing = [v - s for v, s in zip(RUNS["verl_separate_sync"], RUNS["sync"])]
+    assert ld["lead"][0] == pytest.approx(sum(lead) / 3) and ld["plumbing"][0] == pytest.approx(sum(plumbing) / 3)
+    assert ld["lead"][0] == pytest.approx(ld["plumbing"][0] + ld["pipelining"][0])
+    assert ld["plumbing_share"] == pytest.approx(sum(plumbing) / sum(lead))
+    runs = dict(RUNS)
+    del runs["verl_separate_sync"]
+    assert "lead" not in split.gain_split(_setting(**runs))
+    assert any(ln.startswith("Our lead over verl's tuned separate_async") for ln in split.split_table(
+        {"settings": [_setting(**RUNS)]}))

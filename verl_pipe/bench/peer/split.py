@@ -10,6 +10,8 @@ gains are per round too (1 − B/A), so a gain's standard error is that of the p
 - pipelining: each framework's pipelined mode against its own sync (ours: cgp and cgp+fgd against sync; verl's:
   separate_async on-policy, tuned, against its separate sync), and the difference of the two gains in points;
 - admission: cgp+fgd against cgp alone;
+- our lead over verl's best pipelined trainer, split exactly into plumbing (the stacks on the same synchronous
+  schedule) and pipelining (our pipelining's saving minus verl's), round by round (``lead_sources``);
 - split against colocated: on the same two cores, each split trainer against verl's colocated sync
   (``verl_colocated``, main_ppo's default: rollout and training take turns on both cores).
 
@@ -88,6 +90,9 @@ def gain_split(setting: dict) -> dict:
         d = [g_ours[i] - g_verl[i] for i in range(n)]
         out["pipelining_points"] = {"ours": _mean_se(g_ours), "verl": _mean_se(g_verl), "difference": _mean_se(d),
                                     "target": TARGET_POINTS, "met": statistics.mean(d) >= TARGET_POINTS}
+    lead = lead_sources(setting)
+    if lead:
+        out["lead"] = lead
     absolute = {}
     for other in (VERL_PIPE, COLOCATED):
         ra, rb = per_round(setting, other), per_round(setting, OURS_PIPE)
@@ -96,6 +101,23 @@ def gain_split(setting: dict) -> dict:
             absolute[other] = {"diff_mean": p["diff_mean"], "diff_se": p["diff_se"], "met": p["diff_mean"] < 0}
     out["absolute"] = absolute
     return out
+
+
+def lead_sources(setting: dict) -> dict | None:
+    """Our lead over verl's best pipelined trainer (tuned separate_async − cgp + fgd, per round) split exactly into
+    plumbing (verl's separate sync − our sync: the two stacks on the same synchronous schedule) and pipelining
+    (what our pipelining saves over our sync minus what verl's saves over its own): lead = plumbing + pipelining in
+    every round. Seconds, mean ± standard error over the rounds; None where one of the four modes did not run."""
+    runs = [per_round(setting, m) for m in ("sync", OURS_PIPE, VERL_SYNC, VERL_PIPE)]
+    if None in runs:
+        return None
+    n = min(len(r) for r in runs)
+    sync, pipe, vsync, vpipe = (r[:n] for r in runs)
+    lead = [vpipe[i] - pipe[i] for i in range(n)]
+    plumbing = [vsync[i] - sync[i] for i in range(n)]
+    pipelining = [(sync[i] - pipe[i]) - (vsync[i] - vpipe[i]) for i in range(n)]
+    return {"rounds": n, "lead": _mean_se(lead), "plumbing": _mean_se(plumbing), "pipelining": _mean_se(pipelining),
+            "plumbing_share": statistics.mean(plumbing) / statistics.mean(lead) if statistics.mean(lead) else math.nan}
 
 
 # ------------------------------------------------------------------------------------------------- rendering
@@ -138,6 +160,13 @@ def split_table(result: dict) -> list[str]:
                          f"verl's (separate_async tuned) {_pm(*pp['verl'], '.1f', ' points')}; difference "
                          f"{_pm(*pp['difference'], '.1f', ' points')} (target ≥ {pp['target']:.0f}: "
                          f"{'met' if pp['met'] else 'missed'}).")
+        ld = sp.get("lead")
+        if ld:
+            lines.append("")
+            lines.append(f"Our lead over verl's tuned separate_async (its time − cgp + fgd's): {_pm(*ld['lead'])}, of "
+                         f"which plumbing (verl's separate sync − our sync) {_pm(*ld['plumbing'])} and pipelining "
+                         f"(our pipelining's saving over our sync − verl's over its own) {_pm(*ld['pipelining'])}: "
+                         f"{100 * ld['plumbing_share']:.0f}% of the mean lead is plumbing.")
     return lines
 
 
