@@ -35,9 +35,11 @@ class WarmStart:
         return f"sft-s{self.steps}-lr{self.lr:g}-b{self.batch_size}-seed{self.seed}"
 
 
-def sft_overrides(spec: WarmStart, model_dir: Path, sft_file: Path, out_dir: Path) -> list[str]:
+def sft_overrides(spec: WarmStart, model_dir: Path, sft_file: Path, out_dir: Path, max_length: int = 128) -> list[str]:
     """verl's sft_trainer_engine overrides of a warm-start: fp32 on CPU like the RL default, sdpa attention (no
-    flash-attn on CPU), padded micro-batches of the whole batch, the final step saved as a Hugging Face checkpoint."""
+    flash-attn on CPU), padded micro-batches of the whole batch, the final step saved as a Hugging Face checkpoint.
+    ``max_length``: the longest sample verl's SFT dataset accepts (it refuses a longer one); the task's
+    (``verl_pipe.assets.TASKS``). It only bounds the samples, so it does not name the cache entry."""
     return [
         f"model.path={model_dir}",
         "model.use_remove_padding=false",
@@ -47,7 +49,7 @@ def sft_overrides(spec: WarmStart, model_dir: Path, sft_file: Path, out_dir: Pat
         f"data.train_batch_size={spec.batch_size}",
         f"data.micro_batch_size_per_gpu={spec.batch_size}",
         "data.use_dynamic_bsz=false",
-        "data.max_length=128",
+        f"data.max_length={max_length}",
         "data.num_workers=0",
         "engine.strategy=fsdp2",
         "engine.model_dtype=fp32",
@@ -76,14 +78,14 @@ def hf_checkpoint(run_dir: Path, steps: int) -> Path:
     return path
 
 
-def run(spec: WarmStart, model_dir: Path, sft_file: Path, out_dir: Path, log=print) -> Path:
+def run(spec: WarmStart, model_dir: Path, sft_file: Path, out_dir: Path, log=print, max_length: int = 128) -> Path:
     """Trains ``model_dir`` on ``sft_file`` in a subprocess and writes the result to ``out_dir`` (a model directory
     with its tokenizer and generation config, like ``model_dir``)."""
     out_dir = Path(out_dir)
     work = out_dir.parent / f".{out_dir.name}.run"
     shutil.rmtree(work, ignore_errors=True)
     cmd = [sys.executable, "-m", "verl_pipe.assets.warm_start", str(work), *sft_overrides(spec, model_dir, sft_file,
-                                                                                           work)]
+                                                                                           work, max_length)]
     log(f"warm-start: {spec.steps} SFT steps with verl's SFT trainer (batch {spec.batch_size}, lr {spec.lr:g})")
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", LOCAL_RANK="0",
                WORLD_SIZE="1")
