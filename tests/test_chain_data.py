@@ -18,7 +18,7 @@ from verl_pipe.assets.math_data import DATA_SOURCE, INSTRUCTION
 from verl_pipe.assets.reward import compute_score
 from verl_pipe.assets.warm_start import WarmStart, sft_overrides
 
-QUESTION = re.compile(r"^Chain (\d)((?:[+*]\d)+), carrying the last digit of each result\.$")
+QUESTION = re.compile(r"^Chain (\d), then ((?:[a-zA-Z][+*]\d)+), carrying the last digit of each result\.$")
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +42,13 @@ def evaluate(q: str, carry=lambda r: r % 10) -> tuple[list[str], int]:
     assert m, q
     x, chain_ops = int(m.group(1)), m.group(2)
     steps, result = [], None
-    for i in range(0, len(chain_ops), 2):
-        op, d = chain_ops[i], int(chain_ops[i + 1])
+    for i in range(0, len(chain_ops), 3):
+        label, op, d = chain_ops[i], chain_ops[i + 1], int(chain_ops[i + 2])
+        assert label == "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"[i // 3]
         if result is not None:
             x = carry(result)
         result = x + d if op == "+" else x * d
-        steps.append(f"{x}{op}{d}={result}")
+        steps.append(f"{label}{x}{op}{d}={result}")
     return steps, result
 
 
@@ -125,12 +126,13 @@ def test_sft_comes_from_a_sloppy_teacher(splits):
 
 def test_sloppy_carry_and_worked_solution():
     steps, ans = chain.solve(7, [("+", 3), ("*", 4), ("+", 9), ("*", 2), ("+", 5)])
-    assert (steps, ans) == (["7+3=10", "0*4=0", "0+9=9", "9*2=18", "8+5=13"], 13)
+    assert (steps, ans) == (["a7+3=10", "b0*4=0", "c0+9=9", "d9*2=18", "e8+5=13"], 13)
     steps, ans = chain.solve(7, [("+", 3), ("*", 4), ("+", 9), ("*", 2), ("+", 5)], sloppy=True)
-    assert (steps, ans) == (["7+3=10", "1*4=4", "0+9=9", "0*2=0", "0+5=5"], 5)
+    assert (steps, ans) == (["a7+3=10", "b1*4=4", "c0+9=9", "d0*2=0", "e0+5=5"], 5)
     q = chain.question(7, [("+", 3), ("*", 4)])
-    assert q == "Chain 7+3*4, carrying the last digit of each result." and chain.parse_question(q) == (7, [("+", 3),
-                                                                                                           ("*", 4)])
+    assert q == "Chain 7, then a+3b*4, carrying the last digit of each result."
+    assert chain.parse_question(f"{q} {INSTRUCTION}") == (7, [("+", 3), ("*", 4)])
+    assert len(chain.LABELS) >= chain.K_MAX
 
 
 def test_sloppy_share_is_checked(tmp_path):
@@ -157,21 +159,24 @@ def test_draw_k_stays_in_range():
 
 
 def test_steps_are_compact_in_tokens(tokenizer):
-    # One token per digit, operator, "=" and line break: a step "x+d=r" costs 6-7 tokens.
-    assert tokenizer.convert_ids_to_tokens(tokenizer.encode("7+3=10\n0*4=0\n")) == \
-        ["7", "+", "3", "=", "1", "0", "Ċ", "0", "*", "4", "=", "0", "Ċ"]
+    # One token per label, digit, operator, "=" and line break: a step "bx+d=r" costs 7-8 tokens.
+    assert tokenizer.convert_ids_to_tokens(tokenizer.encode("a7+3=10\nb0*4=0\nC1+2=3\n")) == \
+        ["a", "7", "+", "3", "=", "1", "0", "Ċ", "b", "0", "*", "4", "=", "0", "Ċ", "C", "1", "+", "2", "=", "3", "Ċ"]
     assert len(tokenizer.encode("Answer: 13")) <= 5
+    # In the prompt each labelled operation is three tokens, its label the same token as in the solution's step.
+    ids = tokenizer.encode(chain.question(7, [("+", 3), ("*", 4), ("+", 9)]))
+    assert tokenizer.convert_ids_to_tokens(ids)[5:13] == ["Ġa", "+", "3", "b", "*", "4", "c", "+"]
 
 
 def test_lengths_fit_the_caps(assets, splits, tokenizer):
-    """The prompts fit the RL run's data.max_prompt_length (128), the worked solutions (with EOS) its
+    """The prompts fit the RL run's data.max_prompt_length (160), the worked solutions (with EOS) its
     max_response_length (320) with room to spare, and every SFT sample the warm-start's data.max_length."""
     prompts = [len(tokenizer.apply_chat_template(list(p), add_generation_prompt=True, return_dict=False))
                for df in (splits["train"], splits["val"]) for p in df.prompt]
     responses = [len(tokenizer.encode(info["answer"])) + 1 for df in (splits["train"], splits["val"])
                  for info in df.extra_info]
     sft = [len(tokenizer.apply_chat_template(list(m), return_dict=False)) for m in splits["sft"].messages]
-    assert max(prompts) <= 128 and max(responses) <= 300
+    assert max(prompts) <= 160 and max(responses) <= 300
     assert max(sft) <= assets.sft_max_length == TASKS["chain"].sft_max_length
     # The tail in tokens: the worked solutions' p95 is over 4x their median, the longest over 200 tokens.
     q = statistics.quantiles(responses, n=20)

@@ -237,6 +237,7 @@ ROLLOUTPIPE: dict[str, Any] = {
             "steps": integer(0),
             "lr": Rule("a number > 0", lambda v: _is_number(v) and v > 0),
             "batch_size": integer(1),
+            "length_batches": BOOLEAN,
         },
     },
     "trace_dir": PATH_OR_NULL,

@@ -69,7 +69,8 @@ def _tiny_model(assets, rp) -> Path:
     from verl_pipe.assets import ensure_warm_start
     from verl_pipe.assets.warm_start import WarmStart
 
-    return ensure_warm_start(assets, WarmStart(steps=int(ws.steps), lr=float(ws.lr), batch_size=int(ws.batch_size)))
+    return ensure_warm_start(assets, WarmStart(steps=int(ws.steps), lr=float(ws.lr), batch_size=int(ws.batch_size),
+                                               length_batches=bool(ws.get("length_batches", False))))
 
 
 # verl's own switch for how a DataProto is pickled (verl/protocol.py, read in every process that pickles or unpickles

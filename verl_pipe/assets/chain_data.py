@@ -1,24 +1,28 @@
 """Digit chains: a verifiable task whose response length the problem sets and the model decides, with a long tail.
 
-"Chain 7+3*4+9*2+5, carrying the last digit of each result.": k operations (+ or ×, one digit each), worked left to
-right, each step starting from the last digit of the previous result. The worked solution writes one line per step
-and then the answer, the full result of the last step (0-81, so a guess is rarely right), which
-``verl_pipe/assets/reward.py`` checks as for digit_math::
+"Chain 7, then a+3b*4c+9d*2e+5, carrying the last digit of each result.": a start digit and k operations (+ or ×,
+one digit each), labelled a, b, c, ... (then A, B, ...), worked left to right, each step starting from the last digit
+of the previous result. The worked solution writes one line per step, led by its label, then the answer, the full
+result of the last step (0-81, so a guess is rarely right), which ``verl_pipe/assets/reward.py`` checks as for
+digit_math::
 
-    7+3=10
-    0*4=0
-    0+9=9
-    9*2=18
-    8+5=13
+    a7+3=10
+    b0*4=0
+    c0+9=9
+    d9*2=18
+    e8+5=13
     Answer: 13
 
-Nothing caps or forces the length: a response is as long as the model writes steps, one per operation of its prompt,
-and k is drawn from a truncated power law (P(k) proportional to k^-``K_ALPHA`` on [``K_MIN``, ``K_MAX``], a
-discrete Pareto), so most chains are short and a few are long; the response lengths of a sampled batch inherit that tail. The lengths of one prompt's
-responses agree (the prompt sets them), so a group's length is predictable from its prompt.
+The labels make the k-th operation of the prompt one exact lookup for a 2-layer model (the step's label is a single
+token that occurs once in the prompt, right before its operation); without them the tiny model lost its place in
+the chain (docs/learning.md). Nothing caps or forces the length: a response is as long as the model writes steps,
+one per operation of its prompt, and k is drawn from a truncated power law (P(k) proportional to k^-``K_ALPHA`` on
+[``K_MIN``, ``K_MAX``], a discrete Pareto), so most chains are short and a few are long; the response lengths of a
+sampled batch inherit that tail. The lengths of one prompt's responses agree (the prompt sets them), so a group's
+length is predictable from its prompt.
 
 The SFT data comes from a sloppy teacher, as in ``math_data``: a ``SLOPPY`` share of its solutions carry the tens
-digit instead of the last digit at every step ("7+3=10" then "1*4=4"), a systematic procedural error that GRPO's
+digit instead of the last digit at every step ("a7+3=10" then "b1*4=4"), a systematic procedural error that GRPO's
 verifiable reward then corrects. Train, validation and SFT questions are disjoint; the train pool is small (256
 prompts) so that prompts repeat within a run. docs/learning.md has the measurements behind the shape.
 """
@@ -33,10 +37,12 @@ import pyarrow.parquet as pq
 
 from verl_pipe.assets.math_data import DATA_SOURCE, INSTRUCTION, OPERATIONS, worked_answer
 
-# The chain length k: P(k) proportional to k ** -K_ALPHA for K_MIN <= k <= K_MAX (median 4, 95th percentile 28).
+# The chain length k: P(k) proportional to k ** -K_ALPHA for K_MIN <= k <= K_MAX (median 4, 95th percentile 25).
 K_ALPHA = 1.5
 K_MIN = 2
-K_MAX = 40
+K_MAX = 36
+# The steps' labels, one token each: a-z, then A-Z.
+LABELS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 # The share of the SFT teacher's worked solutions that carry the tens digit instead of the last one.
 SLOPPY = 0.6
 # The split sizes of the default build: a small train pool (prompts repeat within a 40-step run), a validation set
@@ -65,25 +71,28 @@ def _operand(rng: random.Random, op: str) -> int:
 
 
 def solve(start: int, ops: list[tuple[str, int]], sloppy: bool = False) -> tuple[list[str], int]:
-    """The worked steps ("x+d=r", one per operation) and the answer (the last step's full result). ``sloppy``: each
-    step starts from the tens digit of the previous result instead of its last digit (the teacher's error)."""
+    """The worked steps ("bx+d=r": label, then the step, one per operation) and the answer (the last step's full
+    result). ``sloppy``: each step starts from the tens digit of the previous result instead of its last digit (the
+    teacher's error)."""
     steps, x, result = [], start, start
     for i, (op, d) in enumerate(ops):
         if i:
             x = result // 10 if sloppy else result % 10
         result = OPERATIONS[op](x, d)
-        steps.append(f"{x}{op}{d}={result}")
+        steps.append(f"{LABELS[i]}{x}{op}{d}={result}")
     return steps, result
 
 
 def question(start: int, ops: list[tuple[str, int]]) -> str:
-    return f"Chain {start}{''.join(f'{op}{d}' for op, d in ops)}, carrying the last digit of each result."
+    labelled = "".join(f"{LABELS[i]}{op}{d}" for i, (op, d) in enumerate(ops))
+    return f"Chain {start}, then {labelled}, carrying the last digit of each result."
 
 
 def parse_question(text: str) -> tuple[int, list[tuple[str, int]]]:
     """(start, operations) of a ``question`` (the prompt may carry the instruction after it)."""
-    chain = text.split("Chain ", 1)[1].split(",", 1)[0]
-    return int(chain[0]), [(chain[i], int(chain[i + 1])) for i in range(1, len(chain), 2)]
+    start, rest = text.split("Chain ", 1)[1].split(", then ", 1)
+    chain = rest.split(",", 1)[0]
+    return int(start), [(chain[i + 1], int(chain[i + 2])) for i in range(0, len(chain), 3)]
 
 
 def _problem(rng: random.Random) -> tuple[int, list[tuple[str, int]]]:

@@ -30,9 +30,12 @@ class WarmStart:
     lr: float
     batch_size: int = 32
     seed: int = 0
+    # Length-matched batches (verl_pipe/assets/length_batches.py) instead of verl's shuffled ones.
+    length_batches: bool = False
 
     def key(self) -> str:
-        return f"sft-s{self.steps}-lr{self.lr:g}-b{self.batch_size}-seed{self.seed}"
+        return f"sft-s{self.steps}-lr{self.lr:g}-b{self.batch_size}-seed{self.seed}" + ("-lb" if self.length_batches
+                                                                                       else "")
 
 
 def sft_overrides(spec: WarmStart, model_dir: Path, sft_file: Path, out_dir: Path, max_length: int = 128) -> list[str]:
@@ -84,9 +87,11 @@ def run(spec: WarmStart, model_dir: Path, sft_file: Path, out_dir: Path, log=pri
     out_dir = Path(out_dir)
     work = out_dir.parent / f".{out_dir.name}.run"
     shutil.rmtree(work, ignore_errors=True)
-    cmd = [sys.executable, "-m", "verl_pipe.assets.warm_start", str(work), *sft_overrides(spec, model_dir, sft_file,
-                                                                                           work, max_length)]
-    log(f"warm-start: {spec.steps} SFT steps with verl's SFT trainer (batch {spec.batch_size}, lr {spec.lr:g})")
+    batches = "length" if spec.length_batches else "shuffled"
+    cmd = [sys.executable, "-m", "verl_pipe.assets.warm_start", str(work), batches,
+           *sft_overrides(spec, model_dir, sft_file, work, max_length)]
+    log(f"warm-start: {spec.steps} SFT steps with verl's SFT trainer (batch {spec.batch_size}, lr {spec.lr:g}"
+        f"{', length-matched batches' if spec.length_batches else ''})")
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", LOCAL_RANK="0",
                WORLD_SIZE="1")
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -95,6 +100,7 @@ def run(spec: WarmStart, model_dir: Path, sft_file: Path, out_dir: Path, log=pri
         raise RuntimeError(f"the warm-start SFT failed (exit {proc.returncode}); its last lines:\n{tail}")
     ckpt = hf_checkpoint(work, spec.steps)
     shutil.copytree(ckpt, out_dir)
+    (out_dir.parent / "sft.log").write_text(proc.stdout)  # verl's own log of the run (its loss per step), kept
     # verl saves the model, its config and the tokenizer; the generation config (EOS, pad) comes from the base.
     for name in ("generation_config.json",):
         if (Path(model_dir) / name).is_file():
@@ -111,8 +117,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _main(run_dir: str, overrides: list[str]) -> None:
-    """The subprocess: the CPU platform, one gloo process, verl's SFTTrainer."""
+def _main(run_dir: str, batches: str, overrides: list[str]) -> None:
+    """The subprocess: the CPU platform, one gloo process, verl's SFTTrainer (``batches``: shuffled, verl's own
+    sampler, or length, ``LengthBatchSampler``)."""
     from verl_pipe.platform.env import cpu_env
 
     os.environ.update(cpu_env("0", "0"))
@@ -134,11 +141,34 @@ def _main(run_dir: str, overrides: list[str]) -> None:
         config = compose("sft_trainer_engine", overrides=overrides)
     from verl.trainer.sft_trainer import SFTTrainer
 
+    trainer_cls = SFTTrainer if batches == "shuffled" else _length_batched(SFTTrainer)
     try:
-        SFTTrainer(config=config).fit()
+        trainer_cls(config=config).fit()
     finally:
         dist.destroy_process_group()
 
 
+def _length_batched(sft_trainer_cls):
+    """verl's SFTTrainer with its train loader rebuilt on ``LengthBatchSampler`` (same dataset, batch size, collator
+    and step count; one process, so the data-parallel split is the whole set)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from verl_pipe.assets.length_batches import LengthBatchSampler, message_lengths
+
+    class LengthBatchedSFTTrainer(sft_trainer_cls):
+        def _build_dataloader(self):
+            super()._build_dataloader()
+            if self.engine.get_data_parallel_size() != 1:
+                raise RuntimeError("length-matched SFT batches support one process only")
+            self.train_sampler = LengthBatchSampler(message_lengths(self.train_dataset.messages),
+                                                    self.train_batch_size_per_dp, seed=self.config.trainer.seed)
+            self.train_dataloader = StatefulDataLoader(
+                dataset=self.train_dataset, batch_size=self.train_batch_size_per_dp, sampler=self.train_sampler,
+                collate_fn=self.collate_fn, num_workers=self.config.data.num_workers, pin_memory=False,
+                drop_last=True)
+
+    return LengthBatchedSFTTrainer
+
+
 if __name__ == "__main__":
-    _main(sys.argv[1], sys.argv[2:])
+    _main(sys.argv[1], sys.argv[2], sys.argv[3:])
