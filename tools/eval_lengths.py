@@ -14,6 +14,10 @@ validation), with ``--max-tokens`` (the run's ``data.max_response_length``). It 
   with one step per operation, and accuracy per chain length;
 - with ``--hist``, a histogram of the sampled lengths (log-scaled counts) with the median, p95 and max marked.
 
+``--engine hf`` samples with Hugging Face ``generate`` on one CPU thread instead (same temperature, top-p 1, no
+top-k, EOS counted the same way): no vLLM start, so it needs no machine-wide lock, but it is not the rollout's engine;
+figures from it are labelled ``"engine": "hf"`` in the JSON.
+
 docs/learning.md quotes its output.
 """
 
@@ -147,7 +151,10 @@ def main() -> None:
     ap.add_argument("--no-greedy", action="store_true")
     ap.add_argument("--out", help="write the JSON (with every sampled length) here")
     ap.add_argument("--hist", help="write a histogram PNG of the sampled lengths here")
+    ap.add_argument("--engine", choices=("vllm", "hf"), default="vllm")
     args = ap.parse_args()
+    if args.engine == "hf":
+        return main_hf(args)
 
     from verl_pipe.platform.env import cpu_env
 
@@ -174,14 +181,72 @@ def main() -> None:
         greedy = llm.generate(prompts, SamplingParams(n=1, temperature=0.0, max_tokens=args.max_tokens))
         report["greedy_s"] = round(time.perf_counter() - t0, 1)
         report["greedy"], _ = summarize(rows, greedy, 1, args.max_tokens)
+    _write({"engine": "vllm", **report}, lengths, args)
+
+
+def _hf_generate(model, tok, prompts: list[str], n: int, temperature: float, max_tokens: int, batch: int = 128):
+    """vLLM-shaped outputs (``.outputs[i].token_ids`` up to and including EOS, ``.text``) from HF ``generate``."""
+    from types import SimpleNamespace
+
+    import torch
+
+    eos = tok.eos_token_id
+    out = []
+    for start in range(0, len(prompts), max(1, batch // n)):
+        chunk = prompts[start:start + max(1, batch // n)]
+        enc = tok([p for p in chunk for _ in range(n)], return_tensors="pt", padding=True, add_special_tokens=False)
+        kw = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0) if temperature > 0 else \
+            dict(do_sample=False)
+        with torch.no_grad():
+            gen = model.generate(**enc, max_new_tokens=max_tokens, pad_token_id=tok.pad_token_id, eos_token_id=eos,
+                                 **kw)[:, enc["input_ids"].shape[1]:].tolist()
+        for i in range(len(chunk)):
+            completions = []
+            for ids in gen[i * n:(i + 1) * n]:
+                ids = ids[:ids.index(eos) + 1] if eos in ids else ids
+                completions.append(SimpleNamespace(token_ids=ids, text=tok.decode(ids, skip_special_tokens=True)))
+            out.append(SimpleNamespace(outputs=completions))
+    return out
+
+
+def main_hf(args) -> None:
+    import pyarrow.parquet as pq
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+    rows = pq.read_table(args.data).to_pylist()
+    if args.limit:
+        rows = rows[:args.limit]
+    tok = AutoTokenizer.from_pretrained(args.model)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    prompts = [tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in rows]
+    report = {"engine": "hf", "model": args.model, "data": args.data, "prompts": len(rows), "n": args.n,
+              "temperature": args.temperature, "max_tokens": args.max_tokens}
+    t0 = time.perf_counter()
+    sampled = _hf_generate(model, tok, prompts, args.n, args.temperature, args.max_tokens)
+    report["sampled_s"] = round(time.perf_counter() - t0, 1)
+    report["sampled"], lengths = summarize(rows, sampled, args.n, args.max_tokens)
+    if not args.no_greedy:
+        t0 = time.perf_counter()
+        greedy = _hf_generate(model, tok, prompts, 1, 0.0, args.max_tokens)
+        report["greedy_s"] = round(time.perf_counter() - t0, 1)
+        report["greedy"], _ = summarize(rows, greedy, 1, args.max_tokens)
+    _write(report, lengths, args)
+
+
+def _write(report: dict, lengths: list[int], args) -> None:
     print(json.dumps(report, indent=1))
     if args.out:
         with open(args.out, "w") as f:
             json.dump({**report, "sampled_lengths": lengths}, f, indent=1)
     if args.hist:
         s = report["sampled"]["lengths"]
-        histogram(lengths, s, args.hist, f"{len(rows)} prompts x n={args.n}, T={args.temperature}: median "
-                  f"{s['p50']:.0f}, p95 {s['p95']:.0f} ({s['p95_over_median']:.1f}x), max {s['max']}, ICC(log len) "
+        histogram(lengths, s, args.hist, f"{report['prompts']} prompts x n={args.n}, T={args.temperature} "
+                  f"({report.get('engine', 'vllm')}): median {s['p50']:.0f}, p95 {s['p95']:.0f} "
+                  f"({s['p95_over_median']:.1f}x), max {s['max']}, ICC(log len) "
                   f"{report['sampled'].get('icc_log_length', float('nan')):.2f}")
 
 

@@ -36,7 +36,7 @@ class Task:
 
 TASKS: dict[str, Task] = {
     "digit_math": Task("verl_pipe.assets.math_data", ASSET_VERSION, 128),
-    "chain": Task("verl_pipe.assets.chain_data", 1, 448),
+    "chain": Task("verl_pipe.assets.chain_data", 2, 448),
 }
 
 
