@@ -269,7 +269,7 @@ def compare(runs: list[dict], margin: float = st.MARGIN, alpha: float = st.ALPHA
     aa_pairs = st.pair_by_seed(base_runs, aa, offset=st.AA_SEED_OFFSET)
     aa_result = paired_block(aa_pairs, "main", "aa") if aa_pairs else None
     if aa_result is not None:
-        aa_result["passes"] = bool(aa_result.get("tost", {}).get("equivalent", False))
+        aa_result["passes"] = aa_result["tost"]["equivalent"] if "tost" in aa_result else None  # None: < 2 pairs
     notes = []
     n_min = min(len(v) for v in by_mode.values())
     if n_min < st.MIN_SEEDS:
@@ -378,7 +378,9 @@ def format_report(result: dict) -> str:
                      f"{t['censored'][1]}; sooner shown: {t.get('sooner_shown')}); step time "
                      f"{_fmt_p(t['step_time'])}; steps to target {t['steps_to_target']['diff']:+.1f}")
     if cmp.get("aa"):
-        lines.append(f"A/A {'PASSES' if cmp['aa']['passes'] else 'FAILS'} the equivalence test")
+        passes = cmp["aa"]["passes"]
+        lines.append("A/A: too few pairs to test" if passes is None
+                     else f"A/A {'PASSES' if passes else 'FAILS'} the equivalence test")
     lines += [f"note: {n}" for n in cmp.get("notes", [])]
     return "\n".join(lines)
 
