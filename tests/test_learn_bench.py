@@ -207,3 +207,14 @@ def test_cli_reanalyzes_a_saved_comparison(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert result["comparison"]["tests"]["cgp_fgd"]["tost"]["equivalent"]
     assert "A/A PASSES" in capsys.readouterr().out
+
+
+def test_a_slice_of_the_schedule_keeps_its_order():
+    from verl_pipe.bench.learn import slice_plan
+
+    plan = list(enumerate(st.schedule([0, 1], ["sync", "cgp"], "sync")))
+    assert slice_plan(plan, "1:4") == plan[1:4] and slice_plan(plan, "4:") == plan[4:]
+    with pytest.raises(ValueError, match="START:END"):
+        slice_plan(plan, "3")
+    with pytest.raises(ValueError, match="no run"):
+        slice_plan(plan, "9:")

@@ -7,6 +7,7 @@ wall-clock?
     python -m verl_pipe.bench --learn --merge part1.json part2.json ... --out learn.json [--charts DIR]
     python -m verl_pipe.bench --learn --reanalyze learn.json --out learn.json [--charts DIR]
     python -m verl_pipe.bench --learn --dry-run ...      (the schedule, the task's validation size; no runs)
+    python -m verl_pipe.bench --learn --seeds 3 --slice 0:3 --out part.json   (a part: runs 0-2 of seed 3's block)
 
 Each (mode, seed) trains the default task from its SFT warm-start on a fresh stack (ours: a ``PipeSession``, Ray,
 vLLM, verl's workers; verl's peer: its V1 separate_async trainer in its own subprocess and Ray cluster,
@@ -490,6 +491,20 @@ def merge(results: list[dict]) -> dict:
             "parts": [r.get("out") for r in results], "elapsed_s": sum(r.get("elapsed_s") or 0 for r in results)}
 
 
+def slice_plan(plan: list, spec: str) -> list:
+    """``plan[START:END]`` from "START:END" (either may be empty); a slice with no run is an error."""
+    start, sep, end = spec.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        out = plan[slice(int(start) if start.strip() else None, int(end) if end.strip() else None)]
+    except ValueError:
+        raise ValueError(f"--slice {spec!r}: expected START:END") from None
+    if not out:
+        raise ValueError(f"--slice {spec!r}: no run of the schedule ({len(plan)} runs)")
+    return out
+
+
 def cli(argv: list[str]) -> int:
     import argparse
 
@@ -505,6 +520,8 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--min-val-size", type=int, default=st.MIN_VAL_SIZE,
                     help="refuse a task with fewer held-out questions (the pre-registration's)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per peer run")
+    ap.add_argument("--slice", metavar="START:END", help="run only these runs of the schedule (Python slice of "
+                    "the list --dry-run prints): a part of a block, in the block's order")
     ap.add_argument("--dry-run", action="store_true", help="print the schedule and the task; run nothing")
     ap.add_argument("--reanalyze", metavar="JSON", help="no runs: rebuild the comparison and charts from a saved JSON")
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="no runs: merge parts (run with --seeds/--modes)")
@@ -547,20 +564,25 @@ def cli(argv: list[str]) -> int:
         if task["val_size"] < args.min_val_size:
             raise SystemExit(f"the task's validation set has {task['val_size']} questions ({task['val_files']}); the "
                              f"comparison needs >= {args.min_val_size} (--min-val-size to run it anyway)")
-        plan = st.schedule(seeds, modes, BASE, aa=not args.no_aa and BASE in modes)
+        plan = list(enumerate(st.schedule(seeds, modes, BASE, aa=not args.no_aa and BASE in modes)))
+        if args.slice:
+            try:
+                plan = slice_plan(plan, args.slice)
+            except ValueError as e:
+                ap.error(str(e))
         print(f"[learn] task {task}\n[learn] schedule ({len(plan)} runs): "
-              + ", ".join(f"{m}@{s}" + ("(A/A)" if a == "aa" else "") for s, m, a in plan), flush=True)
+              + ", ".join(f"#{i} {m}@{s}" + ("(A/A)" if a == "aa" else "") for i, (s, m, a) in plan), flush=True)
         if args.dry_run:
             return 0
         from verl_pipe.bench.provenance import env_info
 
         result = {"steps": args.steps, "seeds": seeds, "modes": modes, "val_every": args.val_every,
                   "overrides": overrides, "val_size": task["val_size"], "task": task, "env": env_info(),
-                  "schedule": [list(p) for p in plan], "runs": []}
+                  "schedule": [[i, *p] for i, p in plan], "slice": args.slice, "runs": []}
         partial = out.with_name(out.stem + "_partial.json")
-        for i, (seed, mode, arm) in enumerate(plan):
+        for i, (seed, mode, arm) in plan:
             run = run_one(mode, seed, args.steps, args.val_every, overrides, arm=arm, timeout_s=args.timeout)
-            run["order"] = i
+            run["order"] = i  # its place in the whole schedule of these seeds and modes
             result["runs"].append(run)
             partial.write_text(json.dumps(result))  # a crash keeps what ran
         result["elapsed_s"] = time.perf_counter() - t0
