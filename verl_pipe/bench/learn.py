@@ -184,16 +184,66 @@ def _mean(xs):
     return sum(xs) / len(xs) if xs else None
 
 
+def _run_times(run: dict, target: float, f_base: float) -> dict:
+    """A run's time (and steps) to the target T, and to sync's final accuracy itself (descriptive)."""
+    curve = st.accuracy_curve(run)
+    t, ok = st.crossing(curve, target)
+    steps, _ = st.crossing(curve, target, x=0)
+    t_final, ok_final = st.crossing(curve, f_base)
+    return {"time_to_target_s": t, "reached": ok, "steps_to_target": steps, "time_to_final_s": t_final,
+            "reached_final": ok_final}
+
+
+def _mode_summary(mruns: list[dict], times: list[dict]) -> dict:
+    """One mode's figures over its main seeds (runs and their _run_times in seed order)."""
+    finals = [st.final_accuracy(r) for r in mruns]
+    mean, sd = st.mean_sd(finals)
+    return {"seeds": [r["seed"] for r in mruns], "final_val_acc": finals, "final_mean": mean,
+            "final_se": sd / math.sqrt(len(finals)) if len(finals) > 1 else float("nan"),
+            "val_before_mean": _mean([r.get("val_before") for r in mruns]),
+            "train_wall_s": _mean([st.train_wall_s(r) for r in mruns]),
+            "step_time_s": _mean([st.step_time_s(r) for r in mruns]),
+            "startup_s": _mean([r.get("startup_s") for r in mruns]),
+            "val_s_mean": _mean([v.get("val_s") for r in mruns for v in st.validations(r)]),
+            "rollout_to_train_end_s": _mean([_mean([s.get("rollout_to_train_end_s") for s in r["steps"]])
+                                             for r in mruns]),
+            **{k: [t[k] for t in times] for k in ("time_to_target_s", "steps_to_target", "time_to_final_s",
+                                                   "reached_final")},
+            "reached_target": [t["reached"] for t in times], "curve": mean_curve(mruns)}
+
+
+def _paired_block(pairs: list[tuple[dict, dict]], times_a: list[dict], times_b: list[dict], margin: float,
+                  alpha: float) -> dict:
+    """(a, b) run pairs: the TOST on final accuracy, and paired time to target, steps to target and step time.
+    "sooner_shown": no censored run of a (a censored time is a lower bound that would favour it) and the one-sided
+    95% upper bound of the relative time difference below 0."""
+    out = {"seeds": [[a["seed"], b["seed"]] for a, b in pairs], "n": len(pairs)}
+    if len(pairs) >= 2:
+        diffs = [st.final_accuracy(a) - st.final_accuracy(b) for a, b in pairs]
+        out["tost"] = st.tost(diffs, margin, alpha)
+        sd = out["tost"]["sd"]
+        out["detectable_margin_80"] = st.detectable_margin(len(pairs), sd, st.POWER, alpha) if sd > 0 else 0.0
+    out["time_to_target"] = st.paired([t["time_to_target_s"] for t in times_a],
+                                      [t["time_to_target_s"] for t in times_b])
+    out["censored"] = [sum(not t["reached"] for t in times_a), sum(not t["reached"] for t in times_b)]
+    out["steps_to_target"] = st.paired([t["steps_to_target"] for t in times_a], [t["steps_to_target"] for t in times_b])
+    out["step_time"] = st.paired([st.step_time_s(a) for a, _ in pairs], [st.step_time_s(b) for _, b in pairs])
+    tt = out["time_to_target"]
+    if len(pairs) >= 2 and math.isfinite(tt.get("relative_se", float("nan"))):
+        tt["relative_upper_95"] = tt["relative"] + st.t_ppf(1 - alpha, len(pairs) - 1) * tt["relative_se"]
+        out["sooner_shown"] = bool(out["censored"][0] == 0 and tt["relative_upper_95"] < 0)
+    return out
+
+
 def compare(runs: list[dict], margin: float = st.MARGIN, alpha: float = st.ALPHA, base: str = BASE) -> dict:
     """The pre-registered analysis (learn_stats' docstring) of ``runs`` (each with "arm": main or aa; runs without
     one are main). Needs the base mode's main runs; every run must validate at the same steps."""
     for r in runs:
         r.setdefault("arm", "main")
-    main = [r for r in runs if r["arm"] == "main"]
-    aa = [r for r in runs if r["arm"] == "aa" and r["mode"] == base]
     by_mode: dict[str, list[dict]] = {}
-    for r in main:
+    for r in sorted((r for r in runs if r["arm"] == "main"), key=lambda r: r["seed"]):
         by_mode.setdefault(r["mode"], []).append(r)
+    aa = [r for r in runs if r["arm"] == "aa" and r["mode"] == base]
     if base not in by_mode:
         raise ValueError(f"the learning comparison needs {base} runs (its reference)")
     cadence = {tuple(_val_steps(r)) for r in runs}
@@ -204,71 +254,16 @@ def compare(runs: list[dict], margin: float = st.MARGIN, alpha: float = st.ALPHA
     base_runs = by_mode[base]
     f_base = sum(st.final_accuracy(r) for r in base_runs) / len(base_runs)
     target = f_base - margin  # time target: sync's final accuracy, up to the equivalence margin
+    times = {(r["mode"], r["arm"], r["seed"]): _run_times(r, target, f_base) for r in runs}
 
-    def run_times(r):
-        curve = st.accuracy_curve(r)
-        t, ok = st.crossing(curve, target)
-        s, _ = st.crossing(curve, target, x=0)
-        t0, ok0 = st.crossing(curve, f_base)
-        return {"time_to_target_s": t, "reached": ok, "steps_to_target": s, "time_to_final_s": t0, "reached_final": ok0}
+    def block(pairs):
+        return _paired_block(pairs, [times[(a["mode"], a["arm"], a["seed"])] for a, _ in pairs],
+                             [times[(b["mode"], b["arm"], b["seed"])] for _, b in pairs], margin, alpha)
 
-    per_run = {(r["mode"], r["arm"], r["seed"]): run_times(r) for r in runs}
-    summary = {}
-    for mode, mruns in by_mode.items():
-        mruns.sort(key=lambda r: r["seed"])
-        finals = [st.final_accuracy(r) for r in mruns]
-        mean, sd = st.mean_sd(finals)
-        times = [per_run[(mode, "main", r["seed"])] for r in mruns]
-        summary[mode] = {
-            "seeds": [r["seed"] for r in mruns], "final_val_acc": finals, "final_mean": mean,
-            "final_se": sd / math.sqrt(len(finals)) if len(finals) > 1 else float("nan"),
-            "val_before_mean": _mean([r.get("val_before") for r in mruns]),
-            "train_wall_s": _mean([st.train_wall_s(r) for r in mruns]),
-            "step_time_s": _mean([st.step_time_s(r) for r in mruns]),
-            "startup_s": _mean([r.get("startup_s") for r in mruns]),
-            "val_s_mean": _mean([v.get("val_s") for r in mruns for v in st.validations(r)]),
-            "rollout_to_train_end_s": _mean([_mean([s.get("rollout_to_train_end_s") for s in r["steps"]])
-                                             for r in mruns]),
-            "time_to_target_s": [t["time_to_target_s"] for t in times],
-            "reached_target": [t["reached"] for t in times],
-            "steps_to_target": [t["steps_to_target"] for t in times],
-            "time_to_final_s": [t["time_to_final_s"] for t in times],
-            "reached_final": [t["reached_final"] for t in times],
-            "curve": mean_curve(mruns)}
-
-    def paired_block(pairs, arm_a="main", arm_b="main"):
-        """TOST on finals and the paired time/step figures for (a, b) run pairs."""
-        fa = [st.final_accuracy(a) for a, _ in pairs]
-        fb = [st.final_accuracy(b) for _, b in pairs]
-        out = {"seeds": [[a["seed"], b["seed"]] for a, b in pairs], "n": len(pairs)}
-        if len(pairs) >= 2:
-            diffs = [x - y for x, y in zip(fa, fb)]
-            out["tost"] = st.tost(diffs, margin, alpha)
-            out["detectable_margin_80"] = st.detectable_margin(len(pairs), out["tost"]["sd"], st.POWER, alpha) \
-                if out["tost"]["sd"] > 0 else 0.0
-        ta = [per_run[(a["mode"], arm_a, a["seed"])] for a, _ in pairs]
-        tb = [per_run[(b["mode"], arm_b, b["seed"])] for _, b in pairs]
-        out["time_to_target"] = st.paired([t["time_to_target_s"] for t in ta], [t["time_to_target_s"] for t in tb])
-        out["censored"] = [sum(not t["reached"] for t in ta), sum(not t["reached"] for t in tb)]
-        out["steps_to_target"] = st.paired([t["steps_to_target"] for t in ta], [t["steps_to_target"] for t in tb])
-        out["step_time"] = st.paired([st.step_time_s(a) for a, _ in pairs], [st.step_time_s(b) for _, b in pairs])
-        tt = out["time_to_target"]
-        # "reaches sooner": no censored run of the mode (a censored time is a lower bound that would favour it) and
-        # the one-sided 95% upper bound of the paired relative difference below 0.
-        if len(pairs) >= 2 and math.isfinite(tt.get("relative_se", float("nan"))):
-            upper = tt["relative"] + st.t_ppf(1 - alpha, len(pairs) - 1) * tt["relative_se"]
-            out["time_to_target"]["relative_upper_95"] = upper
-            out["sooner_shown"] = bool(out["censored"][0] == 0 and upper < 0)
-        return out
-
-    tests = {}
-    for mode, mruns in by_mode.items():
-        if mode == base:
-            continue
-        pairs = st.pair_by_seed(mruns, base_runs)
-        tests[mode] = paired_block(pairs)
+    summary = {m: _mode_summary(mr, [times[(m, "main", r["seed"])] for r in mr]) for m, mr in by_mode.items()}
+    tests = {m: block(st.pair_by_seed(mr, base_runs)) for m, mr in by_mode.items() if m != base}
     aa_pairs = st.pair_by_seed(base_runs, aa, offset=st.AA_SEED_OFFSET)
-    aa_result = paired_block(aa_pairs, "main", "aa") if aa_pairs else None
+    aa_result = block(aa_pairs) if aa_pairs else None
     if aa_result is not None:
         aa_result["passes"] = aa_result["tost"]["equivalent"] if "tost" in aa_result else None  # None: < 2 pairs
     notes = []
@@ -278,8 +273,8 @@ def compare(runs: list[dict], margin: float = st.MARGIN, alpha: float = st.ALPHA
     if aa_result is None:
         notes.append("no A/A runs (sync at seed + 100): the A/A test is missing")
     return {"preregistered": dict(st.PREREGISTERED, margin=margin, alpha=alpha), "base": base,
-            "sync_final_mean": f_base, "target_val_acc": target, "summary": summary, "runs": {
-                f"{m}/{a}/{s}": v for (m, a, s), v in per_run.items()}, "tests": tests, "aa": aa_result,
+            "sync_final_mean": f_base, "target_val_acc": target, "summary": summary,
+            "runs": {f"{m}/{a}/{sd}": v for (m, a, sd), v in times.items()}, "tests": tests, "aa": aa_result,
             "notes": notes}
 
 
@@ -505,7 +500,7 @@ def slice_plan(plan: list, spec: str) -> list:
     return out
 
 
-def cli(argv: list[str]) -> int:
+def _parser():
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m verl_pipe.bench --learn", description=__doc__.split("\n\n")[0])
@@ -527,21 +522,63 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="no runs: merge parts (run with --seeds/--modes)")
     ap.add_argument("--power", nargs="+", metavar="JSON",
                     help="no runs: the paired-sd estimates of these learning JSONs and the seeds they call for")
+    return ap
+
+
+def _power_cli(paths: list[str], out: str) -> int:
+    report = {}
+    for p in paths:
+        d = json.loads(Path(p).read_text())
+        runs = [dict(r, source=r.get("reference") or p) for r in d["runs"]]
+        est = sd_estimates(runs, int(d.get("val_size") or 0) or st.MIN_VAL_SIZE)
+        for k in ("between_run", "aa", "projected"):
+            if k in est:
+                est[k]["plan"] = power_plan(est[k]["paired_sd"])
+        est["binomial"]["plan"] = power_plan(est["binomial"]["paired_sd_at_design"])
+        report[p] = est
+        print(f"[learn] {p}: {json.dumps(est, indent=1)}")
+    Path(out).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+def _run_cli(args, ap, overrides: list[str], seeds: list[int], modes: list[str]) -> dict | None:
+    """The runs of this invocation (its schedule, or the --slice of it); None after --dry-run."""
+    t0 = time.perf_counter()
+    task = task_info(overrides)
+    if task["val_size"] < args.min_val_size:
+        raise SystemExit(f"the task's validation set has {task['val_size']} questions ({task['val_files']}); the "
+                         f"comparison needs >= {args.min_val_size} (--min-val-size to run it anyway)")
+    plan = list(enumerate(st.schedule(seeds, modes, BASE, aa=not args.no_aa and BASE in modes)))
+    if args.slice:
+        try:
+            plan = slice_plan(plan, args.slice)
+        except ValueError as e:
+            ap.error(str(e))
+    print(f"[learn] task {task}\n[learn] schedule ({len(plan)} runs): "
+          + ", ".join(f"#{i} {m}@{s}" + ("(A/A)" if a == "aa" else "") for i, (s, m, a) in plan), flush=True)
+    if args.dry_run:
+        return None
+    from verl_pipe.bench.provenance import env_info
+
+    result = {"steps": args.steps, "seeds": seeds, "modes": modes, "val_every": args.val_every,
+              "overrides": overrides, "val_size": task["val_size"], "task": task, "env": env_info(),
+              "schedule": [[i, *p] for i, p in plan], "slice": args.slice, "runs": []}
+    out = Path(args.out)
+    partial = out.with_name(out.stem + "_partial.json")
+    for i, (seed, mode, arm) in plan:
+        run = run_one(mode, seed, args.steps, args.val_every, overrides, arm=arm, timeout_s=args.timeout)
+        run["order"] = i  # its place in the whole schedule of these seeds and modes
+        result["runs"].append(run)
+        partial.write_text(json.dumps(result))  # a crash keeps what ran
+    result["elapsed_s"] = time.perf_counter() - t0
+    return result
+
+
+def cli(argv: list[str]) -> int:
+    ap = _parser()
     args, overrides = ap.parse_known_args(argv)
     if args.power:
-        report = {}
-        for p in args.power:
-            d = json.loads(Path(p).read_text())
-            runs = [dict(r, source=r.get("reference") or p) for r in d["runs"]]
-            est = sd_estimates(runs, int(d.get("val_size") or 0) or st.MIN_VAL_SIZE)
-            for k in ("between_run", "aa", "projected"):
-                if k in est:
-                    est[k]["plan"] = power_plan(est[k]["paired_sd"])
-            est["binomial"]["plan"] = power_plan(est["binomial"]["paired_sd_at_design"])
-            report[p] = est
-            print(f"[learn] {p}: {json.dumps(est, indent=1)}")
-        Path(args.out).write_text(json.dumps(report, indent=1))
-        return 0
+        return _power_cli(args.power, args.out)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in LEARN_MODES]
     if unknown:
@@ -552,40 +589,15 @@ def cli(argv: list[str]) -> int:
         ap.error(f"--steps {args.steps} / --val-every {args.val_every}: a run's final accuracy needs "
                  f"{st.FINAL_POINTS} validations after training")
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    t0 = time.perf_counter()
     out = Path(args.out)
-    if args.reanalyze or args.merge:
-        if args.reanalyze:
-            result = json.loads(Path(args.reanalyze).read_text())
-        else:
-            result = merge([dict(json.loads(Path(p).read_text()), out=p) for p in args.merge])
+    if args.reanalyze:
+        result = json.loads(Path(args.reanalyze).read_text())
+    elif args.merge:
+        result = merge([dict(json.loads(Path(p).read_text()), out=p) for p in args.merge])
     else:
-        task = task_info(overrides)
-        if task["val_size"] < args.min_val_size:
-            raise SystemExit(f"the task's validation set has {task['val_size']} questions ({task['val_files']}); the "
-                             f"comparison needs >= {args.min_val_size} (--min-val-size to run it anyway)")
-        plan = list(enumerate(st.schedule(seeds, modes, BASE, aa=not args.no_aa and BASE in modes)))
-        if args.slice:
-            try:
-                plan = slice_plan(plan, args.slice)
-            except ValueError as e:
-                ap.error(str(e))
-        print(f"[learn] task {task}\n[learn] schedule ({len(plan)} runs): "
-              + ", ".join(f"#{i} {m}@{s}" + ("(A/A)" if a == "aa" else "") for i, (s, m, a) in plan), flush=True)
-        if args.dry_run:
+        result = _run_cli(args, ap, overrides, seeds, modes)
+        if result is None:
             return 0
-        from verl_pipe.bench.provenance import env_info
-
-        result = {"steps": args.steps, "seeds": seeds, "modes": modes, "val_every": args.val_every,
-                  "overrides": overrides, "val_size": task["val_size"], "task": task, "env": env_info(),
-                  "schedule": [[i, *p] for i, p in plan], "slice": args.slice, "runs": []}
-        partial = out.with_name(out.stem + "_partial.json")
-        for i, (seed, mode, arm) in plan:
-            run = run_one(mode, seed, args.steps, args.val_every, overrides, arm=arm, timeout_s=args.timeout)
-            run["order"] = i  # its place in the whole schedule of these seeds and modes
-            result["runs"].append(run)
-            partial.write_text(json.dumps(result))  # a crash keeps what ran
-        result["elapsed_s"] = time.perf_counter() - t0
     try:
         result["comparison"] = compare(result["runs"])
         print(format_report(result))
