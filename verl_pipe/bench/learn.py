@@ -3,13 +3,19 @@ wall-clock?
 
     python -m verl_pipe.bench --learn --out learn.json [--charts DIR] [--steps 40] [--seeds 0,1,2,3,4]
                               [--modes sync,cgp,cgp_fgd,verl_separate_async] [--val-every 5] [--no-aa]
-                              [hydra overrides ...]
+                              [--recipe NAME] [--task NAME] [hydra overrides ...]
     python -m verl_pipe.bench --learn --merge part1.json part2.json ... --out learn.json [--charts DIR]
     python -m verl_pipe.bench --learn --reanalyze learn.json --out learn.json [--charts DIR]
     python -m verl_pipe.bench --learn --dry-run ...      (the schedule, the task's validation size; no runs)
     python -m verl_pipe.bench --learn --seeds 3 --slice 0:3 --out part.json   (a part: runs 0-2 of seed 3's block)
 
-Each (mode, seed) trains the default task from its SFT warm-start on a fresh stack (ours: a ``PipeSession``, Ray,
+The task is a parameter: ``--recipe`` (the Hydra config every run composes, ours and the peer's; default
+``rolloutpipe_trainer``, main_grpo's), ``--task`` (one of the embedded tiny tasks, ``rolloutpipe.tiny_assets.task``)
+and any Hydra override (e.g. ``data.train_files=... data.val_files=... actor_rollout_ref.model.path=...`` for your
+own data and model). The bench refuses a task whose lengths are forced (``rolloutpipe.workload``): the model must
+decide them, or the rewards and the wall-clock mean nothing.
+
+Each (mode, seed) trains the task from its SFT warm-start on a fresh stack (ours: a ``PipeSession``, Ray,
 vLLM, verl's workers; verl's peer: its V1 separate_async trainer in its own subprocess and Ray cluster,
 verl_pipe/bench/peer/learn.py) for ``--steps`` GRPO steps, validating on the held-out questions before training and
 every ``--val-every`` steps (greedy, verl's ``val-core`` accuracy). A seed sets the data order and vLLM's sampling
@@ -45,6 +51,8 @@ VAL_KEY = "val-core/verl_pipe/digit_math/acc/mean@1"  # the task's data source (
 STEP_KEYS = {"reward": "critic/score/mean", "response_length": "response_length/mean", "step_s": "timing_s/step",
              "entropy": "actor/entropy"}
 WINDOW = 10  # steps per window of the reward chart
+DEFAULT_RECIPE = "rolloutpipe_trainer"  # main_grpo's config: its default task
+TASK_KEY = "rolloutpipe.tiny_assets.task"  # the embedded tiny task a run trains on (where the config has tasks)
 
 
 def val_key(metrics: dict) -> str | None:
@@ -65,8 +73,16 @@ def run_keys(mode: str, seed: int, steps: int, val_every: int) -> list[str]:
 
 
 def run_overrides(mode: str, seed: int, steps: int, val_every: int) -> list[str]:
-    """Our modes' overrides of one run (the variant's, then run_keys)."""
-    return [*variant(mode).overrides(), *run_keys(mode, seed, steps, val_every)]
+    """Our modes' overrides of one run: the variant's, FGD set either way (a recipe may turn it on: the variant
+    decides), then run_keys."""
+    v = variant(mode)
+    fgd = [] if v.fgd else ["rolloutpipe.fgd.enable=false"]
+    return [*v.overrides(), *fgd, *run_keys(mode, seed, steps, val_every)]
+
+
+def task_overrides(task: str | None) -> list[str]:
+    """The overrides that select an embedded tiny task (none: the recipe's own)."""
+    return [f"{TASK_KEY}={task}"] if task else []
 
 
 def _number(v):
@@ -111,12 +127,12 @@ def run_context() -> dict:
             "quiet_file": os.path.exists("/tmp/verl_pipe_quiet")}
 
 
-def _run_ours(mode: str, seed: int, steps: int, val_every: int, overrides: list[str], log) -> dict:
+def _run_ours(mode: str, seed: int, steps: int, val_every: int, overrides: list[str], log, recipe: str) -> dict:
     from verl_pipe.bench.provenance import stack_record
     from verl_pipe.launch.session import PipeSession, compose
 
     all_overrides = list(overrides) + run_overrides(mode, seed, steps, val_every)
-    session = PipeSession(compose(all_overrides))
+    session = PipeSession(compose(all_overrides, config_name=recipe))
     try:
         key = val_key(session.trainer.initial_val_metrics)
         val0 = _number(session.trainer.initial_val_metrics.get(key)) if key else None
@@ -137,14 +153,14 @@ def _run_ours(mode: str, seed: int, steps: int, val_every: int, overrides: list[
 
 
 def _run_peer(mode: str, seed: int, steps: int, val_every: int, overrides: list[str], log,
-              timeout_s: float | None) -> dict:
+              timeout_s: float | None, recipe: str) -> dict:
     from verl_pipe.bench.peer.learn import learn_rows, learn_spec, run_learning
     from verl_pipe.bench.peer.runner import compose_spec
     from verl_pipe.bench.provenance import stack_record
     from verl_pipe.main_grpo import prepare_config
 
     spec = learn_spec(list(overrides), run_keys(mode, seed, steps, val_every), steps, seed,
-                      config=variant(mode).peer_config)
+                      config=variant(mode).peer_config, config_name=recipe)
     result = run_learning(spec, timeout_s=timeout_s, log=log)
     before, rows = learn_rows(result["steps"], val_key, STEP_KEYS)
     for r in rows:
@@ -160,14 +176,14 @@ def _run_peer(mode: str, seed: int, steps: int, val_every: int, overrides: list[
 
 
 def run_one(mode: str, seed: int, steps: int, val_every: int, overrides: list[str], arm: str = "main", log=print,
-            timeout_s: float | None = 3600) -> dict:
-    """One training run on a fresh stack; its curve, config and provenance."""
+            timeout_s: float | None = 3600, recipe: str = DEFAULT_RECIPE) -> dict:
+    """One training run of ``recipe`` + ``overrides`` (the task) on a fresh stack; its curve, config, provenance."""
     context = run_context()
     t0 = time.perf_counter()
     if variant(mode).ours:
-        out = _run_ours(mode, seed, steps, val_every, overrides, log)
+        out = _run_ours(mode, seed, steps, val_every, overrides, log, recipe)
     else:
-        out = _run_peer(mode, seed, steps, val_every, overrides, log, timeout_s)
+        out = _run_peer(mode, seed, steps, val_every, overrides, log, timeout_s, recipe)
     return {"mode": mode, "seed": seed, "arm": arm, **out, "elapsed_s": time.perf_counter() - t0,
             "provenance": {**context, "git": git_state(), "load_avg_end": list(os.getloadavg())}}
 
@@ -438,26 +454,45 @@ def write_charts(result: dict, out_dir: Path) -> list[Path]:
 # ---------------------------------------------------------------------------------------------------------- CLI
 
 
-def task_info(overrides: list[str]) -> dict:
-    """The task the runs train on: data files, model, held-out size (prepares the assets, cached after the first)."""
+def _digest(path) -> str:
     import hashlib
 
-    import pyarrow.parquet as pq
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def compose_task(overrides: list[str], recipe: str = DEFAULT_RECIPE):
+    """The config the runs compose (before their per-run keys), checked for a learning run: a task whose lengths
+    the model decides (no ``rolloutpipe.workload``), and the tiny-task key when ``overrides`` select one."""
+    from omegaconf import OmegaConf
 
     from verl_pipe.launch.session import compose
+
+    if any(o.startswith(TASK_KEY + "=") for o in overrides):
+        base = compose([], config_name=recipe)
+        if OmegaConf.select(base, TASK_KEY) is None:
+            raise ValueError(f"--task: recipe {recipe!r} has no {TASK_KEY} (no embedded tiny tasks in this "
+                             "checkout); give the data as data.train_files=... data.val_files=... instead")
+    cfg = compose(list(overrides), config_name=recipe)
+    if OmegaConf.select(cfg, "rolloutpipe.workload") is not None:
+        raise ValueError(f"recipe {recipe!r} forces response lengths (rolloutpipe.workload): the learning bench "
+                         "needs the model to decide them; add rolloutpipe.workload=null")
+    return cfg
+
+
+def task_info(overrides: list[str], recipe: str = DEFAULT_RECIPE) -> dict:
+    """The task the runs train on: recipe, data files (and digests), model, held-out size (prepares the assets,
+    cached after the first)."""
+    import pyarrow.parquet as pq
+
     from verl_pipe.main_grpo import prepare_config
 
-    cfg = prepare_config(compose(list(overrides)))
-
-    def digest(path):
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        return h.hexdigest()[:16]
-
-    return {"train_files": str(cfg.data.train_files), "val_files": str(cfg.data.val_files),
-            "train_sha256_16": digest(cfg.data.train_files), "val_sha256_16": digest(cfg.data.val_files),
+    cfg = prepare_config(compose_task(overrides, recipe))
+    return {"recipe": recipe, "train_files": str(cfg.data.train_files), "val_files": str(cfg.data.val_files),
+            "train_sha256_16": _digest(cfg.data.train_files), "val_sha256_16": _digest(cfg.data.val_files),
             "model": str(cfg.actor_rollout_ref.model.path), "task": cfg.rolloutpipe.tiny_assets.get("task"),
             "val_size": pq.read_metadata(cfg.data.val_files).num_rows,
             "max_response_length": int(cfg.data.max_response_length)}
@@ -480,7 +515,7 @@ def merge(results: list[dict]) -> dict:
                 raise ValueError(f"cannot merge: {k} appears twice")
             seen.add(k)
             runs.append(run)
-    return {**{k: first.get(k) for k in ("steps", "val_every", "overrides", "val_size", "task", "env")},
+    return {**{k: first.get(k) for k in ("steps", "val_every", "recipe", "overrides", "val_size", "task", "env")},
             "seeds": sorted({r["seed"] for r in runs if r.get("arm", "main") == "main"}),
             "modes": list(dict.fromkeys(r["mode"] for r in runs)), "runs": runs,
             "parts": [r.get("out") for r in results], "elapsed_s": sum(r.get("elapsed_s") or 0 for r in results)}
@@ -512,6 +547,9 @@ def _parser():
     ap.add_argument("--modes", default=",".join(LEARN_MODES))
     ap.add_argument("--val-every", type=int, default=5)
     ap.add_argument("--no-aa", action="store_true", help="leave out the A/A runs (sync at seed + 100)")
+    ap.add_argument("--recipe", default=DEFAULT_RECIPE,
+                    help="the Hydra config (recipe) every run composes, ours and the peer's: the task")
+    ap.add_argument("--task", help=f"an embedded tiny task ({TASK_KEY}), where the config has them")
     ap.add_argument("--min-val-size", type=int, default=st.MIN_VAL_SIZE,
                     help="refuse a task with fewer held-out questions (the pre-registration's)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per peer run")
@@ -544,7 +582,10 @@ def _power_cli(paths: list[str], out: str) -> int:
 def _run_cli(args, ap, overrides: list[str], seeds: list[int], modes: list[str]) -> dict | None:
     """The runs of this invocation (its schedule, or the --slice of it); None after --dry-run."""
     t0 = time.perf_counter()
-    task = task_info(overrides)
+    try:
+        task = task_info(overrides, args.recipe)
+    except ValueError as e:
+        ap.error(str(e))
     if task["val_size"] < args.min_val_size:
         raise SystemExit(f"the task's validation set has {task['val_size']} questions ({task['val_files']}); the "
                          f"comparison needs >= {args.min_val_size} (--min-val-size to run it anyway)")
@@ -561,12 +602,13 @@ def _run_cli(args, ap, overrides: list[str], seeds: list[int], modes: list[str])
     from verl_pipe.bench.provenance import env_info
 
     result = {"steps": args.steps, "seeds": seeds, "modes": modes, "val_every": args.val_every,
-              "overrides": overrides, "val_size": task["val_size"], "task": task, "env": env_info(),
+              "recipe": args.recipe, "overrides": overrides, "val_size": task["val_size"], "task": task, "env": env_info(),
               "schedule": [[i, *p] for i, p in plan], "slice": args.slice, "runs": []}
     out = Path(args.out)
     partial = out.with_name(out.stem + "_partial.json")
     for i, (seed, mode, arm) in plan:
-        run = run_one(mode, seed, args.steps, args.val_every, overrides, arm=arm, timeout_s=args.timeout)
+        run = run_one(mode, seed, args.steps, args.val_every, overrides, arm=arm, timeout_s=args.timeout,
+                      recipe=args.recipe)
         run["order"] = i  # its place in the whole schedule of these seeds and modes
         result["runs"].append(run)
         partial.write_text(json.dumps(result))  # a crash keeps what ran
@@ -589,7 +631,7 @@ def cli(argv: list[str]) -> int:
         ap.error(f"--steps {args.steps} / --val-every {args.val_every}: a run's final accuracy needs "
                  f"{st.FINAL_POINTS} validations after training")
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    out = Path(args.out)
+    overrides = task_overrides(args.task) + overrides
     if args.reanalyze:
         result = json.loads(Path(args.reanalyze).read_text())
     elif args.merge:
@@ -598,16 +640,23 @@ def cli(argv: list[str]) -> int:
         result = _run_cli(args, ap, overrides, seeds, modes)
         if result is None:
             return 0
+    analyze_and_write(result, Path(args.out), Path(args.charts) if args.charts else None)
+    return 0
+
+
+def analyze_and_write(result: dict, out: Path, charts: Path | None = None) -> dict:
+    """The pipeline after the runs: the pre-registered comparison, the report, the charts, the JSON at ``out``
+    (a part without sync, or too little to compare, keeps its runs with the reason in "comparison")."""
     try:
         result["comparison"] = compare(result["runs"])
         print(format_report(result))
-        if args.charts:
-            result["charts"] = [str(p) for p in write_charts(result, Path(args.charts))]
-    except ValueError as e:  # a part without sync, or too little to compare: the runs are kept
+        if charts is not None:
+            result["charts"] = [str(p) for p in write_charts(result, charts)]
+    except ValueError as e:
         result["comparison"] = {"skipped": str(e)}
         print(f"[learn] no comparison: {e}")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     out.with_name(out.stem + "_partial.json").unlink(missing_ok=True)  # the whole JSON holds it
-    print(f"[learn] wrote {args.out}")
-    return 0
+    print(f"[learn] wrote {out}")
+    return result

@@ -26,8 +26,10 @@ LEARN_MODE = MODE_NAMES[LEARN_CONFIG]
 TRAINER_CLS = "verl_pipe.bench.peer.learn_hooks:PeerLearnTrainer"  # imported by the runner after start_ray
 
 
-def learn_spec(base: list[str], run_keys: list[str], steps: int, seed: int, config: str = LEARN_CONFIG) -> dict:
-    """The runner's spec of one learning run: ``base`` (the bench's overrides, e.g. none: the tiny default), the
+def learn_spec(base: list[str], run_keys: list[str], steps: int, seed: int, config: str = LEARN_CONFIG,
+               config_name: str | None = None) -> dict:
+    """The runner's spec of one learning run: ``config_name`` (the recipe the task comes from, as for our modes;
+    None: rolloutpipe_trainer) with ``base`` (the bench's overrides, e.g. none: the tiny default), the
     peer's own overrides on top (configs.peer_overrides, in the runner), then ``run_keys`` (the learning bench's
     per-run keys: seed, validation cadence, logger) and the epochs verl's loop needs to reach ``steps``
     (PPOTrainer.fit stops at trainer.total_epochs; total_training_steps still ends the run)."""
@@ -35,7 +37,7 @@ def learn_spec(base: list[str], run_keys: list[str], steps: int, seed: int, conf
         raise ValueError(f"steps={steps}: expected >= 1")
     return {"config": config, "steps": int(steps), "warmup_steps": 0, "overrides": list(base), "workload": None,
             "seed": int(seed), "post_overrides": list(run_keys) + [f"trainer.total_epochs={int(steps)}"],
-            "setting": None, "model_size": None, "trainer_cls": TRAINER_CLS}
+            "setting": None, "model_size": None, "trainer_cls": TRAINER_CLS, "config_name": config_name}
 
 
 def _num(v):
