@@ -4,6 +4,7 @@ refusals. No Ray."""
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -137,6 +138,33 @@ def test_run_overrides_compose(mode):
     assert cfg.rolloutpipe.mode == v.mode and cfg.rolloutpipe.fgd.enable == v.fgd
 
 
+@pytest.mark.parametrize("mode", [m for m in LEARN_MODES if variant(m).ours])
+def test_the_variant_decides_the_mode_whatever_the_recipe(mode):
+    # tiny_cpu_cgp_fgd turns CGP and FGD on; each run's mode is its variant's
+    from verl_pipe.bench.learn import compose_task
+
+    cfg = compose_task(["rolloutpipe.workload=null", *run_overrides(mode, 0, 10, 5)], recipe="tiny_cpu_cgp_fgd")
+    v = variant(mode)
+    assert cfg.rolloutpipe.mode == v.mode and cfg.rolloutpipe.fgd.enable == v.fgd
+
+
+def test_the_task_must_let_the_model_decide_lengths_and_exist():
+    from omegaconf import OmegaConf
+
+    from verl_pipe.bench.learn import TASK_KEY, compose_task, task_overrides
+    from verl_pipe.launch.session import compose
+
+    with pytest.raises(ValueError, match="rolloutpipe.workload"):
+        compose_task([], recipe="tiny_cpu_cgp_fgd")
+    assert task_overrides(None) == [] and task_overrides("x") == [f"{TASK_KEY}=x"]
+    current = OmegaConf.select(compose([]), TASK_KEY)
+    if current is None:  # a checkout without tiny tasks: --task names the missing setting
+        with pytest.raises(ValueError, match="tiny_assets.task"):
+            compose_task(task_overrides("chain"))
+    else:
+        assert OmegaConf.select(compose_task(task_overrides(current)), TASK_KEY) == current
+
+
 def test_peer_spec_puts_the_learning_keys_after_the_peers_own():
     from verl_pipe.bench.learn import run_keys
     from verl_pipe.bench.peer.learn import LEARN_CONFIG, TRAINER_CLS, learn_spec
@@ -149,7 +177,11 @@ def test_peer_spec_puts_the_learning_keys_after_the_peers_own():
     assert cfg.trainer.test_freq == 5 and cfg.trainer.val_before_train and cfg.data.seed == 3
     assert cfg.trainer.total_training_steps == 20 and cfg.trainer.total_epochs == 20
     assert cfg.trainer.v1.trainer_mode == "separate_async" and cfg.trainer.use_v1
-    assert cfg.actor_rollout_ref.rollout.seed == 1003
+    assert cfg.actor_rollout_ref.rollout.seed == 1003 and spec["config_name"] is None
+    # the task's recipe reaches the peer as it reaches our modes
+    spec = learn_spec(["rolloutpipe.workload=null"], run_keys(PEER_MODE, 3, 20, 5), 20, 3,
+                      config=variant(PEER_MODE).peer_config, config_name="tiny_cpu_cgp_fgd")
+    assert compose_spec(spec).rolloutpipe.fgd.window == 32  # set by that recipe only
     with pytest.raises(ValueError, match="steps=0"):
         learn_spec([], [], 0, 0)
 
@@ -218,3 +250,43 @@ def test_a_slice_of_the_schedule_keeps_its_order():
         slice_plan(plan, "3")
     with pytest.raises(ValueError, match="no run"):
         slice_plan(plan, "9:")
+
+
+def test_one_seed_two_modes_go_from_runs_to_json_report_and_charts(tmp_path, capsys):
+    # the smoke's shape (docs/learning.md): 1 seed, sync and cgp_fgd, 2 steps validated every step; no TOST (one
+    # pair), but the report, the times, the JSON and both charts
+    from verl_pipe.bench.learn import analyze_and_write
+
+    runs = [_run("sync", 0, [0.55, 0.6], val_every=1, before=0.5),
+            _run("cgp_fgd", 0, [0.6, 0.62], step_s=0.8, val_every=1, before=0.5)]
+    out = tmp_path / "smoke.json"
+    result = analyze_and_write({"steps": 2, "seeds": [0], "val_every": 1, "val_size": 128, "runs": runs}, out,
+                               tmp_path / "charts")
+    saved = json.loads(out.read_text())
+    t = saved["comparison"]["tests"]["cgp_fgd"]
+    assert t["n"] == 1 and "tost" not in t and t["step_time"]["relative"] == pytest.approx(-0.2)
+    assert saved["comparison"]["sync_final_mean"] == pytest.approx(0.575)
+    assert any("pre-registration asks" in n for n in saved["comparison"]["notes"])
+    assert [Path(p).name for p in result["charts"]] == ["learning_acc_vs_wall.png", "learning_val_acc.png"]
+    assert all(Path(p).stat().st_size > 10_000 for p in result["charts"])
+    assert "too few pairs for the TOST" in capsys.readouterr().out
+
+
+SMOKE = Path(__file__).resolve().parents[1] / "docs" / "bench" / "learn_smoke_digit_math_2026-12-03.json"
+
+
+def test_the_kept_smoke_reanalyzes_to_what_it_saved(tmp_path):
+    # the real stack's JSON (the smoke of docs/learning.md) goes through today's analysis: a change to the run
+    # records or to compare that would break the full comparison's --merge/--reanalyze fails here
+    from verl_pipe.bench.learn import cli
+
+    kept = json.loads(SMOKE.read_text())
+    assert {r["mode"] for r in kept["runs"]} == {"sync", "cgp_fgd"} and kept["task"]["val_size"] >= 128
+    assert all(r["provenance"]["git"]["commit"] and r["config"] for r in kept["runs"])
+    out = tmp_path / "again.json"
+    assert cli(["--learn", "--reanalyze", str(SMOKE), "--out", str(out), "--charts", str(tmp_path)]) == 0
+    again = json.loads(out.read_text())["comparison"]
+    assert again["summary"].keys() == kept["comparison"]["summary"].keys()
+    for mode, s in kept["comparison"]["summary"].items():
+        assert again["summary"][mode]["final_val_acc"] == s["final_val_acc"]
+        assert again["summary"][mode]["time_to_target_s"] == s["time_to_target_s"]

@@ -73,11 +73,9 @@ def run_keys(mode: str, seed: int, steps: int, val_every: int) -> list[str]:
 
 
 def run_overrides(mode: str, seed: int, steps: int, val_every: int) -> list[str]:
-    """Our modes' overrides of one run: the variant's, FGD set either way (a recipe may turn it on: the variant
-    decides), then run_keys."""
-    v = variant(mode)
-    fgd = [] if v.fgd else ["rolloutpipe.fgd.enable=false"]
-    return [*v.overrides(), *fgd, *run_keys(mode, seed, steps, val_every)]
+    """Our modes' overrides of one run: the variant's (its mode, and FGD on or off whatever the recipe or the
+    default says), then run_keys."""
+    return [*variant(mode).overrides(), *run_keys(mode, seed, steps, val_every)]
 
 
 def task_overrides(task: str | None) -> list[str]:
