@@ -272,21 +272,24 @@ def test_one_seed_two_modes_go_from_runs_to_json_report_and_charts(tmp_path, cap
     assert "too few pairs for the TOST" in capsys.readouterr().out
 
 
-SMOKE = Path(__file__).resolve().parents[1] / "docs" / "bench" / "learn_smoke_digit_math_2026-12-03.json"
+# Real-stack outputs of the bench, kept in docs/bench (docs/learning.md): every mode and the A/A arm, 3 steps.
+KEPT = [Path(__file__).resolve().parents[1] / "docs" / "bench" / "learn_plumbing_digit_math_2026-12-03.json"]
 
 
-def test_the_kept_smoke_reanalyzes_to_what_it_saved(tmp_path):
-    # the real stack's JSON (the smoke of docs/learning.md) goes through today's analysis: a change to the run
-    # records or to compare that would break the full comparison's --merge/--reanalyze fails here
+@pytest.mark.parametrize("path", KEPT, ids=lambda p: p.name)
+def test_a_kept_real_run_reanalyzes_to_what_it_saved(path, tmp_path):
+    # the real stack's JSON goes through today's analysis and charts: a change to the run records, to compare or
+    # to the charts that would break --merge/--reanalyze of the full comparison's parts fails here
     from verl_pipe.bench.learn import cli
 
-    kept = json.loads(SMOKE.read_text())
-    assert {r["mode"] for r in kept["runs"]} == {"sync", "cgp_fgd"} and kept["task"]["val_size"] >= 128
+    kept = json.loads(path.read_text())
+    assert {r["mode"] for r in kept["runs"]} >= {BASE, "cgp_fgd"} and kept["task"]["val_size"] >= 128
     assert all(r["provenance"]["git"]["commit"] and r["config"] for r in kept["runs"])
     out = tmp_path / "again.json"
-    assert cli(["--learn", "--reanalyze", str(SMOKE), "--out", str(out), "--charts", str(tmp_path)]) == 0
-    again = json.loads(out.read_text())["comparison"]
-    assert again["summary"].keys() == kept["comparison"]["summary"].keys()
+    assert cli(["--learn", "--reanalyze", str(path), "--out", str(out), "--charts", str(tmp_path)]) == 0
+    again = json.loads(out.read_text())
+    assert again["comparison"]["summary"].keys() == kept["comparison"]["summary"].keys()
     for mode, s in kept["comparison"]["summary"].items():
-        assert again["summary"][mode]["final_val_acc"] == s["final_val_acc"]
-        assert again["summary"][mode]["time_to_target_s"] == s["time_to_target_s"]
+        assert again["comparison"]["summary"][mode]["final_val_acc"] == s["final_val_acc"]
+        assert again["comparison"]["summary"][mode]["time_to_target_s"] == s["time_to_target_s"]
+    assert all(Path(p).stat().st_size > 10_000 for p in again["charts"])
