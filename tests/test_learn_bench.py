@@ -156,6 +156,9 @@ def test_the_task_must_let_the_model_decide_lengths_and_exist():
 
     with pytest.raises(ValueError, match="rolloutpipe.workload"):
         compose_task([], recipe="tiny_cpu_cgp_fgd")
+    # the long-tail task's recipe (docs/learning.md: the comparison's task) is one the bench can run
+    chain = compose_task([], recipe="tiny_cpu_chain")
+    assert OmegaConf.select(chain, TASK_KEY) == "chain" and chain.data.max_response_length >= 200
     assert task_overrides(None) == [] and task_overrides("x") == [f"{TASK_KEY}=x"]
     current = OmegaConf.select(compose([]), TASK_KEY)
     if current is None:  # a checkout without tiny tasks: --task names the missing setting
