@@ -511,9 +511,11 @@ def with_own_speeds(cal: Calibration, steps: list[dict], shape: StepShape, borro
 
 
 def simulate_like(step: dict, mode: str, granularity: str, engine: EngineParams, trainer: TrainerParams,
-                  shape: StepShape, client_s_per_request: float = 0.0) -> dict:
+                  shape: StepShape, client_s_per_request: float = 0.0, predictions=None,
+                  rest_order: str = "rank") -> dict:
     """Simulated metrics of one measured step's workload in ``mode`` (any simulator mode); ``client_s_per_request``:
-    a driver that costs that much per request (``sim.simulate.simulate_rollout``; 0: instantaneous)."""
+    a driver that costs that much per request (``sim.simulate.simulate_rollout``; 0: instantaneous); ``predictions``:
+    the step's length predictions (verl_pipe/sim/tail.py) and FGD's order beyond the frontier with them."""
     from verl_pipe.sim.simulate import simulate_step
 
     lengths = step["lengths"]
@@ -526,7 +528,8 @@ def simulate_like(step: dict, mode: str, granularity: str, engine: EngineParams,
     tl = simulate_step(wl, engine, trainer, mode, shape.num_replicas, window=window,
                        groups_per_unit=shape.groups_per_unit, order=shape.baseline_order, granularity=granularity,
                        weight_sync_s=float(step.get("weight_sync_s", 0.0)), client_s_per_request=client_s_per_request,
-                       unit_fill=step.get("unit_fill", "completion"))  # steps recorded before the knob: completion
+                       unit_fill=step.get("unit_fill", "completion"),  # steps recorded before the knob: completion
+                       lengths=predictions, rest_order=rest_order)
     return tl.metrics()
 
 
