@@ -62,9 +62,11 @@ ROLLOUTPIPE_BAD = [
     (["rolloutpipe.fgd.window=0"], "rolloutpipe.fgd.window", "null (max_num_seqs), 'auto'"),
     (["rolloutpipe.fgd.window=2.5"], "rolloutpipe.fgd.window", "'auto' (two training units' requests) or an integer >= 1"),
     (["rolloutpipe.fgd.policy=FrontierPolicy"], "rolloutpipe.fgd.policy", "a class path 'package.module:Class'"),
-    (["rolloutpipe.fgd.policy=no_such_pkg.mod:Policy"], "rolloutpipe.fgd.policy", "module 'no_such_pkg.mod' is not importable"),
+    (["rolloutpipe.fgd.policy=no_such_pkg.mod:Policy"], "rolloutpipe.fgd.policy",
+     "module 'no_such_pkg.mod' is not importable"),
     (["rolloutpipe.fgd.policy=verl_pipe.core.frontier:NoSuch"], "rolloutpipe.fgd.policy", "has no 'NoSuch'"),
-    (["rolloutpipe.fgd.policy=verl_pipe.core.frontier:Request"], "rolloutpipe.fgd.policy", "is not an admission policy"),
+    (["rolloutpipe.fgd.policy=verl_pipe.core.frontier:Request"], "rolloutpipe.fgd.policy",
+     "is not an admission policy"),
     (["rolloutpipe.fgd.lengths=oracle"], "rolloutpipe.fgd.lengths", "predicted"),
     (["rolloutpipe.workload={kind: lognormal, median: 12, sigma: 0.8, rho: 0.7, cap: 32, prompts: 17}"],
      "rolloutpipe.workload.prompts", "a multiple of data.train_batch_size"),
@@ -210,7 +212,8 @@ GOOD = [
     [CGP, "rolloutpipe.fgd.enable=true", "rolloutpipe.fgd.window=auto"],
     [CGP, "rolloutpipe.fgd.enable=true", "rolloutpipe.fgd.policy=verl_pipe.core.frontier:FCFSPolicy",
      "rolloutpipe.fgd.lengths=shuffled"],
-    ["rolloutpipe.workload={kind: lognormal, median: 12, sigma: 0.8, rho: 0.7, cap: 32, prompts: 32, cross_epoch: 0.6}"],
+    ["rolloutpipe.workload={kind: lognormal, median: 12, sigma: 0.8, rho: 0.7, cap: 32, prompts: 32, "
+     "cross_epoch: 0.6}"],
     [CGP, "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"],  # not part of the θ_k snapshot
     [CGP, "actor_rollout_ref.actor.fsdp_config.param_offload=true", "actor_rollout_ref.actor.ppo_mini_batch_size=16"],
     ["actor_rollout_ref.actor.fsdp_config.param_offload=true"],  # sync mode takes no snapshot

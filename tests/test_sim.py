@@ -265,7 +265,8 @@ def test_hand_computed_driver_cost():
     eng = UNIT_STEP.with_(max_num_seqs=1)
 
     def run(kind, window):
-        ro = simulate_rollout(wl, eng, make_policy({"fcfs": FCFSPolicy, "fgd": FrontierPolicy}[kind], wl, 1, 1, window), 1, client_s_per_request=0.5)
+        cls = {"fcfs": FCFSPolicy, "fgd": FrontierPolicy}[kind]
+        ro = simulate_rollout(wl, eng, make_policy(cls, wl, 1, 1, window), 1, client_s_per_request=0.5)
         return [kw["t"] for m, kw in ro.log if m == "request_submitted"], \
             [kw["t"] for m, kw in ro.log if m == "response_done"]
 

@@ -10,7 +10,8 @@ weight-version checks, verl's actor -- is inherited unchanged; each override cal
    as large as a group with a right and a wrong answer; ``min_reward_spread`` drops such groups (0.1 keeps
    every group with variance under the example reward's 0 / 0.25 / 1 levels; 0.5 would train only groups
    with a right answer). It also records, per prompt, whether its group was trainable (``prompt_history``).
-2. **Admission priority** (``rolloutpipe.fgd.policy: ...:DeferringFrontierPolicy``, ``admission_kwargs``): prompts whose previous group
+2. **Admission priority** (the recipe's ``rolloutpipe.fgd.policy`` names ``DeferringFrontierPolicy``;
+   ``admission_kwargs``): prompts whose previous group
    was untrainable (all answers equally good or bad last time) are admitted last, and sent with a lower vLLM
    priority. With oversampling, the step fills its batch from the other prompts first, and the deferred
    ones are the leftovers that get aborted: less rollout work spent on groups likely to be dropped.

@@ -197,8 +197,8 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
     # ------------------------------------------------------------------ rollout side
 
     def admission_kwargs(self, batch: DataProto | None, knobs: StepKnobs) -> dict:
-        """Extra keyword arguments for the step's admission policy class (``rolloutpipe.fgd.policy`` when ``knobs.fgd``,
-        else ``baseline_policy_cls``), from the step's batch (group g is row g, with verl's non-tensor keys such as
+        """Extra keyword arguments for the step's admission policy class (``rolloutpipe.fgd.policy`` when
+        ``knobs.fgd``, else ``baseline_policy_cls``), from the step's batch (group g is row g, with verl's non-tensor keys such as
         ``extra_info``). Default: none."""
         return {}
 
