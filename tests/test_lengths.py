@@ -300,3 +300,20 @@ def test_the_plug_in_example_of_extending_md_runs_as_documented():
         p.on_response_done(a.request)
         p.on_group_done(a.request.group, True)
     assert order == [1, 2, 3, 0]
+
+
+def test_paired_rounds_reports_the_length_predictions_rank_correlation():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "paired_rounds", Path(__file__).resolve().parents[1] / "tools" / "paired_rounds.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    rec = lambda p, a: {"source": "history", "n": 2, "predicted_tokens": p, "actual_mean_tokens": a,  # noqa: E731
+                        "first_tokens": a, "first_sibling_tokens": a}
+    steps = [{"setting": "s", "length_predictions": [rec(1, 10), rec(2, 30)]},
+             {"setting": "s", "length_predictions": [rec(3, 20)]}, {"setting": "t"}]
+    q = tool.length_quality(steps)
+    assert list(q) == ["s"] and q["s"]["history"]["groups"] == 3
+    assert q["s"]["history"]["rank_correlation"] == pytest.approx(0.5)

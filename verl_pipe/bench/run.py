@@ -54,7 +54,8 @@ def setting_knobs(configured, wl, setting: dict | None) -> dict:
     keys = length_keys(wl)
     keys = (tuple(((name, k), e) for k, e in keys) if keys is not None
             else tuple(((name, hash(tuple(map(tuple, wl.lengths))), g), 0) for g in range(wl.num_groups)))
-    return dict({"fgd_lengths": configured.fgd_lengths, "fgd_policy": configured.fgd_policy},
+    return dict({"fgd_lengths": configured.fgd_lengths, "fgd_policy": configured.fgd_policy,
+                 "unit_fill": configured.unit_fill},
                 **((setting or {}).get("knobs") or {}), length_keys=keys)
 
 
@@ -269,7 +270,8 @@ class BenchRunner:
                 "unit_fill": rec["knobs"].get("unit_fill", "completion"),
                 "learning": learning_metrics(rec["metrics"]),
                 "prompt_len": float(rec["metrics"].get("prompt_length/mean", 0.0)),
-                "trained_groups": len(rec.get("trained_groups", [])), "wall_window": [wall_start, wall_start + wall]}
+                "trained_groups": len(rec.get("trained_groups", [])), "wall_window": [wall_start, wall_start + wall],
+                "length_predictions": rec.get("lengths")}  # per group, predicted vs actual (core/lengths.py)
 
     def _preemptions(self, session) -> float | None:
         """vLLM's preemptions so far over the replicas (verl_pipe/bench/preemptions.py); None when not counted."""
