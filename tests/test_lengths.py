@@ -317,3 +317,29 @@ def test_paired_rounds_reports_the_length_predictions_rank_correlation():
     q = tool.length_quality(steps)
     assert list(q) == ["s"] and q["s"]["history"]["groups"] == 3
     assert q["s"]["history"]["rank_correlation"] == pytest.approx(0.5)
+
+
+def test_the_simulator_replays_a_measured_fgd_step_with_its_predictions_and_plug_in():
+    """A bench step of cgp_fgd keeps its groups' predictions and its policy; simulate_like replays them: the A/A (the
+    stock FCFS policy as FGD's plug-in) simulates exactly as cgp, and the recorded predictions change the order."""
+    from verl_pipe.sim.calib import StepShape, simulate_like
+    from verl_pipe.sim.engine import EngineParams
+    from verl_pipe.sim.trainer import TrainerParams
+
+    shape = StepShape(n=2, groups_per_unit=1, micro_rows=2, max_num_seqs=2, max_num_batched_tokens=64,
+                      kv_capacity_tokens=10**6, num_replicas=1, baseline_order="group_major", baseline_window=None,
+                      fgd_window=2)
+    eng = EngineParams(max_num_seqs=2, kv_capacity_tokens=10**6, t0_s=0.01, per_seq_s=0.0)
+    tr = TrainerParams()
+    lengths = [[40, 40], [4, 4], [30, 30]]
+    recs = [{"predicted_tokens": t} for t in (40, 4, 30)]
+    step = {"lengths": lengths, "prompt_len": 1, "mode": "cgp_fgd", "fgd_lengths": "predicted",
+            "length_predictions": recs, "admission": {"policy": "verl_pipe.core.frontier:FCFSPolicy",
+                                                      "rest_order": "rank"}}
+    aa = simulate_like(step, "cgp_fgd", "minibatch", eng, tr, shape)
+    cgp = simulate_like(dict(step, mode="cgp"), "cgp", "minibatch", eng, tr, shape)
+    assert aa == cgp
+    fgd = dict(step, admission={"policy": DEFAULT_FGD_POLICY, "rest_order": "rank"})
+    known = simulate_like(fgd, "cgp_fgd", "minibatch", eng, tr, shape)
+    rank = simulate_like(dict(fgd, fgd_lengths="off"), "cgp_fgd", "minibatch", eng, tr, shape)
+    assert known["first_unit_ready_s"] < rank["first_unit_ready_s"]

@@ -271,7 +271,8 @@ class BenchRunner:
                 "learning": learning_metrics(rec["metrics"]),
                 "prompt_len": float(rec["metrics"].get("prompt_length/mean", 0.0)),
                 "trained_groups": len(rec.get("trained_groups", [])), "wall_window": [wall_start, wall_start + wall],
-                "length_predictions": rec.get("lengths")}  # per group, predicted vs actual (core/lengths.py)
+                "length_predictions": rec.get("lengths"),  # per group, predicted vs actual (core/lengths.py)
+                "admission": rec.get("admission"), "fgd_lengths": rec["knobs"].get("fgd_lengths", "off")}
 
     def _preemptions(self, session) -> float | None:
         """vLLM's preemptions so far over the replicas (verl_pipe/bench/preemptions.py); None when not counted."""

@@ -384,7 +384,7 @@ def simulate_step(workload: Workload, engine_params: EngineParams, trainer_param
                   weight_sync_s: float = 0.5, target_groups: int | None = None,
                   trainable_prob: float = 1.0, client_s_per_request: float = 0.0,
                   unit_fill: str = "completion", episodes: Episodes | None = None, lengths=None,
-                  rest_order: str = "rank") -> StepTimeline:
+                  rest_order: str = "rank", fgd_policy: type = FrontierPolicy) -> StepTimeline:
     """One step in ``mode`` (sync, cgp, cgp_group, cgp_fgd, verl_separate_async) -> its StepTimeline.
 
     ``window``: per-replica client admission window (None: submit everything at once; for cgp_fgd also
@@ -394,7 +394,8 @@ def simulate_step(workload: Workload, engine_params: EngineParams, trainer_param
     ``seed`` draws which groups are trainable when ``trainable_prob`` < 1 (DAPO-style filtering). ``unit_fill``:
     rolloutpipe.cgp.unit_fill (the simulator's default is the paper's completion fill). ``episodes``: multi-turn
     trajectories (``simulate_rollout``); ``workload`` must then be ``episodes.workload(prompt_len)``. ``lengths``,
-    ``rest_order``: the step's length predictions and FGD's order beyond the frontier (``rollout_for_mode``).
+    ``rest_order``: the step's length predictions and FGD's order beyond the frontier, ``fgd_policy`` FGD's policy
+    class (``rollout_for_mode``).
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
@@ -403,6 +404,7 @@ def simulate_step(workload: Workload, engine_params: EngineParams, trainer_param
         target_groups = workload.num_groups
     rollout = rollout_for_mode(mode, workload, engine_params, num_replicas, groups_per_unit, window, order,
                                frontier, target_groups or workload.num_groups, trainable, client_s_per_request,
-                               episodes, lengths=lengths, unit_fill=unit_fill, rest_order=rest_order)
+                               episodes, lengths=lengths, unit_fill=unit_fill, rest_order=rest_order,
+                               fgd_policy=fgd_policy)
     return timeline_for(rollout, workload, trainer_params, mode, groups_per_unit, weight_sync_s, granularity,
                         unit_fill=unit_fill)

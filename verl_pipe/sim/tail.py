@@ -68,6 +68,16 @@ def oracle_lengths(workload: Workload, error: float = 0.0, seed: int = 0) -> Ste
     return StepLengths(initial, workload.n)
 
 
+def recorded_lengths(records: list[dict] | None, n: int) -> StepLengths | None:
+    """A step's start-of-step predictions as its record kept them (``StepLengths.record``): the simulator replays
+    the measured step with the predictions it had (its rollout refines them from the responses again)."""
+    if not records:
+        return None
+    initial = [Prediction(math.log(r["predicted_tokens"]), "history", 1.0) if r.get("predicted_tokens")
+               else Prediction(None, "prior", 0.25) for r in records]
+    return StepLengths(initial, n)
+
+
 class RunPredictor:
     """A simulated run's length knowledge, step after step (see the module docstring)."""
 

@@ -82,6 +82,7 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
         self.last_lengths: StepLengths | None = None  # the latest step's predictions, observed lengths and record
         self._step_keys: list[tuple] = []  # the latest step's (prompt, epoch) per group
         self.trainer_ratio = TrainerRatio()  # trainer work over rollout duration: FGD's order beyond the frontier
+        self.last_admission: dict = {}  # the latest step's policy class, order beyond the frontier and its ratio
 
     @property
     def timelines(self):
@@ -176,10 +177,11 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
         self._fit_save_checkpoint()
         self._fit_stop_profile()
         self._data_state = self.train_dataloader.state_dict()
-        record_step(self.actor_seam, self.history, step=self.global_steps, knobs=knobs, outcome=outcome,
-                    timeline=timeline, rollout_result=rollout_result, data_index=data_index,
-                    step_s=self.timing_raw["step"], health=supervisor.health,
-                    lengths=self.last_lengths.record() if self.last_lengths is not None else None)
+        record = record_step(self.actor_seam, self.history, step=self.global_steps, knobs=knobs, outcome=outcome,
+                             timeline=timeline, rollout_result=rollout_result, data_index=data_index,
+                             step_s=self.timing_raw["step"], health=supervisor.health,
+                             lengths=self.last_lengths.record() if self.last_lengths is not None else None)
+        record["admission"] = self.last_admission  # the order beyond FGD's frontier and why (the simulator replays it)
         self._fit_postprocess_step()
 
     def train(self, queue: GroupQueue, timeline: StepTimeline, knobs: StepKnobs | None = None, backend_cls=None,
@@ -217,6 +219,8 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
                              order_by_length=knobs.fgd_lengths != "off", extra=self.admission_kwargs(batch, knobs),
                              rest_order=rest_order(knobs.unit_fill, self.trainer_ratio.value))
         cls = load_policy(knobs.fgd_policy) if knobs.fgd else self.baseline_policy_cls
+        self.last_admission = {"policy": f"{cls.__module__}:{cls.__qualname__}", "rest_order": step.rest_order,
+                               "trainer_to_rollout": self.trainer_ratio.value}
         return cls.for_step(step)
 
     def _length_keys(self, num_groups: int, batch: DataProto | None, knobs: StepKnobs) -> list[tuple]:
