@@ -13,7 +13,7 @@ from verl import DataProto
 
 from verl_pipe.config import validate
 from verl_pipe.core.frontier import FCFSPolicy, FrontierPolicy, Request
-from verl_pipe.core.admission import DEFAULT_FGD_POLICY
+from verl_pipe.core.admission import DEFAULT_FGD_POLICY, TrainerRatio
 from verl_pipe.core.lengths import LengthHistory
 from verl_pipe.launch.session import compose
 
@@ -128,7 +128,7 @@ def _policy_trainer(cfg, history=None):
     t = _bare_trainer(config=cfg, prompt_history=dict(history or {}))
     t.rollout = SimpleNamespace(num_replicas=2, live_replicas=lambda: [0, 1])
     t.n, t.groups_per_unit = 4, 2
-    t.length_history, t.epoch, t.global_steps = LengthHistory(), 0, 1
+    t.length_history, t.epoch, t.global_steps, t.trainer_ratio = LengthHistory(), 0, 1, TrainerRatio()
     return t
 
 
