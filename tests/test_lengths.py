@@ -319,6 +319,25 @@ def test_paired_rounds_reports_the_length_predictions_rank_correlation():
     assert q["s"]["history"]["rank_correlation"] == pytest.approx(0.5)
 
 
+def test_paired_rounds_across_settings_pairs_each_mode_round_by_round():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "paired_rounds", Path(__file__).resolve().parents[1] / "tools" / "paired_rounds.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    st = lambda s, r, m, x: {"setting": s, "round": r, "mode": m, "metrics": {"rollout_to_train_end_s": x}}  # noqa
+    steps = [st("off", 0, "cgp_fgd", 10.0), st("on", 0, "cgp_fgd", 9.0), st("off", 1, "cgp_fgd", 12.0),
+             st("on", 1, "cgp_fgd", 10.0), st("off", 0, "cgp", 11.0), st("on", 0, "cgp", 11.5),
+             st("other", 0, "cgp_fgd", 1.0), st("on", 2, "cgp_fgd", 1.0)]  # no pair: left out
+    got = tool.across(steps, "off", "on")
+    assert sorted(got) == ["cgp", "cgp_fgd"]
+    assert got["cgp_fgd"]["rounds"] == [0, 1] and got["cgp_fgd"]["diffs"] == [-1.0, -2.0]
+    assert got["cgp_fgd"]["mean"] == -1.5 and got["cgp_fgd"]["rel_pct"] == pytest.approx(-100 * 1.5 / 11)
+    assert got["cgp"]["diffs"] == [0.5]
+
+
 def test_the_simulator_replays_a_measured_fgd_step_with_its_predictions_and_plug_in():
     """A bench step of cgp_fgd keeps its groups' predictions and its policy; simulate_like replays them: the A/A (the
     stock FCFS policy as FGD's plug-in) simulates exactly as cgp, and the recorded predictions change the order."""

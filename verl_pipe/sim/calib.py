@@ -530,7 +530,7 @@ def simulate_like(step: dict, mode: str, granularity: str, engine: EngineParams,
         from verl_pipe.sim.tail import recorded_lengths
 
         predictions = recorded_lengths(step.get("length_predictions"), shape.n)
-        rest_order = (step.get("admission") or {}).get("rest_order", rest_order)
+        rest_order = (step.get("admission") or {}).get("rest_order") or rest_order
     measured_fgd = variant(mode).fgd and variant(step.get("mode", mode)).fgd
     policy = (step.get("admission") or {}).get("policy") if measured_fgd else None
     if policy:  # the plug-in the measured FGD step ran with (rolloutpipe.fgd.policy)

@@ -200,14 +200,15 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
 
     def admission_kwargs(self, batch: DataProto | None, knobs: StepKnobs) -> dict:
         """Extra keyword arguments for the step's admission policy class (``rolloutpipe.fgd.policy`` when
-        ``knobs.fgd``, else ``baseline_policy_cls``), from the step's batch (group g is row g, with verl's non-tensor keys such as
-        ``extra_info``). Default: none."""
+        ``knobs.fgd``, else ``baseline_policy_cls``), from the step's batch (group g is row g, with verl's non-tensor
+        keys such as ``extra_info``). Default: none."""
         return {}
 
     def _make_policy(self, num_groups: int, batch: DataProto | None, knobs: StepKnobs):
         """The step's admission policy: ``rolloutpipe.fgd.policy`` (``knobs.fgd_policy``) with FGD on, else
-        ``baseline_policy_cls``, built by its ``for_step`` from the step's ``StepAdmission`` (verl_pipe/core/admission.py),
-        with the groups' length predictions (``_step_lengths``)."""
+        ``baseline_policy_cls``, built by its ``for_step`` from the step's ``StepAdmission``
+        (verl_pipe/core/admission.py), with the groups' length predictions (``_step_lengths``). Its class, whether it
+        orders by the predictions and its order beyond the frontier go into the step record's ``admission``."""
         fgd = self.config.rolloutpipe.fgd
         self.last_lengths = self._step_lengths(num_groups, batch, knobs)
         step = StepAdmission(num_groups=num_groups, n=self.n, groups_per_unit=self.groups_per_unit,
@@ -219,7 +220,9 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
                              order_by_length=knobs.fgd_lengths != "off", extra=self.admission_kwargs(batch, knobs),
                              rest_order=rest_order(knobs.unit_fill, self.trainer_ratio.value))
         cls = load_policy(knobs.fgd_policy) if knobs.fgd else self.baseline_policy_cls
-        self.last_admission = {"policy": f"{cls.__module__}:{cls.__qualname__}", "rest_order": step.rest_order,
+        by_length = bool(knobs.fgd and step.order_by_length)  # what the step asks of FGD's policy
+        self.last_admission = {"policy": f"{cls.__module__}:{cls.__qualname__}", "order_by_length": by_length,
+                               "rest_order": step.rest_order if by_length else None,
                                "trainer_to_rollout": self.trainer_ratio.value}
         return cls.for_step(step)
 
