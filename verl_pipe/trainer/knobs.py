@@ -17,14 +17,14 @@ from dataclasses import dataclass
 from verl_pipe.core.admission import DEFAULT_FGD_POLICY, FGD_LENGTHS, load_policy
 from verl_pipe.core.frontier import AdaptiveWindow, resolve_window
 from verl_pipe.core.release import check_fill
-from verl_pipe.core.variants import GRANULARITIES, TRAINER_MODES, name_of
+from verl_pipe.core.variants import GRANULARITIES, TRAINER_MODES, name_of, resolve_fgd
 
 
 @dataclass(frozen=True)
 class StepKnobs:
     mode: str = "sync"  # rolloutpipe.mode
     granularity: str = "minibatch"  # rolloutpipe.cgp.granularity
-    fgd: bool = False  # rolloutpipe.fgd.enable
+    fgd: bool = False  # rolloutpipe.fgd.enable, resolved (auto: on in cgp)
     # FGD's per-replica admission window, resolved (frontier.resolve_window: an int, or an AdaptiveWindow); the
     # window FGD would use, recorded with FGD off too
     fgd_window: int | AdaptiveWindow | None = None
@@ -96,7 +96,7 @@ def configured(config) -> dict:
 
     rp = config.rolloutpipe
     workload = rp.get("workload")
-    return dict(mode=str(rp.mode), granularity=str(rp.cgp.granularity), fgd=bool(rp.fgd.enable),
+    return dict(mode=str(rp.mode), granularity=str(rp.cgp.granularity), fgd=rp.fgd.enable,
                 fgd_window=rp.fgd.window, fgd_policy=str(rp.fgd.get("policy") or DEFAULT_FGD_POLICY),
                 fgd_lengths=str(rp.fgd.get("lengths") or "predicted"),
                 coalesce_log_probs=bool(rp.cgp.coalesce_log_probs),
@@ -115,6 +115,7 @@ def step_knobs(config, **changes) -> StepKnobs:
         raise TypeError(f"unknown step knobs {unknown}; allowed: {', '.join(KNOB_NAMES)}")
     spec = dict(configured(config), **changes)
     load_policy(spec["fgd_policy"])  # refuses a class path that is not an admission policy, naming the key
+    spec["fgd"] = resolve_fgd(spec["fgd"], spec["mode"])  # the config's auto follows the step's mode
     window = spec["fgd_window"]
     if not isinstance(window, AdaptiveWindow):
         spec["fgd_window"] = resolve_window(window, groups_per_unit(config), int(config.actor_rollout_ref.rollout.n),
