@@ -45,8 +45,9 @@ assets: setup
 demo: assets
 	$(VPY) -m verl_pipe.main_grpo
 
+# --durations: CI's log names the slowest tests, so the suite's time budget (docs/install.md) is tracked.
 test: assets
-	$(VPY) -m pytest -q tests
+	$(VPY) -m pytest -q --durations=30 tests
 
 test-fast: setup
 	$(VPY) -m pytest -q tests -m "not e2e"

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from verl_pipe.bench import run as bench
-from verl_pipe.bench.calib import (PaddedWorkload, StepShape, engine_intervals, fit_engine, fit_trainer, nonneg_lstsq,
+from verl_pipe.sim.calib import (PaddedWorkload, StepShape, engine_intervals, fit_engine, fit_trainer, nonneg_lstsq,
                                    padded_tokens, sim_validation, simulate_like, trainer_cost_split,
                                    trainer_span_samples)
 from verl_pipe.bench.report import (MODES, REPORTED, check_schema, format_setting, format_sim_validation, format_sweep,
@@ -463,7 +463,7 @@ def test_paper_targets_are_checked_on_the_paper_settings_only():
 
 
 def test_step_clock_counts_each_requests_batch_in_engine_steps():
-    from verl_pipe.bench.calib import step_batch_sums, step_clock_starts
+    from verl_pipe.sim.calib import step_batch_sums, step_clock_starts
 
     # r0 (10 tokens) and r1 (20) start at once; r2 (5) takes r0's slot when it finishes at 1 s
     ivs = [{"request_id": "r0", "a": 0.0, "f": 1.0, "tokens": 10},

@@ -1,10 +1,10 @@
-"""verl's peer's own terms in the simulator (verl_pipe/bench/peer_fit.py), on steps the simulator made with known
+"""verl's peer's own terms in the simulator (verl_pipe/sim/peer_fit.py), on steps the simulator made with known
 values: its rollout's speed from its rollout figures, its mini-step gap from its spans."""
 
 import pytest
 
-from verl_pipe.bench.calib import PaddedWorkload, simulate_like
-from verl_pipe.bench.peer_fit import fit_engine_scale, fit_peer, ministep_gap, scaled
+from verl_pipe.sim.calib import PaddedWorkload, simulate_like
+from verl_pipe.sim.peer_fit import fit_engine_scale, fit_peer, ministep_gap, scaled
 from verl_pipe.core.workload import from_spec
 from verl_pipe.sim.engine import CPU_TINY
 from verl_pipe.sim.simulate import simulate_step
@@ -20,7 +20,7 @@ TRAINER = TrainerParams(num_gpus=1, flops_per_s_per_gpu=1 / 2e-4, linear_flops_p
 
 
 def peer_steps(engine, trainer):
-    from verl_pipe.bench.calib import StepShape
+    from verl_pipe.sim.calib import StepShape
 
     shape = StepShape(**SHAPE_KW)
     out = []

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from verl_pipe.bench import run as bench
-from verl_pipe.bench.calib import PaddedWorkload
+from verl_pipe.sim.calib import PaddedWorkload
 from verl_pipe.bench.preemptions import PREEMPTIONS, counter_total, step_delta
 from verl_pipe.bench.report import check_schema, format_setting
 from verl_pipe.bench.sim_windows import stack_shape
@@ -45,7 +45,7 @@ def test_each_stack_has_more_requests_than_the_engine_runs_at_once():
 
 def test_queue_results_conform_to_the_schema():
     """A result built from the config's own settings (steps simulated, not run) passes the bench's schema check."""
-    from verl_pipe.bench.calib import StepShape
+    from verl_pipe.sim.calib import StepShape
     from verl_pipe.sim.engine import CPU_TINY
     from verl_pipe.sim.trainer import TrainerParams
 
@@ -93,8 +93,8 @@ def test_preemption_counter_is_summed_over_engines_and_absent_without_stats():
 
 
 def test_a_capped_kv_stack_borrows_the_engine_of_an_uncapped_stack_of_the_same_model():
-    from verl_pipe.bench.calib import StepShape
-    from verl_pipe.bench.sim_windows import capped_kv_tokens, engine_donors
+    from verl_pipe.sim.calib import StepShape
+    from verl_pipe.sim.records import capped_kv_tokens, engine_donors
 
     cap = "++actor_rollout_ref.rollout.engine_kwargs.vllm.num_gpu_blocks_override=32"
     assert capped_kv_tokens(["a=1", cap]) == 32 * 128  # vLLM-CPU's block of 128 tokens

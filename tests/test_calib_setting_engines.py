@@ -5,10 +5,10 @@ leave-one-setting-out holdout still predicts each setting from the others only, 
 
 import pytest
 
-from verl_pipe.bench import calib
-from verl_pipe.bench.calib import (PaddedWorkload, StepShape, calibrate, sim_validation, simulate_like,
+from verl_pipe.sim import calib
+from verl_pipe.sim.calib import (PaddedWorkload, StepShape, calibrate, sim_validation, simulate_like,
                                    with_setting_engines)
-from verl_pipe.bench.peer_fit import scaled
+from verl_pipe.sim.peer_fit import scaled
 from verl_pipe.core.workload import from_spec
 from verl_pipe.sim.engine import CPU_TINY
 from verl_pipe.sim.simulate import simulate_step

@@ -228,7 +228,7 @@ def test_verl_pads_the_output_with_tool_tokens_masked(tokenizer):
 def test_verls_agent_loop_file_entry_builds_the_loop(tokenizer):
     """What a verl AgentLoopWorker does with the recipe's agent-loop file: the {name, _target_} entry goes through
     Hydra's instantiate (PipeAgentLoopWorker._agent_loop, verl's own path), which passes `name` on as a keyword."""
-    from verl_pipe.main_grpo import resolve_pkg_path
+    from verl_pipe.config import resolve_pkg_path
     from verl_pipe.rollout.agent_worker import PipeAgentLoopWorker
 
     (entry,) = OmegaConf.load(resolve_pkg_path("pkg://verl_pipe.recipes/lib/multiturn_agent_loops.yaml"))

@@ -52,7 +52,8 @@ def test_plan_predicts_the_dispatch_fill_no_faster_than_completion():
 def test_plan_fixed_input():
     p = _plan()
     m = p["modes"]
-    assert set(m) == {"sync", "cgp", "cgp_group", "cgp_fgd", "verl_separate_async", "verl_one_step_off"}
+    assert set(m) == {"sync", "cgp", "cgp_group", "cgp_fgd", "verl_separate_async", "verl_one_step_off",
+                      "verl_colocated"}
     # these figures are the simulator's on this input; a change in the simulator or the profile shows here
     assert m["sync"]["rollout_to_train_end_s"] == pytest.approx(33.98, rel=0.01)
     for k in ("cgp", "cgp_group", "cgp_fgd"):
@@ -104,10 +105,10 @@ def _cfg(**over):
 
 @pytest.mark.parametrize("key,value,names", [
     ("algorithm.adv_estimator", "gae", "algorithm.adv_estimator=gae"),
-    ("actor_rollout_ref.rollout.tensor_model_parallel_size", 2, "tensor_model_parallel_size=2"),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size", 3, "tensor_model_parallel_size=3: must divide the 4"),
     ("rolloutpipe.oversample", 4, "rolloutpipe.oversample"),
     ("actor_rollout_ref.actor.ppo_mini_batch_size", 5, "ppo_mini_batch_size=5"),
-    ("actor_rollout_ref.rollout.name", "sglang", "rollout.name=sglang"),
+    ("actor_rollout_ref.rollout.name", "trtllm", "rollout.name=trtllm"),
 ])
 def test_refuses_what_it_cannot_model(key, value, names):
     assert shape_of(_cfg()).num_groups == 16  # the base config is modelled
@@ -157,7 +158,7 @@ TRAINER = TrainerParams(num_gpus=1, flops_per_s_per_gpu=1 / 4e-4, efficiency=1.0
 def _record_run(trace_dir, modes=("sync", "cgp", "cgp_group", "sync", "cgp", "cgp_group"), warmup=False):
     """A run's steps.jsonl and traces, simulated with known costs; ``warmup``: a step 0 before them (what a real
     run's first step is to the fit: left out)."""
-    from verl_pipe.bench.calib import PaddedWorkload
+    from verl_pipe.sim.calib import PaddedWorkload
 
     for step, mode in enumerate(modes, 0 if warmup else 1):
         wl = lognormal(8, 4, median=60, sigma=0.6, rho=0.7, cap=256, prompt_len=20, seed=step)

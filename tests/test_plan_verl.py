@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_pipe.bench.calib import PaddedWorkload, StepShape, calibration_summary
+from verl_pipe.sim.calib import PaddedWorkload, StepShape, calibration_summary
 from verl_pipe.core.workload import lognormal
 from verl_pipe.plan.calibrate import calibrate_run, fit_verl_trainer, peer_totals, verl_check
 from verl_pipe.sim.engine import CPU_TINY

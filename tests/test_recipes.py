@@ -170,7 +170,7 @@ def test_tiny_multiturn_selects_the_agent_loop_and_its_environment(configs):
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 
     from verl_pipe.assets.multiturn_env import EnvConfig
-    from verl_pipe.main_grpo import resolve_pkg_path
+    from verl_pipe.config import resolve_pkg_path
     from verl_pipe.rollout.multiturn import AGENT_NAME, MultiTurnEnvAgentLoop, env_config
 
     cfg = configs["tiny_cpu_multiturn_cgp_fgd"]

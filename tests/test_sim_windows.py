@@ -3,8 +3,9 @@ must predict what the fitted ones predict."""
 
 import pytest
 
-from verl_pipe.bench.calib import calibrate, calibration_summary, simulate_like
-from verl_pipe.bench.sim_windows import engine_from_summary, format_rows, simulate_setting, trainer_from_summary
+from verl_pipe.sim.calib import calibrate, calibration_summary, simulate_like
+from verl_pipe.bench.sim_windows import format_rows, simulate_setting
+from verl_pipe.sim.records import engine_from_summary, trainer_from_summary
 from tests.test_bench import SHAPE, simulated_steps
 
 

@@ -73,7 +73,8 @@ def test_metrics_record_and_summary(capsys):
         "rolloutpipe/late_groups_dropped", "rolloutpipe/failed_groups_dropped", "rolloutpipe/reward_failures",
         "rolloutpipe/replica_failures",
         "rolloutpipe/replica_restarts", "rolloutpipe/requeued_requests", "rolloutpipe/replica_recovery_s",
-        "rolloutpipe/trained_groups", "data/skipped_records/train/empty_prompt", "response_length/mean",
+        "rolloutpipe/trained_groups", "rolloutpipe/trainer_busy_in_rollout_s",
+        "data/skipped_records/train/empty_prompt", "response_length/mean",
         "timing_s/step"]
     assert t.metrics["rolloutpipe/replica_recovery_s"] == 3.5 and t.metrics["rolloutpipe/trained_groups"] == 2
     assert t.metrics["timing_s/step"] == 9.5
@@ -140,3 +141,29 @@ def test_learning_line_reports_val_core_before_and_after():
     rewards = [0.1] * 10 + [0.3] * 10
     assert "training reward: 0.100 over the first 2 step(s) -> 0.300 over the last 2" in learning_line(
         before, after, 20, rewards)
+
+
+def test_the_run_totals_and_its_pipelining_line():
+    """The fake step: rollout ends at 6, the trainer works 4-5 (during the rollout) and 6-8 (after): 1 s of its 3 s
+    overlapped; rollout->train end 8 s against 6 + 3 = 9 s back to back."""
+    from verl_pipe.trainer.step_record import pipeline_line
+
+    t = Trainer()
+    t.record(outcome(), timeline(), StepResult(), [])
+    t.record(outcome(), timeline(), StepResult(), [])
+    tot = t.history.totals
+    assert tot["trainer_busy_in_rollout_s"] == pytest.approx(2.0) and tot["trainer_busy_s"] == pytest.approx(6.0)
+    assert tot["rollout_to_train_end_s"] == pytest.approx(16.0) and tot["rollout_end_s"] == pytest.approx(12.0)
+    assert t.history.modes == {"cgp"}
+    line = pipeline_line(tot, 2, t.history.modes)
+    assert "trained 2.0s of its 6.0s while the rollout still ran (33%)" in line
+    assert "rollout->train end 16.0s against 18.0s" in line and "2.0s (11%) saved" in line
+
+
+def test_a_sync_run_says_how_long_its_trainer_waited():
+    from verl_pipe.trainer.step_record import pipeline_line
+
+    tot = {"rollout_end_s": 6.0, "rollout_to_train_end_s": 9.0, "trainer_busy_s": 3.0, "trainer_busy_in_rollout_s": 0.0}
+    line = pipeline_line(tot, 1, {"sync"})
+    assert "waited 6.0s for the rollout (67% of rollout->train end, 9.0s)" in line and "rolloutpipe.mode=cgp" in line
+    assert pipeline_line({}, 0, set()) == "[verl_pipe] pipelining: no step completed"

@@ -357,3 +357,16 @@ def test_group_granularity_ideal_bound_uses_first_group_and_last_group_tail():
     assert m["last_unit_cost_s"] == pytest.approx(0.5 + 0.2)  # last group's fwd/bwd + the step
     assert m["ideal_lower_bound_s"] == pytest.approx(max(4.0 + 0.7, 1.0 + 2.4))
     assert m["pipeline_efficiency"] <= 1.0 + 1e-9
+
+
+def test_trainer_busy_in_rollout_is_the_work_before_the_rollout_ends():
+    tl = StepTimeline(step=0, groups_per_unit=1)
+    for g, d in enumerate([2.0, 6.0]):
+        tl.request_submitted(f"g{g}", g, replica=0, t=0.0)
+        tl.response_done(f"g{g}", g, num_tokens=5, t=d)
+        tl.group_done(g, True, t=d)
+    tl.train_span("update", 2.5, 4.0, unit=0)
+    tl.train_span("old_log_prob", 5.0, 7.0, unit=1)  # straddles the rollout's end (6): 1 s before it
+    tl.train_span("update", 7.0, 8.0, unit=1)
+    assert tl.trainer_busy_in_rollout_s() == pytest.approx(2.5) and tl.metrics()["trainer_busy_s"] == pytest.approx(4.5)
+    assert "trainer_busy_in_rollout_s" not in tl.metrics()  # the bench JSONs' metric set stays as it was

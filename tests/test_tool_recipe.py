@@ -51,7 +51,7 @@ def test_tool_recipe_composes_with_gpu_defaults(resolved):
 def test_tool_recipe_selects_verls_tool_loop_hermes_and_separate_pools(cfg):
     from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
 
-    from verl_pipe.main_grpo import resolve_pkg_path
+    from verl_pipe.config import resolve_pkg_path
     from verl_pipe.rollout.tool_agent import AGENT_NAME, PipeToolAgentLoop
 
     rp, r, t = cfg.rolloutpipe, cfg.actor_rollout_ref.rollout, cfg.trainer

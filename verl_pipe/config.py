@@ -667,3 +667,14 @@ def _validate_paths(config: DictConfig) -> None:
         for f in [files] if isinstance(files, str) else list(files):
             if not Path(os.path.expanduser(str(f))).exists() and "://" not in str(f):
                 raise _err(f"data.{key}", f"{f} does not exist")
+
+
+def resolve_pkg_path(path: str) -> str:
+    """``pkg://package.name/rel/path`` -> the absolute path of that file of the installed package."""
+    from importlib.resources import files
+
+    package, _, rel = path[len("pkg://"):].partition("/")
+    resolved = Path(str(files(package).joinpath(rel)))
+    if not resolved.is_file():
+        raise FileNotFoundError(f"{path}: no file {rel!r} in package {package} ({resolved})")
+    return str(resolved)

@@ -25,7 +25,7 @@ CONF_MODULE = "verl_pipe.conf"
 
 def prepare_config(config: DictConfig) -> DictConfig:
     """Fills what the launcher derives (asset paths, pool sizes) and validates, before Ray starts."""
-    from verl_pipe.config import validate
+    from verl_pipe.config import resolve_pkg_path, validate
 
     rp = config.rolloutpipe
     with open_dict(config):
@@ -59,17 +59,6 @@ def prepare_config(config: DictConfig) -> DictConfig:
 
     clean_datasets(config)
     return config
-
-
-def resolve_pkg_path(path: str) -> str:
-    """``pkg://package.name/rel/path`` -> the absolute path of that file of the installed package."""
-    from importlib.resources import files
-
-    package, _, rel = path[len("pkg://"):].partition("/")
-    resolved = Path(str(files(package).joinpath(rel)))
-    if not resolved.is_file():
-        raise FileNotFoundError(f"{path}: no file {rel!r} in package {package} ({resolved})")
-    return str(resolved)
 
 
 def _tiny_model(assets, rp) -> Path:
@@ -323,10 +312,12 @@ def main(config: DictConfig) -> None:
         print("[verl_pipe] stopped; the latest completed checkpoint (if any) is in "
               f"{config.trainer.default_local_dir}; resume with trainer.resume_mode=auto", flush=True)
         raise SystemExit(128 + signum) from None
-    from verl_pipe.trainer.step_record import learning_line
+    from verl_pipe.trainer.step_record import learning_line, pipeline_line
 
     print(learning_line(summary.get("val_before"), summary.get("val_after"), summary.get("steps", 0),
                         summary.get("rewards")))
+    pipe = summary.get("pipeline") or {}
+    print(pipeline_line(pipe.get("totals") or {}, summary.get("steps", 0), pipe.get("modes") or ()))
     print(f"[verl_pipe] done: {summary.get('steps', 0)} steps in {time.perf_counter() - t0:.1f}s "
           f"(start-up {summary.get('startup_s', float('nan')):.1f}s)")
 

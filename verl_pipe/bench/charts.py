@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from verl_pipe.bench.calib import engine_intervals
+from verl_pipe.sim.calib import engine_intervals
 from verl_pipe.core.timeline import StepTimeline, _assign_lanes
 
 _KIND_COLORS = {"old_log_prob": "#4c72b0", "update": "#dd8452", "forward_backward": "#dd8452",

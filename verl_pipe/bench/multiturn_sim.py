@@ -3,7 +3,7 @@ and its error per metric, and the per-mode summary. Pure (no Ray, no vLLM): it r
 
 The engine is calibrated on the run's own calibration steps (``calibration``: single-turn episodes of the setting's
 turn lengths, sync, on the same stack just before the measured rounds), with the single-turn bench's fit
-(``verl_pipe.bench.calib.fit_engine``: decode step and prefill cost from each request's engine interval); the
+(``verl_pipe.sim.calib.fit_engine``: decode step and prefill cost from each request's engine interval); the
 multi-turn rounds are never fitted on, so the engine side is an out-of-sample prediction. The ``cpu_tiny`` preset's
 prediction is kept beside it (``sim_preset``). The trainer side is fitted on the measured rounds' trainer spans
 (in-sample, as the single-turn bench's ``sim_validation``), so ``rollout_to_train_end_s`` is predicted too.
@@ -35,7 +35,7 @@ def _episodes(cfg: dict, shape: dict, rnd: dict, step: dict):
 
 def fit_engine_on(calibration: list[dict], shape: dict):
     """The engine fitted on the calibration steps ({"events": timeline dict, "prompt_len"}), or None without any."""
-    from verl_pipe.bench.calib import fit_engine
+    from verl_pipe.sim.calib import fit_engine
     from verl_pipe.sim.engine import CPU_TINY
 
     steps = [{"timeline": c["events"], "prompt_len": c["prompt_len"]} for c in calibration if c.get("events")]
@@ -73,7 +73,7 @@ def calibration_check(calibration: list[dict], shape: dict, engine) -> list[dict
 def fit_trainer_on(cfg: dict, live: dict):
     """The trainer's cost model fitted on the measured rounds' spans (their responses as the episodes plan them),
     or None when the steps carry no events or spans."""
-    from verl_pipe.bench.calib import fit_trainer
+    from verl_pipe.sim.calib import fit_trainer
 
     shape, rows = live["shape"], []
     for st in live["steps"]:
@@ -92,7 +92,7 @@ def simulate_one(cfg: dict, shape: dict, rnd: dict, step: dict, engine, trainer=
     """The simulated metrics of one measured step (``METRICS``; without ``trainer`` the rollout's only)."""
     from verl_pipe.sim.simulate import rollout_for_mode, timeline_for
 
-    from verl_pipe.bench.calib import PaddedWorkload
+    from verl_pipe.sim.calib import PaddedWorkload
 
     eps = _episodes(cfg, shape, rnd, step)
     wl = eps.workload(prompt_len=round(step["prompt_len"]))
@@ -141,7 +141,7 @@ def error_table(sims: list[dict]) -> dict:
 def analyze(cfg: dict, live: dict, target: float = 0.15) -> dict:
     """The JSON's ``sim`` section: the calibration, each step's prediction and error (calibrated and preset), the
     error table per mode and metric, and whether every error is within ``target``."""
-    from verl_pipe.bench.calib import _engine_summary
+    from verl_pipe.sim.calib import _engine_summary
 
     fit = fit_engine_on(live.get("calibration") or [], live["shape"])
     trainer = fit_trainer_on(cfg, live)

@@ -29,7 +29,7 @@ from verl_pipe.bench.provenance import env_info, host_overlap
 from verl_pipe.bench.report import (BASE, MODES, PEERS, check_schema, format_setting, format_sim_validation,
                                     format_sweep, setting_entry)
 from verl_pipe.bench.settings import CONF_DIR, load_config, stack_of, stack_overrides, workload_for
-from verl_pipe.bench.sim_windows import CPU_BLOCK_TOKENS, engine_donors, kv_override_tokens, recorded_shape
+from verl_pipe.sim.records import CPU_BLOCK_TOKENS, engine_donors, kv_override_tokens, recorded_shape
 from verl_pipe.core.variants import GRANULARITIES, name_of, variant
 from verl_pipe.trainer.knobs import window_label  # noqa: F401 -- FGD's window as the results record it (tests, callers)
 
@@ -91,7 +91,7 @@ class BenchRunner:
         """A steps file ``dump`` wrote, or a gzipped copy of one (``.gz``: how docs/bench keeps them)."""
         import gzip
 
-        from verl_pipe.bench.calib import StepShape
+        from verl_pipe.sim.calib import StepShape
 
         with (gzip.open if str(path).endswith(".gz") else open)(path, "rt") as f:
             d = json.load(f)
@@ -190,7 +190,7 @@ class BenchRunner:
             shutil.rmtree(ckpt, ignore_errors=True)
 
     def _shape(self, session):
-        from verl_pipe.bench.calib import StepShape
+        from verl_pipe.sim.calib import StepShape
 
         c = session.config
         roll = c.actor_rollout_ref.rollout
@@ -447,7 +447,7 @@ def _cpu_overlap(entry: dict, steps: list[dict], samples: list[dict]) -> None:
 def _trainer_cost_split(entry: dict, steps: list[dict], shapes: dict) -> None:
     """Each of our modes' trainer cost per 1,000 padded tokens, during and after the rollout (calib.trainer_cost_split):
     what overlapping the rollout costs the trainer on this host."""
-    from verl_pipe.bench.calib import trainer_cost_split
+    from verl_pipe.sim.calib import trainer_cost_split
 
     for mode in MODES:
         e = entry["modes"].get(mode)
@@ -480,7 +480,7 @@ def _size(st: dict) -> str:
 def validate_per_size(steps: list[dict], shapes: dict, stacks: dict | None = None) -> tuple[dict, dict]:
     """``sim_validation`` over every model size (each calibrated on its own runs, or with a capped KV pool on the
     engine of an uncapped stack of the same model: ``engine_donors``); returns it and the fits."""
-    from verl_pipe.bench.calib import calibrate, sim_validation
+    from verl_pipe.sim.calib import calibrate, sim_validation
 
     per_size, fits, rows, errors = {}, {}, [], []
     donors = engine_donors(shapes, stacks)
@@ -533,7 +533,7 @@ def validate_per_size(steps: list[dict], shapes: dict, stacks: dict | None = Non
 def simulated_section(settings, steps, granularity, shapes, fits, tr_points) -> dict:
     """The calibrated simulator on each measured setting's workloads, for every mode (peers included), and a
     T/R sweep on the balanced setting's workloads by scaling the trainer's cost."""
-    from verl_pipe.bench.calib import simulate_like
+    from verl_pipe.sim.calib import simulate_like
     from verl_pipe.core.timeline import summarize
     from verl_pipe.sim.trainer import MODES as SIM_MODES
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from verl_pipe.bench.calib import trainer_cost_split, trainer_span_records
+from verl_pipe.sim.calib import trainer_cost_split, trainer_span_records
 
 # cost family of each calib span key: the family's rate is what sync paid for it after the rollout
 FAMILY = {"update": "update", "forward_backward": "update", "old_log_prob": "old_log_prob",

@@ -249,6 +249,15 @@ class StepTimeline:
             "group_done_p90_s": _percentile(done_s, 0.9),
         }
 
+    def trainer_busy_in_rollout_s(self) -> float:
+        """Trainer work done while the rollout still ran (the union of trainer spans before the rollout's end): what
+        pipelining took off the step; 0 in sync mode. Kept out of ``metrics()``, whose keys the bench JSONs fix."""
+        ev = self._snapshot()
+        if not ev["requests"] or not ev["train_spans"]:
+            return 0.0
+        t0 = min(r["t"] for r in ev["requests"])
+        return _union_length(((s["start"], s["end"]) for s in ev["train_spans"]), t0, self._rollout_end(ev))
+
     def _first_work(self, ev: dict[str, list[dict]], first_ready: float, t0: float) -> float:
         """When the trainer could first work, since t0: the first unit's readiness, or, for a trainer that works
         per group (spans tagged with a group), the first trainable group's completion."""

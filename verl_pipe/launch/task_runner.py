@@ -25,6 +25,7 @@ class PipeTaskRunner:
                 "val_before": dict(getattr(trainer, "initial_val_metrics", None) or {}),
                 "val_after": dict(getattr(trainer, "last_val_metrics", None) or {}),
                 "rewards": list(history.rewards),
+                "pipeline": {"totals": dict(history.totals), "modes": sorted(history.modes)},
                 "timelines": [t.to_dict() for t in history.timelines]}  # the last ones (step_record.KEEP_TIMELINES)
 
 

@@ -10,7 +10,7 @@
   docs/bench): our modes' step timelines and, where the bench ran it, verl's peer steps (``train_spans``, lengths);
   ``FILE:SIZE`` picks one model size when the file holds several.
 
-The fit of our side is the bench's (``verl_pipe.bench.calib``: engine decode cost alone and beside a busy trainer,
+The fit of our side is the bench's (``verl_pipe.sim.calib``: engine decode cost alone and beside a busy trainer,
 trainer cost per padded token and per call), so a planner calibration and a bench calibration are the same
 numbers. verl's own trainer is fitted on verl's own spans (``fit_verl_trainer``), never costed with ours when its
 steps are there: from the same source, or from ``--calibrate-verl FILE`` (a bench steps file, or the output of
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from verl_pipe.bench.calib import (Calibration, StepShape, TrainerFit, _validation_table, calibrate,
+from verl_pipe.sim.calib import (Calibration, StepShape, TrainerFit, _validation_table, calibrate,
                                    calibration_summary, nonneg_lstsq, rel_error, simulate_like)
 from verl_pipe.core.variants import OURS, name_of
 from verl_pipe.sim.trainer import TrainerParams
@@ -220,7 +220,7 @@ def _with_capped_kv(got: dict, path: Path, d: dict, size: str | None) -> dict:
     """A stack whose KV pool was capped (vLLM's ``num_gpu_blocks_override`` in its recorded overrides): its shape
     gets the capped pool, and ``engine_donor`` the steps of the uncapped stack of the same model whose engine fit it
     borrows (``bench.run.engine_donors``: the KV-bound runs' own request timings cannot calibrate an engine)."""
-    from verl_pipe.bench.sim_windows import capped_kv_tokens, engine_donors, recorded_shape
+    from verl_pipe.sim.records import capped_kv_tokens, engine_donors, recorded_shape
 
     stacks = d.get("stacks") or {}
     if got["shape"] is not None:  # the pool in blocks and the update's row order, as the stack ran
@@ -238,7 +238,7 @@ def _with_capped_kv(got: dict, path: Path, d: dict, size: str | None) -> dict:
 def calibrate_steps(got: dict, ours: list[dict] | None = None):
     """``bench.calib.calibrate`` on ``ours`` (default: all of ``got``'s), with the engine of ``got``'s
     ``engine_donor`` where it has one."""
-    from verl_pipe.bench.calib import with_engine_of
+    from verl_pipe.sim.calib import with_engine_of
 
     cal = calibrate(got["ours"] if ours is None else ours, got["shape"])
     donor = got.get("engine_donor")

@@ -26,13 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from verl_pipe.bench.calib import PaddedWorkload, StepShape, simulate_like, with_own_speeds
-from verl_pipe.bench.peer_fit import scaled
-from verl_pipe.bench.settings import workload_for
-from verl_pipe.bench.sim_windows import engine_from_summary, trainer_from_summary
 from verl_pipe.core.variants import OURS, PEERS, variant
+from verl_pipe.core.workload import from_spec
 from verl_pipe.plan.calibrate import calibrate_steps, fit_verl_trainer, steps_file
 from verl_pipe.plan.predict import one_step_off
+from verl_pipe.sim.calib import PaddedWorkload, StepShape, simulate_like, with_own_speeds
+from verl_pipe.sim.peer_fit import scaled
+from verl_pipe.sim.records import engine_from_summary, trainer_from_summary
 from verl_pipe.sim.simulate import rollout_for_mode
 
 BEGIN, END = "<!-- plan-validation:begin -->", "<!-- plan-validation:end -->"
@@ -98,7 +98,7 @@ def _predict(run: dict, s: dict, mode: str, entry: dict, cal: dict, verl_scale: 
     window = _setting_window(s, shape)
     out = []
     for r in range(int(entry.get("runs", 1))):
-        wl = workload_for(s["workload"], num_groups, shape.n, seed=r)
+        wl = from_spec(dict(s["workload"]), num_groups, shape.n, prompt_len=0, seed=r)
         step = {"lengths": wl.lengths, "prompt_len": s["prompt_len_mean"], "weight_sync_s": 0.0, "fgd_window": window}
         v = variant(mode)
         if not v.simulated:  # verl's one-batch-ahead peer: the planner's steady-state model of it
@@ -121,7 +121,7 @@ def _peer_busy(run: dict, s: dict, cal: dict) -> float:
     num_groups = int(s["modes"]["sync"]["num_groups"])
     busy = []
     for r in range(int(s["modes"]["verl_separate_async"].get("runs", 1))):
-        wl = workload_for(s["workload"], num_groups, shape.n, seed=r)
+        wl = from_spec(dict(s["workload"]), num_groups, shape.n, prompt_len=0, seed=r)
         step = {"lengths": wl.lengths, "prompt_len": s["prompt_len_mean"], "weight_sync_s": 0.0}
         busy.append(simulate_like(step, "verl_separate_async", "minibatch", over, trainer, shape)["trainer_busy_s"])
     return float(np.mean(busy))
@@ -305,6 +305,8 @@ def _run_rows(run: dict, runs: list[dict], scales: dict, steps: dict[str, dict])
         size = s["model_size"]
         for mode, entry in s["modes"].items():
             if "skipped" in entry or mode not in OURS + PEERS:
+                continue
+            if variant(mode).colocated:  # taking turns, not two pools: plan/colocated_check.py on its own steps
                 continue
             meas = float(entry["rollout_to_train_end_s"])
             row = {"file": run["file"], "setting": s["name"], "model_size": size, "mode": mode,

@@ -67,7 +67,7 @@ def load_tools(path: str | None) -> list:
     from verl.tools.tool_registry import initialize_tools_from_config
 
     if str(path).startswith("pkg://"):
-        from verl_pipe.main_grpo import resolve_pkg_path
+        from verl_pipe.config import resolve_pkg_path
 
         path = resolve_pkg_path(path)
     return initialize_tools_from_config(path)

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from verl_pipe.bench.peer_fit import PeerFit, fit_engine_scale, fit_peer, scaled
+from verl_pipe.sim.peer_fit import PeerFit, fit_engine_scale, fit_peer, scaled
 from verl_pipe.core.variants import OURS, SIMULATED, variant
 from verl_pipe.core.workload import Workload
 from verl_pipe.sim.engine import CPU_TINY, EngineParams, fit_engine_params
@@ -402,7 +402,7 @@ class StepShape:
     baseline_window: int | None = None
     fgd_window: int | str | None = None
     # The KV pool's allocation unit (vLLM's block size) where it binds: a pool capped in blocks
-    # (sim_windows.capped_kv_tokens); 1 counts it in tokens (an uncapped pool never binds on the bench)
+    # (sim/records.py capped_kv_tokens); 1 counts it in tokens (an uncapped pool never binds on the bench)
     kv_block_tokens: int = 1
     # The rows' order in an update call (rolloutpipe.micro_batch_order), which decides its padding
     update_order: str = "arrival"

@@ -21,6 +21,8 @@ from verl_pipe.data_check import skip_metrics
 from verl_pipe.trainer.knobs import StepKnobs
 
 KEEP_TIMELINES = 16  # the last steps' StepTimelines kept in memory (StepHistory.timelines)
+# Timeline figures summed over the run for its closing pipelining line (pipeline_line).
+PIPELINE_SUMS = ("rollout_end_s", "rollout_to_train_end_s", "trainer_busy_s", "trainer_busy_in_rollout_s")
 
 
 @dataclass
@@ -32,6 +34,9 @@ class StepHistory:
     steps_run: int = 0
     rewards: list[float] = field(default_factory=list)
     last_record: dict = field(default_factory=dict)
+    # sums over the completed steps of the timeline figures the run's pipelining line reports (PIPELINE_SUMS)
+    totals: dict[str, float] = field(default_factory=dict)
+    modes: set[str] = field(default_factory=set)  # the trainer modes the run's steps ran in
 
 
 def rollout_metrics(tm: dict, rollout_result, trained_groups: int, health=None) -> dict:
@@ -95,7 +100,9 @@ def record_step(seam, history: StepHistory, *, step: int, knobs: StepKnobs, outc
     ``rolloutpipe.trace_dir``), prints the summary line; returns the step's record. ``health``: the replica
     supervisor's (verl_pipe.rollout.replicas.Health), if any; ``step_s``: the step's wall time."""
     metrics, tm = seam.metrics, timeline.metrics()
+    tm_run = dict(tm, trainer_busy_in_rollout_s=timeline.trainer_busy_in_rollout_s())
     metrics.update(rollout_metrics(tm, rollout_result, len(outcome.trained), health))
+    metrics["rolloutpipe/trainer_busy_in_rollout_s"] = tm_run["trainer_busy_in_rollout_s"]
     metrics.update(skip_metrics(seam.config))  # records the launcher's data check skipped
     multiturn = None
     if outcome.batch is not None:
@@ -116,6 +123,9 @@ def record_step(seam, history: StepHistory, *, step: int, knobs: StepKnobs, outc
     history.timelines.append(timeline)  # bounded (KEEP_TIMELINES)
     history.steps_run += 1
     history.rewards.append(float(metrics.get("critic/score/mean", float("nan"))))
+    history.modes.add(knobs.mode)
+    for k in PIPELINE_SUMS:
+        history.totals[k] = history.totals.get(k, 0.0) + float(tm_run[k])
     history.last_record = record
     trace_dir = seam.config.rolloutpipe.trace_dir
     if trace_dir:
@@ -161,4 +171,26 @@ def learning_metrics(metrics: dict) -> dict[str, float]:
     out = {k: float(metrics[k]) for k in LEARNING_KEYS if isinstance(metrics.get(k), (int, float))}
     out.update({f"val-core/{k}": v for k, v in val_core(metrics).items()})
     return out
+
+
+def pipeline_line(totals: dict[str, float], steps: int, modes) -> str:
+    """What pipelining did over the run, from its own timelines (``StepHistory.totals``): how much of the training
+    ran while the rollout still generated, and the steps' rollout->train end against the rollout and the training
+    back to back (each step's ``rollout_end_s + trainer_busy_s``: what a sync step of the same work and the same
+    per-phase speeds takes). The overlap slows each side a little on shared hardware, which that estimate leaves out:
+    the measured comparison with sync is the learning bench's (docs/learning.md)."""
+    if steps < 1 or not totals:
+        return "[verl_pipe] pipelining: no step completed"
+    busy, overlap = totals["trainer_busy_s"], totals["trainer_busy_in_rollout_s"]
+    window, serial = totals["rollout_to_train_end_s"], totals["rollout_end_s"] + totals["trainer_busy_s"]
+    wait = window - busy
+    if overlap <= 0:
+        return (f"[verl_pipe] {'/'.join(sorted(modes))}: over {steps} steps the trainer trained {busy:.1f}s and waited "
+                f"{wait:.1f}s for the rollout ({wait / window:.0%} of rollout->train end, {window:.1f}s); a pipelined "
+                "mode (rolloutpipe.mode=cgp) trains complete groups during the rollout")
+    saved = serial - window
+    return (f"[verl_pipe] pipelining ({'/'.join(sorted(modes))}) over {steps} steps: the trainer trained {overlap:.1f}s "
+            f"of its {busy:.1f}s while the rollout still ran ({overlap / busy:.0%}) and waited {wait:.1f}s; "
+            f"rollout->train end {window:.1f}s against {serial:.1f}s for rollout then training back to back: "
+            f"{saved:.1f}s ({saved / serial:.0%}) saved")
 
