@@ -484,11 +484,13 @@ def test_stop_request_through_the_cluster_no_shared_tmp(cluster, tmp_path):
     """A new launcher resumes the checkpoint the lost trainer node left (the step after it, so none lost) and is
     stopped from another process through the cluster (``python -m verl_pipe.launch.stop_request <run id>``; the launcher's
     /tmp is its own and no stop file is made): the step in progress completes, no new one starts, exit 0, every
-    node still up and nothing of the run left."""
-    if "latest" not in STATE:
-        pytest.skip("needs the checkpoint of test_launcher_resumes_after_node_loss_then_loses_the_trainer_node")
-    _respawn(cluster, ["trainer"])
-    ckpt, latest, log, trace = STATE["ckpt"], STATE["latest"], tmp_path / "launcher.log", tmp_path / "trace"
+    node still up and nothing of the run left. Run alone (``-k``), its launcher starts a fresh run instead."""
+    resumed = "latest" in STATE
+    if resumed:
+        _respawn(cluster, ["trainer"])
+    ckpt, log, trace = STATE["ckpt"] if resumed else tmp_path / "ckpt", tmp_path / "launcher.log", tmp_path / "trace"
+    latest, seen = (STATE["latest"], STATE["seen_data"]) if resumed else (0, set())
+    nodes = set(cluster.alive_nodes())
     private_tmp = tmp_path / "launcher_tmp"  # the launcher's /tmp: not the TaskRunner's on a real cluster
     private_tmp.mkdir()
     proc = _launch(cluster, log, ckpt, trace, env_extra={"TMPDIR": str(private_tmp)})
@@ -526,11 +528,12 @@ def test_stop_request_through_the_cluster_no_shared_tmp(cluster, tmp_path):
     recs = _records(trace)
     last = int(stopped.group(1))
     assert recs[0]["step"] == latest + 1 and [r["step"] for r in recs] == list(range(latest + 1, last + 1))
-    assert not STATE["seen_data"] & {i for r in recs for i in r["data_index"]}, "no prompt trained twice"
+    assert not seen & {i for r in recs for i in r["data_index"]}, "no prompt trained twice"
     assert _latest(ckpt) == last, "the last step before the stop is checkpointed"
-    assert set(cluster.alive_nodes()) == {"head", "rollout_a", "trainer"}
+    assert set(cluster.alive_nodes()) == ({"head", "rollout_a", "trainer"} if resumed else nodes)
     _no_run_processes_left(cluster, list(cluster.alive_nodes()))
-    STATE.update(last=last, seen_data=STATE["seen_data"] | {i for r in recs for i in r["data_index"]})
+    if resumed:
+        STATE.update(last=last, seen_data=seen | {i for r in recs for i in r["data_index"]})
 
 
 def _stop_key_left(cluster, run_id: str) -> bool:
