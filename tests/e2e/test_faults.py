@@ -37,6 +37,7 @@ FAULTY_REWARD = ["reward.custom_reward_function.path=" + str(Path(__file__).with
                  "reward.custom_reward_function.name=compute_score"]
 FAULT_OVERRIDES = E2E_OVERRIDES + FAULTY_REWARD + [
     "rolloutpipe.mode=cgp",
+    "rolloutpipe.fgd.enable=false",  # FCFS admission, as these cases were sized (mode=cgp alone now means FGD on)
     f"rolloutpipe.oversample={OVERSAMPLE}",
     f"data.max_response_length={LONG}",
     "actor_rollout_ref.rollout.max_model_len=256",
