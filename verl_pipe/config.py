@@ -29,8 +29,10 @@ from verl_pipe.assets import TASKS as _TINY_TASKS  # the embedded tiny tasks (th
 from verl_pipe.core.admission import FGD_LENGTHS
 from verl_pipe.core.micro_batches import ORDERS as MICRO_BATCH_ORDERS
 from verl_pipe.core.release import UNIT_FILLS
+from verl_pipe.core.rollout_core import ON_REWARD_FAILURE
 from verl_pipe.core.variants import FGD_AUTO, GRANULARITIES, resolve_fgd
 from verl_pipe.core.variants import TRAINER_MODES as MODES
+from verl_pipe.data_check import ON_BAD_RECORD
 PLATFORMS = ("cpu", "gpu")
 ON_REQUEST_FAILURE = ("fail", "drop_group")
 # Which estimators stream, and how: verl_pipe/estimators.py (register_streaming, beside verl's register_adv_est).
@@ -282,7 +284,7 @@ ROLLOUTPIPE: dict[str, Any] = {
     "allow_ray_store_on_gpu": BOOLEAN,
     "oversample": integer(0),
     "request_timeout_s": SECONDS,
-    "reward": {"score_by_group": BOOLEAN},
+    "reward": {"score_by_group": BOOLEAN, "timeout_s": SECONDS, "on_failure": choice(*ON_REWARD_FAILURE)},
     "weight_sync_timeout_s": SECONDS,
     "nccl_sync": {
         "min_gib_per_s": Rule("null (weight_sync_timeout_s alone) or a bandwidth floor in GiB/s > 0",
@@ -298,6 +300,7 @@ ROLLOUTPIPE: dict[str, Any] = {
         "replica_restart_timeout_s": SECONDS,
         "health_check_timeout_s": SECONDS,
         "checkpoint_on_failure": BOOLEAN,
+        "on_bad_record": choice(*ON_BAD_RECORD),
     },
     "data_check_counts": INTERNAL,
 }
@@ -362,6 +365,7 @@ def validate(config: DictConfig, check_paths: bool = True) -> None:
     if not isinstance(rp, DictConfig):
         raise _err("rolloutpipe", "missing: compose the run from conf/rolloutpipe_trainer.yaml (or a recipe on it)")
     _check_table(rp, ROLLOUTPIPE, "rolloutpipe", config)
+    _check_verl_keys(config)
     _validate_batching(config)
     _validate_algorithm(config)
     _validate_trainer_pool(config)
@@ -374,6 +378,16 @@ def validate(config: DictConfig, check_paths: bool = True) -> None:
                                      "(or rolloutpipe.platform=cpu)")
     if check_paths:
         _validate_paths(config)
+
+
+def _check_verl_keys(config: DictConfig) -> None:
+    """Every other key is one verl 0.9.1 knows (verl_pipe/config_keys.py: its YAML and dataclasses)."""
+    from verl_pipe.config_keys import UnknownKeyError, check_known_keys
+
+    try:
+        check_known_keys(config)
+    except UnknownKeyError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _int_at_least(config: DictConfig, key: str, lo: int) -> int:
@@ -652,12 +666,25 @@ def _validate_cpu(config: DictConfig) -> None:
         warnings.warn(problem, CpuBf16Warning, stacklevel=2)
 
 
+# A Hugging Face hub id, as verl's GPU users name models (``Qwen/Qwen3-1.7B``): transformers' repo-id shape (an
+# optional owner, one slash, a name of letters, digits, '-', '_', '.'; no '--' or '..', not starting or ending with
+# '-' or '.'). Checked for shape only, never fetched here (verl's workers download it).
+HUB_ID = re.compile(r"(?!.*(--|\.\.))[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9])?/[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9])?")
+
+
+def is_hub_id(path: str) -> bool:
+    text = str(path)
+    return bool(HUB_ID.fullmatch(text)) and not text.startswith((".", "/", "~"))
+
+
 def _validate_paths(config: DictConfig) -> None:
     model = config.actor_rollout_ref.model.path
     if not model:
         raise _err("actor_rollout_ref.model.path", "is not set (set it, or rolloutpipe.tiny_assets.enable=true)")
-    if not Path(os.path.expanduser(str(model))).exists() and "://" not in str(model):
-        raise _err("actor_rollout_ref.model.path", f"{model} does not exist")
+    if not Path(os.path.expanduser(str(model))).exists() and "://" not in str(model) and not is_hub_id(model):
+        raise _err("actor_rollout_ref.model.path",
+                   f"{model} does not exist, and it is not a Hugging Face hub id (owner/name, e.g. "
+                   "Qwen/Qwen3-1.7B)")
     for key in ("train_files", "val_files"):
         files = config.data[key]
         if not files:

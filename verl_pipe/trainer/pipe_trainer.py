@@ -38,6 +38,7 @@ from verl_pipe.config import ConfigError, cgp_estimator_problem, groups_per_unit
 from verl_pipe.core.admission import StepAdmission, TrainerRatio, load_policy, rest_order
 from verl_pipe.core.frontier import FCFSPolicy
 from verl_pipe.core.lengths import LengthHistory, StepLengths
+from verl_pipe.data_check import bad_record_metrics
 from verl_pipe.core.group_filter import GroupFilters
 from verl_pipe.core.group_queue import Group, GroupQueue
 from verl_pipe.core.release import DispatchOrderRelease
@@ -66,9 +67,9 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
     # only these; a subclass whose loss reads another (e.g. "uid") adds it here.
     actor_non_tensor_keys: tuple[str, ...] = ("multi_modal_inputs",)
 
-    def __init__(self, *args, stop_file: str | None = None, stop_key: str | None = None, **kwargs):
+    def __init__(self, *args, stop_check=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.stop_file, self.stop_key = stop_file, stop_key  # the launcher's stop request (RunLoop.stop_requested)
+        self.stop_check = stop_check  # () -> bool: the launcher asked the run to stop (RunLoop.stop_requested)
         self.n = int(self.config.actor_rollout_ref.rollout.n)
         self.groups_per_unit = groups_per_unit(self.config)
         self.filter_zero_variance = bool(self.config.rolloutpipe.filter_zero_variance)
@@ -139,7 +140,8 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
             problem = cgp_estimator_problem(str(self.config.algorithm.adv_estimator), knobs.granularity)
             if problem:
                 raise ConfigError(f"algorithm.adv_estimator: {problem}")
-        self.metrics = {"training/global_step": self.global_steps, "training/epoch": self.epoch}
+        self.metrics = {"training/global_step": self.global_steps, "training/epoch": self.epoch,
+                        **bad_record_metrics(self.train_dataset)}  # records of this batch skipped (on_bad_record)
         self.timing_raw = {}
         self.reward_extra_infos_dict = {}  # verl's _fit_dump_data reads it
         self._fit_prepare_step()
@@ -285,6 +287,8 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
                               request_timeout_s=float(rp.request_timeout_s) if rp.request_timeout_s else None,
                               max_retries=int(rp.fault.max_request_retries),
                               on_request_failure=str(rp.fault.on_request_failure), weight_version=version,
+                              reward_timeout_s=rp.reward.get("timeout_s"),
+                              on_reward_failure=str(rp.reward.get("on_failure", "fail")),
                               on_group_ended=None if release is None else lambda g, how: release.ended(g))
         future = self.rollout.start(request)
         if release is not None:  # before the queue closes: done-callbacks run in the order they were added

@@ -48,6 +48,7 @@ def rollout_metrics(tm: dict, rollout_result, trained_groups: int, health=None) 
     m["rolloutpipe/untrainable_groups"] = rollout_result.untrainable
     m["rolloutpipe/late_groups_dropped"] = rollout_result.late_groups
     m["rolloutpipe/failed_groups_dropped"] = rollout_result.dropped_groups
+    m["rolloutpipe/reward_failures"] = rollout_result.reward_failures
     found = sum(health.found.values()) if health is not None else 0
     recovery = list(rollout_result.recovery_s) + (list(health.recovery_s) if health is not None else [])
     m["rolloutpipe/replica_failures"] = rollout_result.replica_failures + found
