@@ -64,6 +64,17 @@ ROLLOUTPIPE_BAD = [
     (["rolloutpipe.fgd.slack=-1"], "rolloutpipe.fgd.slack", "integer >= 0"),
     (["rolloutpipe.fgd.window=0"], "rolloutpipe.fgd.window", "null (max_num_seqs), 'auto'"),
     (["rolloutpipe.fgd.window=2.5"], "rolloutpipe.fgd.window", "'auto' (two training units' requests) or an integer >= 1"),
+    (["rolloutpipe.fgd.policy=FrontierPolicy"], "rolloutpipe.fgd.policy", "a class path 'package.module:Class'"),
+    (["rolloutpipe.fgd.policy=no_such_pkg.mod:Policy"], "rolloutpipe.fgd.policy",
+     "module 'no_such_pkg.mod' is not importable"),
+    (["rolloutpipe.fgd.policy=verl_pipe.core.frontier:NoSuch"], "rolloutpipe.fgd.policy", "has no 'NoSuch'"),
+    (["rolloutpipe.fgd.policy=verl_pipe.core.frontier:Request"], "rolloutpipe.fgd.policy",
+     "is not an admission policy"),
+    (["rolloutpipe.fgd.lengths=oracle"], "rolloutpipe.fgd.lengths", "predicted"),
+    (["rolloutpipe.workload={kind: lognormal, median: 12, sigma: 0.8, rho: 0.7, cap: 32, prompts: 17}"],
+     "rolloutpipe.workload.prompts", "a multiple of data.train_batch_size"),
+    (["rolloutpipe.workload={kind: lognormal, median: 12, sigma: 0.8, rho: 0.7, cap: 32, cross_epoch: 1.5}"],
+     "rolloutpipe.workload.cross_epoch", "a number in [0, 1]"),
     (["rolloutpipe.dispatch.order=random"], "rolloutpipe.dispatch.order", "group_major or interleave:<k>"),
     (["rolloutpipe.dispatch.order=interleave:0"], "rolloutpipe.dispatch.order", "interleave:<k>"),
     (["rolloutpipe.dispatch.window=0"], "rolloutpipe.dispatch.window", "null or an integer >= 1"),
@@ -205,6 +216,10 @@ GOOD = [
     [CGP, "rolloutpipe.cgp.granularity=group", "actor_rollout_ref.rollout.n=8"],
     [CGP, "rolloutpipe.fgd.enable=true", "rolloutpipe.fgd.window=32", "rolloutpipe.fgd.frontier_groups=6"],
     [CGP, "rolloutpipe.fgd.enable=true", "rolloutpipe.fgd.window=auto"],
+    [CGP, "rolloutpipe.fgd.enable=true", "rolloutpipe.fgd.policy=verl_pipe.core.frontier:FCFSPolicy",
+     "rolloutpipe.fgd.lengths=shuffled"],
+    ["rolloutpipe.workload={kind: lognormal, median: 12, sigma: 0.8, rho: 0.7, cap: 32, prompts: 32, "
+     "cross_epoch: 0.6}"],
     [CGP, "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"],  # not part of the θ_k snapshot
     [CGP, "actor_rollout_ref.actor.fsdp_config.param_offload=true", "actor_rollout_ref.actor.ppo_mini_batch_size=16"],
     ["rolloutpipe.mode=sync", "actor_rollout_ref.actor.fsdp_config.param_offload=true"],  # sync takes no snapshot

@@ -26,6 +26,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from verl_pipe import estimators
 from verl_pipe.assets import TASKS as _TINY_TASKS  # the embedded tiny tasks (that package imports nothing heavy)
+from verl_pipe.core.admission import FGD_LENGTHS
 from verl_pipe.core.micro_batches import ORDERS as MICRO_BATCH_ORDERS
 from verl_pipe.core.release import UNIT_FILLS
 from verl_pipe.core.rollout_core import ON_REWARD_FAILURE
@@ -155,7 +156,7 @@ def _check_workload(value, key: str, config: DictConfig) -> None:
         raise _err(key, f"got {value!r}; allowed: null or a mapping such as {{kind: lognormal, median: 12, "
                         "sigma: 0.8, rho: 0.7, cap: 32, seed: 0}} or {kind: equal, length: 16}")
     kind = value.get("kind", "lognormal")
-    keys = {"lognormal": ("kind", "name", "seed", "median", "mean", "sigma", "rho", "cap"),
+    keys = {"lognormal": ("kind", "name", "seed", "median", "mean", "sigma", "rho", "cap", "prompts", "cross_epoch"),
             "equal": ("kind", "name", "seed", "length")}
     if kind not in keys:
         raise _err(f"{key}.kind", f"got {kind!r}; allowed: one of lognormal, equal")
@@ -174,7 +175,11 @@ def _check_workload(value, key: str, config: DictConfig) -> None:
         rules.update(cap=length_rule, sigma=Rule("a number >= 0", lambda v: _is_number(v) and v >= 0),
                      rho=Rule("a number in [0, 1]", lambda v: _is_number(v) and 0 <= v <= 1),
                      median=Rule("a number > 0", lambda v: _is_number(v) and v > 0),
-                     mean=Rule("a number > 0", lambda v: _is_number(v) and v > 0))
+                     mean=Rule("a number > 0", lambda v: _is_number(v) and v > 0),
+                     prompts=Rule("null (new prompts every step) or a multiple of data.train_batch_size",
+                                  lambda v: v is None or (_is_int(v) and v >= 1
+                                                          and v % int(config.data.train_batch_size) == 0)),
+                     cross_epoch=Rule("a number in [0, 1]", lambda v: _is_number(v) and 0 <= v <= 1))
         required = ("sigma", "rho", "cap")
         if ("mean" in value) == ("median" in value):
             raise _err(f"{key}.median", "give exactly one of median, mean (the log-normal's body before the cap)")
@@ -184,6 +189,17 @@ def _check_workload(value, key: str, config: DictConfig) -> None:
     for k in value:
         if k in rules:
             _check_value(rules[k], value.get(k), f"{key}.{k}")
+
+
+def _check_fgd_policy(value, key: str, config: DictConfig) -> None:
+    """rolloutpipe.fgd.policy: a class path 'package.module:Class' naming an admission policy, imported here (at
+    launch) so a typo or a class that is not a policy fails before any worker starts."""
+    from verl_pipe.core.admission import PolicyPathError, load_policy
+
+    try:
+        load_policy(value, key)
+    except PolicyPathError as e:
+        raise ConfigError(str(e)) from None
 
 
 MULTITURN_AGENT = "verl_pipe_multiturn"  # verl_pipe.rollout.multiturn.AGENT_NAME (not imported here: it imports verl)
@@ -257,6 +273,8 @@ ROLLOUTPIPE: dict[str, Any] = {
         "frontier_groups": FRONTIER_GROUPS,
         "slack": integer(0),
         "window": FGD_WINDOW,
+        "policy": _check_fgd_policy,
+        "lengths": choice(*FGD_LENGTHS),
     },
     "dispatch": {
         "order": DISPATCH_ORDER,

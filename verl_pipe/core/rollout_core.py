@@ -17,7 +17,7 @@ Driver protocol (one step)::
                                                 # after every round of events
     do(core.turn_done(req, replica))            # multi-turn: a model turn ended, the trajectory waits on its tool
     do(core.tool_done(req, replica))            # its tool returned: a later admit() gives NextTurn
-    do(core.response_done(req, replica))        # Take; then HandOver(g), or GroupEnded(g, "late")
+    do(core.response_done(req, replica, tokens))  # Take; then HandOver(g), or GroupEnded(g, "late")
     do(core.handed_over(g, trainable))          # after HandOver, with the driver's verdict: GroupEnded
     do(core.too_late(g))                        # or, HandOver'd but not built when the batch filled: GroupEnded
     do(core.request_failed(req, replica))       # raised or timed out: Retry; or GiveUp + FailStep | drop
@@ -240,10 +240,13 @@ class RolloutCore:
             out.append(Submit(adm, self._failures.get(req, 0)))
         return out
 
-    def response_done(self, request: Request, replica: int) -> list:
-        """``request`` answered on ``replica``. [] when the answer is stale (requeued elsewhere or closed)."""
+    def response_done(self, request: Request, replica: int, tokens: int | None = None) -> list:
+        """``request`` answered on ``replica`` (``tokens``: its response's length, which the policy's length
+        predictions learn from). [] when the answer is stale (requeued elsewhere or closed)."""
         if not self.policy.on_response_done(request, replica):
             return []
+        if tokens is not None:
+            self.policy.observe_length(request, tokens)
         if self._inflight.pop(request, None) != replica:
             raise RuntimeError(f"{request} answered on replica {replica}, not where the core sent it")
         self.counts.responses += 1

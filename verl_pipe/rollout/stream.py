@@ -284,9 +284,10 @@ class _StepRun:
             zero_scores([out], self.rollout.reward_keys)
         else:
             self.learn_reward_keys([out])
-        for act in self.core.response_done(r, adm.replica):
+        tokens = int(out.response_mask.sum().item())
+        for act in self.core.response_done(r, adm.replica, tokens):
             if isinstance(act, Take):
-                self.timeline.response_done(self.rid(r), r.group, int(out.response_mask.sum().item()))
+                self.timeline.response_done(self.rid(r), r.group, tokens)
                 self.outputs.setdefault(r.group, {})[r.index] = out
             elif isinstance(act, HandOver):
                 outs = self.outputs.pop(r.group)
