@@ -92,15 +92,22 @@ def v1_sync_config(ours: DictConfig, steps: int = 1, overrides: dict | None = No
     return cfg
 
 
+def _leaf_differences(a, b, path: str) -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b), key=str)
+                for d in _leaf_differences(a.get(k), b.get(k), f"{path}.{k}")]
+    return [] if a == b else [f"{path}: ours {a!r}, verl {b!r}"]
+
+
 def shared_differences(ours: DictConfig, v1: DictConfig) -> list[str]:
-    """The SHARED_KEYS whose values differ between the two configs (none, for v1_sync_config's output)."""
+    """The leaves under SHARED_KEYS whose values differ between the two configs (none, for v1_sync_config's
+    output), as ``key: ours ..., verl ...``."""
     out = []
     for key in SHARED_KEYS:
         a, b = _select(ours, key), _select(v1, key)
         a = OmegaConf.to_container(a, resolve=True) if isinstance(a, DictConfig) else a
         b = OmegaConf.to_container(b, resolve=True) if isinstance(b, DictConfig) else b
-        if a != b and not (a is None and b is None):
-            out.append(f"{key}: ours {a!r}, verl {b!r}")
+        out += _leaf_differences(a, b, key)
     return out
 
 
