@@ -52,7 +52,8 @@ def test_plan_predicts_the_dispatch_fill_no_faster_than_completion():
 def test_plan_fixed_input():
     p = _plan()
     m = p["modes"]
-    assert set(m) == {"sync", "cgp", "cgp_group", "cgp_fgd", "verl_separate_async", "verl_one_step_off"}
+    assert set(m) == {"sync", "cgp", "cgp_group", "cgp_fgd", "verl_separate_async", "verl_one_step_off",
+                      "verl_colocated"}
     # these figures are the simulator's on this input; a change in the simulator or the profile shows here
     assert m["sync"]["rollout_to_train_end_s"] == pytest.approx(33.98, rel=0.01)
     for k in ("cgp", "cgp_group", "cgp_fgd"):
@@ -104,10 +105,10 @@ def _cfg(**over):
 
 @pytest.mark.parametrize("key,value,names", [
     ("algorithm.adv_estimator", "gae", "algorithm.adv_estimator=gae"),
-    ("actor_rollout_ref.rollout.tensor_model_parallel_size", 2, "tensor_model_parallel_size=2"),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size", 3, "tensor_model_parallel_size=3: must divide the 4"),
     ("rolloutpipe.oversample", 4, "rolloutpipe.oversample"),
     ("actor_rollout_ref.actor.ppo_mini_batch_size", 5, "ppo_mini_batch_size=5"),
-    ("actor_rollout_ref.rollout.name", "sglang", "rollout.name=sglang"),
+    ("actor_rollout_ref.rollout.name", "trtllm", "rollout.name=trtllm"),
 ])
 def test_refuses_what_it_cannot_model(key, value, names):
     assert shape_of(_cfg()).num_groups == 16  # the base config is modelled

@@ -1,7 +1,9 @@
-"""docs/plan.md's two generated blocks are what their commands print today: the validation block
-(``python -m verl_pipe.plan --validate --update-doc docs/plan.md``, over the bench JSONs in docs/bench) and the
-public-figures block (``python -m verl_pipe.plan.public --update-doc docs/plan.md``). A bench JSON added or changed
-without regenerating the block, or a planner change that moves its figures, fails here. The public block's own
+"""docs/plan.md's three generated blocks are what their commands print today: the validation block
+(``python -m verl_pipe.plan --validate --update-doc docs/plan.md``, over the bench JSONs in docs/bench), the
+public-figures block (``python -m verl_pipe.plan.public --update-doc docs/plan.md``) and the GPU picture
+(``python -m verl_pipe.plan.gpu_picture --update-doc docs/plan.md``: Qwen3-1.7B on 8 H200, padding removed, verl's
+colocated default, the orchestration-cost sweep and its break-even). A bench JSON added or changed
+without regenerating the block, or a planner change that moves its figures, fails here. The public and GPU blocks' own
 running time ("(N s here)") differs run to run, and the validation block's "Skipped:" line names every JSON in
 docs/bench that is no bench result (a run still writing its JSON in a shared tree changes it): both are left out of
 the comparison."""
@@ -83,3 +85,13 @@ def test_the_readme_quotes_the_blocks_held_out_errors():
               f"{got['cgp_fgd']:.0f}%")
     readme = re.sub(r"\s+", " ", (ROOT / "README.md").read_text())
     assert phrase in readme, f"README.md: expected the planner's held-out errors as the block has them:\n  {phrase}"
+
+
+def test_the_gpu_picture_block_is_current():
+    from verl_pipe.plan.gpu_picture import BEGIN, END, render
+
+    fresh = RUNTIME.sub("(N s here)", render())
+    doc = RUNTIME.sub("(N s here)", block(PLAN_DOC.read_text(), BEGIN, END))
+    diff = differing_lines(doc, fresh)
+    assert diff == [], ("docs/plan.md's GPU picture block is stale; regenerate it with "
+                        "`python -m verl_pipe.plan.gpu_picture --update-doc docs/plan.md`:\n" + "\n".join(diff[:20]))

@@ -173,8 +173,9 @@ def test_refusals_name_the_file_and_the_missing_keys(tmp_path):
          for d in _run_metrics(2)]
     log = _console_log(tmp_path / "partial.log", m, prefix="")
     with pytest.raises(ValueError, match=r"--calibrate .*partial\.log: verl's console log has 3 step record\(s\), "
-                                         r"2 with timing_s/\* keys, but none with timing_s/update_actor, "
-                                         r"response_length/max; the fit needs"):
+                                         r"2 with timing_s/\* keys, but none with timing_s/update_actor \(no flag "
+                                         r"supplies it: the log must have it\), response_length/max \(--lengths SPEC "
+                                         r"supplies the lengths\); the fit needs"):
         V.fit_log(log, _shape(), profile("h200"), MODELS["qwen3-1.7b"])
     one_off = _console_log(tmp_path / "one_off.log", [dict(d, **{"timing_s/sync_rollout_weights": 0.5})
                                                       for d in _run_metrics(2)])

@@ -1,7 +1,7 @@
 """The variants a step can run as, by name: the one place mode names are decoded.
 
 Pure Python (no verl, Ray or torch). A variant name (``sync``, ``cgp``, ``cgp_group``, ``cgp_fgd``, and verl's own
-trainer as a peer: ``verl_separate_async``, ``verl_separate_async_1off``) stands for a trainer mode
+trainer as a peer: ``verl_separate_async``, ``verl_separate_async_1off``, ``verl_colocated``) stands for a trainer mode
 (``rolloutpipe.mode``), a granularity (``rolloutpipe.cgp.granularity``) and whether FGD admits the rollout
 (``rolloutpipe.fgd.enable``). The config's validation, the trainer, the simulator, the benchmark, the planner and the
 peer's configurations read names through this table; none of them decodes a name by itself.
@@ -26,7 +26,11 @@ class Variant:
     granularity: str | None  # fixed granularity (verl's own trains mini-batches); None: the run picks one (cgp_fgd)
     fgd: bool = False  # frontier-group dispatch admits the rollout
     peer_config: str | None = None  # a peer's configuration (verl_pipe/bench/peer/configs.py CONFIGS)
-    simulated: bool = True  # the simulator models it (verl_pipe/sim/trainer.py)
+    simulated: bool = True  # the simulator's step models it on two pools (verl_pipe/sim/trainer.py, simulate.py)
+    # rollout and training take turns on the same devices (verl's hybrid engine), not two pools: not a mode of the
+    # two-pool step (simulated=False); verl_pipe/sim/colocated.py models it, its trainer on ``schedule_as``'s schedule
+    colocated: bool = False
+    schedule_as: str | None = None  # a variant of ours whose trainer schedule this one's trainer follows
 
     @property
     def ours(self) -> bool:
@@ -35,9 +39,10 @@ class Variant:
 
     @property
     def overlapped(self) -> bool:
-        """The rollout shares the machine with a busy trainer (every variant but sync): the calibration fits
-        its engine apart from sync's (verl_pipe/sim/calib.py)."""
-        return self.mode != "sync"
+        """The rollout shares the machine with a busy trainer (every variant but sync and the colocated one, whose
+        rollout runs while its trainer waits): the calibration fits its engine apart from sync's
+        (verl_pipe/sim/calib.py)."""
+        return self.mode != "sync" and not self.colocated
 
     @property
     def granularities(self) -> tuple[str, ...]:
@@ -77,10 +82,16 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     # verl's default (one batch ahead, which the simulator does not model)
     Variant("verl_separate_async", None, "minibatch", peer_config="onpolicy"),
     Variant("verl_separate_async_1off", None, "minibatch", peer_config="default", simulated=False),
+    # verl 0.9.1's default (main_ppo: V1 PPOTrainerSync, hybrid engine): rollout on every device, the engines
+    # put to sleep, old log-prob and update on every device (sync's schedule), the weights reloaded into the
+    # sleeping engines; modelled in verl_pipe/sim/colocated.py
+    Variant("verl_colocated", None, "minibatch", simulated=False, colocated=True, schedule_as="sync"),
 )}
 
 OURS = tuple(k for k, v in VARIANTS.items() if v.ours)  # the bench's modes of RolloutPipeTrainer
-PEERS = tuple(k for k, v in VARIANTS.items() if not v.ours)  # verl's own trainer, in its configurations
+# verl's own trainer, in the configurations the bench runs (verl_colocated, until the bench gives it one, is the
+# planner's model only)
+PEERS = tuple(k for k, v in VARIANTS.items() if not v.ours and v.peer_config)
 SIMULATED = tuple(k for k, v in VARIANTS.items() if v.simulated)  # the simulator's modes
 PEER_MODE_NAMES = {v.peer_config: k for k, v in VARIANTS.items() if v.peer_config}  # peer configuration -> name
 

@@ -10,6 +10,7 @@ simulates.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +44,7 @@ class ModelShape:
     experts_per_token: int = 0
     routed_expert_params: float = 0.0  # all routed experts, all layers
     state_bytes_per_seq: float = 0.0  # linear-attention (recurrent) state per sequence, read and written per step
+    attention_heads: int = 0  # query heads (0: not given); tensor parallelism splits them evenly
 
     @property
     def kv_bytes_per_token(self) -> float:  # K and V, bf16
@@ -86,27 +88,80 @@ MODELS = {
 }
 
 
+def shape_from_config(name: str, c: dict, src: str) -> ModelShape:
+    """A dense decoder-only transformer's shape from its config.json values (Qwen2/Qwen3/Llama layout: q, k, v and o
+    projections, a gated MLP of three matrices, input embeddings and an LM head, tied or not). Norms and biases (a
+    few million parameters) are left out."""
+    try:
+        layers, hidden = int(c["num_hidden_layers"]), int(c["hidden_size"])
+        heads = int(c["num_attention_heads"])
+        kv = int(c.get("num_key_value_heads") or heads)
+        head_dim = int(c.get("head_dim") or hidden // heads)
+        inter, vocab = int(c["intermediate_size"]), int(c["vocab_size"])
+    except KeyError as e:
+        raise ValueError(f"{src}: no {e.args[0]!r}; the planner models decoder-only transformers "
+                         "(Qwen/Llama-style config.json)") from None
+    attn = hidden * head_dim * (heads + 2 * kv) + heads * head_dim * hidden
+    non_emb = layers * (attn + 3 * hidden * inter)
+    emb = vocab * hidden * (1 if c.get("tie_word_embeddings") else 2)
+    return ModelShape(name, non_emb + emb, non_emb, layers, heads * head_dim, kv, head_dim, src,
+                      attention_heads=heads)
+
+
+def _hf(repo: str) -> str:
+    return f"huggingface.co/{repo}/blob/main/config.json (docs/plan.md, Model shapes)"
+
+
+# The public config.json values of the dense models verl users train (docs/plan.md lists them with their sources):
+# layers, hidden, attention heads, KV heads, head_dim (None: hidden / heads), intermediate, vocab, tied embeddings.
+_CONFIGS = {
+    "Qwen2.5-0.5B": (24, 896, 14, 2, None, 4864, 151936, True),
+    "Qwen2.5-1.5B": (28, 1536, 12, 2, None, 8960, 151936, True),
+    "Qwen2.5-3B": (36, 2048, 16, 2, None, 11008, 151936, True),
+    "Qwen2.5-7B": (28, 3584, 28, 4, None, 18944, 152064, False),
+    "Qwen2.5-14B": (48, 5120, 40, 8, None, 13824, 152064, False),
+    "Qwen2.5-32B": (64, 5120, 40, 8, None, 27648, 152064, False),
+    "Qwen3-0.6B": (28, 1024, 16, 8, 128, 3072, 151936, True),
+    "Qwen3-8B": (36, 4096, 32, 8, 128, 12288, 151936, False),
+    "Qwen3-14B": (40, 5120, 40, 8, 128, 17408, 151936, False),
+    "Qwen3-32B": (64, 5120, 64, 8, 128, 25600, 151936, False),
+    "Llama-3-8B": (32, 4096, 32, 8, None, 14336, 128256, False),
+    "Llama-3-70B": (80, 8192, 64, 8, None, 28672, 128256, False),
+}
+_REPOS = {"Llama-3-8B": "meta-llama/Meta-Llama-3-8B", "Llama-3-70B": "meta-llama/Meta-Llama-3-70B"}
+for _name, (_l, _h, _a, _kv, _hd, _i, _v, _tie) in _CONFIGS.items():
+    MODELS[_name.lower()] = shape_from_config(_name, {
+        "num_hidden_layers": _l, "hidden_size": _h, "num_attention_heads": _a, "num_key_value_heads": _kv,
+        "head_dim": _hd, "intermediate_size": _i, "vocab_size": _v, "tie_word_embeddings": _tie},
+        _hf(_REPOS.get(_name, f"Qwen/{_name}")))
+# the same shapes under the names their variants are published as
+ALIASES = {"qwen2.5-math-1.5b": "qwen2.5-1.5b", "qwen2.5-math-7b": "qwen2.5-7b", "deepseek-r1-distill-qwen-1.5b":
+           "qwen2.5-1.5b", "deepseek-r1-distill-qwen-7b": "qwen2.5-7b", "deepseek-r1-distill-qwen-14b": "qwen2.5-14b",
+           "deepseek-r1-distill-qwen-32b": "qwen2.5-32b", "meta-llama-3-8b": "llama-3-8b",
+           "meta-llama-3-70b": "llama-3-70b", "llama-3.1-8b": "llama-3-8b", "llama-3.1-70b": "llama-3-70b",
+           "meta-llama-3.1-8b": "llama-3-8b", "meta-llama-3.1-70b": "llama-3-70b", "llama-3.3-70b": "llama-3-70b"}
+_SUFFIXES = ("-instruct", "-base", "-chat", "-it", "-instruct-2507", "-thinking-2507")
+
+
+def _by_name(path: str) -> ModelShape | None:
+    key = Path(str(path).rstrip("/")).name.lower()
+    for k in [key] + [key[:-len(s)] for s in _SUFFIXES if key.endswith(s)]:
+        k = ALIASES.get(k, k)
+        if k in MODELS:
+            return MODELS[k]
+    return None
+
+
 def model_shape(path: str) -> ModelShape:
-    """The model's shape from its local config.json when the path exists, else by name from ``MODELS``."""
+    """The model's shape from its local config.json when the path exists, else by name from ``MODELS`` (a published
+    variant's suffix, -Instruct, -Base, ..., and the aliases of ``ALIASES`` find the same shape)."""
     cfg = Path(str(path)).expanduser() / "config.json"
     if cfg.is_file():
         c = json.loads(cfg.read_text())
-        try:
-            layers, hidden = int(c["num_hidden_layers"]), int(c["hidden_size"])
-            heads = int(c["num_attention_heads"])
-            kv = int(c.get("num_key_value_heads", heads))
-            head_dim = int(c.get("head_dim") or hidden // heads)
-            inter, vocab = int(c["intermediate_size"]), int(c["vocab_size"])
-        except KeyError as e:
-            raise ValueError(f"{cfg}: no {e.args[0]!r}; the planner models decoder-only transformers "
-                             "(Qwen/Llama-style config.json)") from None
-        attn = hidden * head_dim * (heads + 2 * kv) + heads * head_dim * hidden
-        non_emb = layers * (attn + 3 * hidden * inter)
-        emb = vocab * hidden * (1 if c.get("tie_word_embeddings") else 2)
-        return ModelShape(Path(str(path)).name, non_emb + emb, non_emb, layers, hidden, kv, head_dim, str(cfg))
-    key = Path(str(path).rstrip("/")).name.lower()
-    if key in MODELS:
-        return MODELS[key]
+        return shape_from_config(Path(str(path)).name, c.get("text_config") or c, str(cfg))
+    got = _by_name(path)
+    if got is not None:
+        return got
     raise ValueError(f"actor_rollout_ref.model.path={path}: no config.json there and not a model the planner "
                      f"knows by name ({', '.join(m.name for m in MODELS.values())}); point the path at a local "
                      "copy of the model (only its config.json is read)")
@@ -132,31 +187,84 @@ class Hardware:
     device_copy_s_per_GB: Fig
     device_swap_s_per_GB: Fig
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # tensor parallelism: two all-reduces per layer per decode step (attention and MLP outputs), at small batch a
+    # latency, not a bandwidth, cost
+    tp_allreduce_s: Fig = Fig(10e-6, "assumed", "one NVLink all-reduce of a decode step's activations, ~10 us")
+    # verl's colocated hybrid engine (verl_pipe/sim/colocated.py): the engines' sleep after the rollout, and the
+    # weights' reload into them after the update (verl's timing_s/update_weights), per byte of bf16 weights
+    engine_sleep_s: Fig = Fig(0.5, "assumed", "vLLM sleep level 2 (drain, free weights and KV cache): sub-second "
+                                             "to seconds (vLLM blog 2025-10-26, Sleep Mode); docs/plan.md")
+    weight_reload_Bps: Fig = Fig(15.23e9 / 10.72, "derived",
+                                 "verl fully_async README, colocate sync Qwen2.5-Math-7B on 128 H20: step 356.30 s - "
+                                 "gen 177.85 - old_log_prob 53.92 - update_actor 113.81 = 10.72 s for the reload "
+                                 "(and reward, advantages: an upper bound) of 15.23 GB bf16; docs/plan.md")
 
     def figures(self) -> dict[str, dict]:
         return {k: {"value": v.v, "tag": v.tag, "source": v.src} for k, v in vars(self).items() if isinstance(v, Fig)}
 
     # ---- the simulator's parameters ------------------------------------------------------------------------
     def engine(self, m: ModelShape, *, max_num_seqs: int, max_num_batched_tokens: int,
-               gpu_memory_utilization: float, activations_bytes: float = 2 * GB) -> EngineParams:
+               gpu_memory_utilization: float, activations_bytes: float = 2 * GB, tp: int = 1,
+               resident_bytes: float = 0.0) -> EngineParams:
+        """One replica of ``tp`` GPUs (vLLM's ``tensor_model_parallel_size``): the weights and the KV cache split over
+        them, so a step reads ``tp`` GPUs' bandwidth, plus two all-reduces per layer. ``resident_bytes``: what else
+        holds each GPU's memory while the engine runs (a colocated trainer's states: the engine gets at most what is
+        left)."""
         weights = 2 * m.params  # bf16
-        pool = self.mem_bytes.v * gpu_memory_utilization - weights - activations_bytes  # sim_sources.md §3 [A]
+        util = min(gpu_memory_utilization, 1.0 - resident_bytes / self.mem_bytes.v - 0.05)
+        pool = tp * (self.mem_bytes.v * util - activations_bytes) - weights  # sim_sources.md §3 [A]
         if pool <= 0:
-            raise ValueError(f"actor_rollout_ref.rollout.gpu_memory_utilization={gpu_memory_utilization}: "
-                             f"{m.name}'s bf16 weights ({weights / GB:.1f} GB) leave no KV cache on a "
-                             f"{self.mem_bytes.v / GB:.0f} GB {self.name}")
-        bw = self.bw_eff.v * self.hbm_Bps.v
+            tp_hint = next((t for t in (2, 4, 8) if t > tp and t * (self.mem_bytes.v * util - activations_bytes)
+                            > 1.25 * weights), None)
+            raise ValueError(
+                f"actor_rollout_ref.rollout.gpu_memory_utilization={gpu_memory_utilization}"
+                + (f" (beside the colocated trainer's {resident_bytes / GB:.1f} GB per GPU)" if resident_bytes else "")
+                + f", tensor_model_parallel_size={tp}: {m.name}'s bf16 weights ({weights / GB:.1f} GB) leave no KV "
+                f"cache on {tp} x {self.mem_bytes.v / GB:.0f} GB {self.name}"
+                + (f"; set actor_rollout_ref.rollout.tensor_model_parallel_size={tp_hint}" if tp_hint else ""))
+        bw = tp * self.bw_eff.v * self.hbm_Bps.v
+        t0 = self.decode_t0_s.v + (2 * m.layers * self.tp_allreduce_s.v if tp > 1 else 0.0)
         kw = dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                   kv_capacity_tokens=int(pool / m.kv_bytes_per_token), kv_bytes_per_token=m.kv_bytes_per_token,
-                  weight_bytes=weights, t0_s=self.decode_t0_s.v, bw_eff_Bps=bw,
+                  weight_bytes=weights, t0_s=t0, bw_eff_Bps=bw,
                   per_seq_s=2 * m.state_bytes_per_seq / bw,  # a recurrent state is read and written each step
                   prefill_flops_per_token=2 * m.non_embedding_params,
-                  prefill_flops_per_s=self.prefill_mfu.v * self.bf16_flops.v)
+                  prefill_flops_per_s=tp * self.prefill_mfu.v * self.bf16_flops.v)
         if not m.experts:
             return EngineParams(**kw)
         experts = 2 * m.routed_expert_params
         return MoEEngineParams(**kw, dense_bytes=weights - experts, expert_bytes=experts, experts=m.experts,
                                experts_per_token=m.experts_per_token)
+
+    def check_tp(self, m: ModelShape, tp: int, rollout_gpus: int) -> None:
+        """vLLM splits the attention heads over the TP ranks, and a replica's GPUs come from the rollout pool."""
+        if tp < 1 or rollout_gpus % tp:
+            raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}: must divide the "
+                             f"{rollout_gpus} rollout GPUs (whole replicas)")
+        if m.attention_heads and m.attention_heads % tp:
+            raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}: {m.name}'s "
+                             f"{m.attention_heads} attention heads do not split evenly over {tp} GPUs")
+
+    def check_trainer_fits(self, m: ModelShape, gpus: int, what: str = "trainer.n_gpus_per_node") -> None:
+        """FSDP's fp32 weights, gradients and Adam states (16 B/param), sharded over the trainer's GPUs, with 15% of
+        each GPU left for activations (gradient checkpointing) [assumed]: else refused, naming why."""
+        need = 16 * m.params / gpus
+        if need > 0.85 * self.mem_bytes.v:
+            k = math.ceil(16 * m.params / (0.85 * self.mem_bytes.v))
+            raise ValueError(f"{what}: {m.name}'s FSDP states (fp32 weights, gradients, Adam: 16 B/param = "
+                             f"{16 * m.params / GB:.0f} GB) need {need / GB:.0f} GB on each of {gpus} "
+                             f"{self.name} GPUs ({self.mem_bytes.v / GB:.0f} GB); at least {k} trainer GPUs (verl's "
+                             "param / optimizer offload is not modelled)")
+
+    def colocated_resident_bytes(self, m: ModelShape, gpus: int) -> float:
+        """What verl's colocated trainer keeps on each GPU while the engines run (no offload, verl's default): fp32
+        weights and Adam's two moments (12 B/param, sharded; the gradients are freed after the optimizer step)."""
+        return 12 * m.params / gpus
+
+    def colocated(self, m: ModelShape) -> dict:
+        """verl's hybrid engine's costs per step (``sim.colocated.ColocatedParams`` fields): the engines' sleep and the
+        weights' reload (resume, gather, copy; verl's timing_s/update_weights)."""
+        return {"sleep_s": self.engine_sleep_s.v, "update_weights_s": 2 * m.params / self.weight_reload_Bps.v}
 
     def theta_k_figures(self, m: ModelShape, checkpoint_on_failure: bool = True) -> dict:
         """``sim.trainer.placement_costs``' input for this model: fp32 master weights and Adam's m and v."""
@@ -257,7 +365,63 @@ def _a100() -> Hardware:
     )
 
 
-PROFILES = {"h200": _h200, "h100": _h100, "a100": _a100}
+_BY_HBM = "H200's, scaled by HBM bandwidth"
+
+
+def _gh200(mem_gb: float = 96, hbm_tbps: float = 4.0, name: str = "gh200", memory: str = "96 GB HBM3") -> Hardware:
+    """The Hopper GPU of a GH200 Grace Hopper superchip: the H100's compute die, its own memory; the host link is
+    NVLink-C2C (900 GB/s) instead of PCIe, which the copy rates below do not credit (the H200's PCIe figures: a
+    conservative bound)."""
+    h = _h200()
+    a = "assumed: the H200's measured figure (same compute die)"
+    host = "assumed: the H200's measured PCIe Gen5 rate; NVLink-C2C (900 GB/s) is faster: an upper bound on the time"
+    return Hardware(
+        name=name,
+        mem_bytes=Fig(mem_gb * GB, "published", f"NVIDIA GH200 Grace Hopper: {memory} (docs/plan.md)"),
+        hbm_Bps=Fig(hbm_tbps * 1e12, "published", f"NVIDIA GH200 Grace Hopper: {hbm_tbps:g} TB/s (docs/plan.md)"),
+        bf16_flops=Fig(989e12, "published", "GH200's Hopper GPU: the H100's 989 TF bf16 dense (docs/plan.md)"),
+        decode_t0_s=h.decode_t0_s, bw_eff=h.bw_eff, prefill_mfu=h.prefill_mfu,
+        train_mfu=Fig(0.33, "assumed", a), logprob_ratio=Fig(0.26, "assumed", a),
+        optimizer_step_s_per_bparam=Fig(h.optimizer_step_s_per_bparam.v * 4.8 / hbm_tbps, "derived",
+                                        "H200's, scaled by HBM bandwidth (AdamW is memory-bound)"),
+        microbatch_overhead_s=h.microbatch_overhead_s,
+        pinned_Bps=Fig(55e9, "assumed", host), pageable_save_Bps=Fig(1.23e9, "assumed", host),
+        pageable_restore_Bps=Fig(6.70e9, "assumed", host), pageable_opt_save_Bps=Fig(1.27e9, "assumed", host),
+        device_copy_s_per_GB=Fig(h.device_copy_s_per_GB.v * 4.8 / hbm_tbps, "derived", _BY_HBM),
+        device_swap_s_per_GB=Fig(h.device_swap_s_per_GB.v * 4.8 / hbm_tbps, "derived", _BY_HBM),
+        notes=(f"no figure measured on a {name.upper()}: public memory, bandwidth and FLOP rate, the H200's measured "
+               "efficiencies; host copies at the H200's PCIe rates (NVLink-C2C is faster)",),
+    )
+
+
+def _b200() -> Hardware:
+    h = _h200()
+    a = "assumed: the H200's measured efficiency"
+    return Hardware(
+        name="b200",
+        mem_bytes=Fig(180 * GB, "published", "NVIDIA HGX B200: 180 GB HBM3e per GPU (docs/plan.md)"),
+        hbm_Bps=Fig(8.0e12, "published", "NVIDIA HGX B200: 8 TB/s per GPU (docs/plan.md)"),
+        bf16_flops=Fig(2250e12, "published", "NVIDIA HGX B200 (1,000 W): 2,250 TF bf16 dense (docs/plan.md)"),
+        decode_t0_s=Fig(3.0e-3, "assumed", "the H100/H20 figure (sim_sources.md §3)"), bw_eff=h.bw_eff,
+        prefill_mfu=h.prefill_mfu,
+        train_mfu=Fig(0.33, "assumed", a), logprob_ratio=Fig(0.26, "assumed", a),
+        optimizer_step_s_per_bparam=Fig(h.optimizer_step_s_per_bparam.v * 4.8 / 8.0, "derived",
+                                        "H200's, scaled by HBM bandwidth (AdamW is memory-bound)"),
+        microbatch_overhead_s=h.microbatch_overhead_s,
+        pinned_Bps=Fig(55e9, "assumed", "the H200's measured PCIe Gen5 rate (B200 has Gen6: an upper bound on time)"),
+        pageable_save_Bps=Fig(1.23e9, "assumed", "the H200's (host-bound)"),
+        pageable_restore_Bps=Fig(6.70e9, "assumed", "the H200's (host-bound)"),
+        pageable_opt_save_Bps=Fig(1.27e9, "assumed", "the H200's (host-bound)"),
+        device_copy_s_per_GB=Fig(h.device_copy_s_per_GB.v * 4.8 / 8.0, "derived", "H200's, scaled by HBM bandwidth"),
+        device_swap_s_per_GB=Fig(h.device_swap_s_per_GB.v * 4.8 / 8.0, "derived", "H200's, scaled by HBM bandwidth"),
+        notes=("no figure measured on a B200: public memory, bandwidth and FLOP rate, the H200's measured "
+               "efficiencies (MFU 0.33 may not carry over to Blackwell)",),
+    )
+
+
+PROFILES = {"h200": _h200, "h100": _h100, "a100": _a100, "gh200": _gh200,
+            "gh200-144g": lambda: _gh200(144, 4.9, "gh200-144g", "144 GB HBM3e"),
+            "b200": _b200}
 
 
 def profile(name: str) -> Hardware:
@@ -265,7 +429,7 @@ def profile(name: str) -> Hardware:
         return PROFILES[name.lower()]()
     except KeyError:
         raise ValueError(f"--hardware {name}: no such profile; choose {', '.join(PROFILES)}, or fit one from a "
-                         "real run with --calibrate RUN_DIR") from None
+                         "real run with --calibrate RUN_DIR (a verl log: --calibrate-verl-log LOG)") from None
 
 
 def weight_sync_s(m: ModelShape, one_node: bool) -> tuple[float, str]:

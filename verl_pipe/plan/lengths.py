@@ -204,20 +204,20 @@ def _parquet(path: Path, column: str, group_column: str | None, n: int) -> list[
 
 
 def load(arg: str, *, n: int, tokenizer: str | None = None, chars_per_token: float | None = None,
-         group_column: str | None = None) -> Lengths:
-    """``--lengths ARG`` -> Lengths. ``n``: the config's responses per prompt (used to group parquet rows)."""
+         group_column: str | None = None, cap: int | None = None, flag: str = "--lengths") -> Lengths:
+    """``--lengths ARG`` -> Lengths. ``n``: the config's responses per prompt (used to group parquet rows);
+    ``cap``: data.max_response_length (a verl log's fitted distribution is capped there unless the log clipped)."""
+    from verl_pipe.plan import verl_log
     from verl_pipe.plan.calibrate import is_steps_file, split_source, steps_file
 
     spath, size = split_source(arg)
     if is_steps_file(spath):  # a bench's per-step file: the groups each measured step generated
-        got = steps_file(spath, size)
-        steps = got["ours"] + got["peer"]
-        groups = [list(map(int, g)) for s in steps for g in s["lengths"] if g]
-        prompt = sum(s["prompt_len"] for s in steps) / len(steps)
-        return Lengths(source=f"bench steps {arg} ({len(steps)} steps, {len(groups)} groups, "
-                              f"{sum(map(len, groups))} responses)", groups=groups, prompt_len=prompt)
+        return _bench_steps(arg, steps_file(spath, size))
     m = re.match(r"^(.*\.parquet):([^/]+)$", arg)
     path = Path(m.group(1) if m else arg).expanduser()
+    if not m and path.exists() and verl_log.is_verl_log(path):  # verl's console / file-logger metrics
+        spec, prompt, desc = verl_log.lengths_spec(path, n, cap or (1 << 30), flag)
+        return Lengths(source=desc, spec=spec, prompt_len=prompt)
     if not path.exists():
         if m or arg.endswith((".jsonl", ".json", ".parquet")) or "/" in arg:
             raise ValueError(f"--lengths {arg}: no such file or folder")
@@ -259,6 +259,14 @@ def load(arg: str, *, n: int, tokenizer: str | None = None, chars_per_token: flo
         raise ValueError(f"--lengths {arg}: no finished responses found")
     return Lengths(source=f"{kind} {arg} ({len(groups)} groups, {sum(map(len, groups))} responses)",
                    groups=groups, prompt_len=prompt)
+
+
+def _bench_steps(arg: str, got: dict) -> Lengths:
+    steps = got["ours"] + got["peer"]
+    groups = [list(map(int, g)) for s in steps for g in s["lengths"] if g]
+    prompt = sum(s["prompt_len"] for s in steps) / len(steps)
+    return Lengths(source=f"bench steps {arg} ({len(steps)} steps, {len(groups)} groups, "
+                          f"{sum(map(len, groups))} responses)", groups=groups, prompt_len=prompt)
 
 
 def _token_counter(tokenizer: str | None, chars_per_token: float | None):

@@ -25,10 +25,13 @@ from verl_pipe.sim.engine import EngineParams
 from verl_pipe.sim.simulate import RolloutResult, rollout_for_mode, timeline_for
 from verl_pipe.sim.trainer import PLACEMENTS, TrainerParams, schedule
 
-ROWS = ("sync", "cgp", "cgp_group", "cgp_fgd", "verl_separate_async", "verl_one_step_off")
+ROWS = ("sync", "cgp", "cgp_group", "cgp_fgd", "verl_separate_async", "verl_one_step_off", "verl_colocated")
 LABELS = {"sync": "sync (separate pools)", "cgp": "cgp (mini-batch)", "cgp_group": "cgp (group)",
           "cgp_fgd": "cgp + fgd", "verl_separate_async": "verl separate_async on-policy",
-          "verl_one_step_off": "verl one-step-off (stale 1)"}
+          "verl_one_step_off": "verl one-step-off (stale 1)", "verl_colocated": "verl colocated (all GPUs)"}
+# the colocated model's expected error where no validation has measured it: the largest step-time error of the
+# public colocated check (docs/plan.md, The colocated baseline), or of a planner mode held out, whichever is larger
+COLOCATED_ERROR_DEFAULT = 0.2
 FIGURES = ("step_time_s", "rollout_to_train_end_s", "trainer_wait_ratio", "rollout_end_s", "trainer_busy_s",
            "first_unit_ready_s", "weight_sync_s")
 WINDOWS = ("adaptive", None, "auto")  # rolloutpipe.fgd.window: None = max_num_seqs
@@ -44,10 +47,31 @@ class ProfileCosts:
         self.hw, self.model, self.label = hw, model, f"profile {hw.name}"
         self.placements = PLACEMENTS
 
-    def engine(self, shape: Shape, mode: str) -> EngineParams:
+    def engine(self, shape: Shape, mode: str, resident_bytes: float = 0.0) -> EngineParams:
+        """One replica (``shape.tp`` GPUs); ``resident_bytes``: a colocated trainer's states on each GPU."""
         return self.hw.engine(self.model, max_num_seqs=shape.max_num_seqs,
                               max_num_batched_tokens=shape.max_num_batched_tokens,
-                              gpu_memory_utilization=shape.gpu_memory_utilization)
+                              gpu_memory_utilization=shape.gpu_memory_utilization, tp=shape.tp,
+                              resident_bytes=resident_bytes)
+
+    def check(self, shape: Shape) -> None:
+        """Refuses, naming why, a shape the GPUs cannot hold: the replicas' TP, the trainer's states, a KV cache."""
+        self.hw.check_tp(self.model, shape.tp, shape.rollout_gpus)
+        self.hw.check_trainer_fits(self.model, shape.train_gpus)
+        self.engine(shape, "sync")
+
+    def colocated_engine(self, shape: Shape) -> EngineParams:
+        """A colocated replica: the engine beside the trainer's resident states (verl keeps them on the GPUs)."""
+        n = shape.rollout_gpus + shape.train_gpus
+        return self.engine(shape, "sync", self.hw.colocated_resident_bytes(self.model, n))
+
+    def colocated_params(self, shape: Shape) -> dict:
+        """verl's hybrid engine's per-step costs (``sim.colocated.ColocatedParams``) and where each comes from."""
+        got = self.hw.colocated(self.model)
+        return dict(got, sleep_from=f"{self.hw.name} profile: {self.hw.engine_sleep_s.tag}",
+                    update_weights_from=f"{self.hw.name} profile: {2 * self.model.params / 1e9:.1f} GB bf16 at "
+                                        f"{self.hw.weight_reload_Bps.v / 1e9:.2f} GB/s "
+                                        f"({self.hw.weight_reload_Bps.tag})")
 
     def trainer(self, shape: Shape, placement: str) -> TrainerParams:
         return self.hw.trainer(self.model, gpus=shape.train_gpus, recompute=shape.recompute,
@@ -81,10 +105,23 @@ class CalibratedCosts:
         self.rc, self.label = rc, "calibrated"
         self.placements = ("run's store",)
 
-    def engine(self, shape: Shape, mode: str) -> EngineParams:
+    def engine(self, shape: Shape, mode: str, resident_bytes: float = 0.0) -> EngineParams:
         e = self.rc.cal.engine_for(mode)
         return e.with_(max_num_seqs=shape.max_num_seqs, max_num_batched_tokens=shape.max_num_batched_tokens,
                        kv_capacity_tokens=KV_UNBOUNDED)
+
+    def check(self, shape: Shape) -> None:
+        return None
+
+    def colocated_engine(self, shape: Shape) -> EngineParams:
+        return self.engine(shape, "sync")  # the colocated rollout runs alone, as sync's does
+
+    def colocated_params(self, shape: Shape) -> dict:
+        """The calibration run measured no colocated step: no sleep (vLLM on CPU has no sleep mode), the reload
+        as the run's own weight sync."""
+        return {"sleep_s": 0.0, "update_weights_s": self.rc.weight_sync_s,
+                "sleep_from": "none (the calibration run's engine has no sleep mode)",
+                "update_weights_from": "the calibration run's weight sync"}
 
     def trainer(self, shape: Shape, placement: str) -> TrainerParams:
         t = self.rc.cal.trainer.params
@@ -159,7 +196,7 @@ class Rollouts:
             kind = "alone"
         key = (shape.rollout_gpus, seed, kind, window)
         if key not in self._ro:
-            wl, R, gpu = self.workload(shape, seed), shape.rollout_gpus, shape.groups_per_unit
+            wl, R, gpu = self.workload(shape, seed), shape.replicas, shape.groups_per_unit
             if kind == "fgd":
                 self._ro[key] = rollout_for_mode("cgp_fgd", wl, engine, R, gpu, window)
             else:
@@ -238,6 +275,73 @@ def _mean(ms: list[dict]) -> dict:
     return {k: sum(m[k] for m in ms) / len(ms) for k in ms[0]}
 
 
+def colocated_baseline(shape: Shape, ro: Rollouts, seeds) -> dict:
+    """verl's default on every GPU of the plan (``sim.colocated``): the step's prompts on all N / TP replicas (the
+    engine beside the trainer's resident states), the engines' sleep, verl's trainer on all N GPUs (sync's
+    schedule), the weight reload. Means over ``seeds`` of the step's figures, and the parameters with their
+    sources."""
+    from verl_pipe.sim.colocated import ColocatedParams, colocated_step
+    from verl_pipe.sim.simulate import rollout_for_mode
+
+    n = shape.rollout_gpus + shape.train_gpus
+    whole = shape.with_split(n, n)
+    costs = ro.costs
+    engine = costs.colocated_engine(whole)
+    trainer = costs.verl_trainer(whole, costs.default_placement(whole))
+    info = costs.colocated_params(whole)
+    params = ColocatedParams(sleep_s=info["sleep_s"], update_weights_s=info["update_weights_s"])
+    out = []
+    for seed in seeds:
+        wl = ro.workload(shape, seed)
+        rollout = rollout_for_mode("sync", wl, engine, whole.replicas, shape.groups_per_unit, shape.dispatch_window,
+                                   shape.dispatch_order)
+        out.append(colocated_step(rollout, wl, trainer, shape.groups_per_unit, params))
+    got = _mean(out)
+    got.update(gpus=n, replicas=whole.replicas, kv_capacity_tokens=engine.kv_capacity_tokens,
+               sleep_from=info["sleep_from"], update_weights_from=info["update_weights_from"],
+               log_step_s=info.get("log_step_s"))
+    return got
+
+
+def _expected(err: dict, mode: str, default: float) -> float:
+    e = err.get(mode) or {}
+    return float(e.get("held_out_max_rel_error") or e.get("max_rel_error") or default)
+
+
+def versus_colocated(coloc: dict, splits: list[dict], shape: Shape, configured: dict, err: dict) -> dict:
+    """The best split-pool configuration (sync or the recommended mode, at every split the sweep ran, else the
+    configured one) against verl's colocated step on the same N GPUs: the gain in step time, its uncertainty (the
+    two models' expected errors, combined as independent) and the decision: "split k + (N - k)" where it saves at
+    least ``NO_HELP_PCT``, else "stay colocated"."""
+    cands = []
+    for sp in splits or [configured]:
+        cands.append((sp["recommended_step_s"], sp["rollout_gpus"], sp["train_gpus"], "recommended"))
+        cands.append((sp["sync_step_s"], sp["rollout_gpus"], sp["train_gpus"], "sync"))
+    step, k, rest, which = min(cands)
+    mode = configured["mode"] if which == "recommended" else "sync"
+    t_c = coloc["step_time_s"]
+    gain = 100 * (1 - step / t_c)
+    e_split = _expected(err, mode, COLOCATED_ERROR_DEFAULT)
+    e_col = _expected(err, "verl_colocated", COLOCATED_ERROR_DEFAULT)
+    unc = 100 * (step / t_c) * (e_split ** 2 + e_col ** 2) ** 0.5
+    split = gain >= NO_HELP_PCT
+    n = k + rest
+    head = (f"split {k} + {rest}" if split else "stay colocated")
+    label = configured["label"] if which == "recommended" else "sync"
+    msg = (f"the best split, {k} rollout + {rest} trainer GPUs running {label}, takes {step:.1f} s per step; verl's "
+           f"colocated default on all {n} GPUs {t_c:.1f} s: {gain:+.1f}% ± {unc:.0f} pt"
+           + ("" if split else f" (a split must save at least {NO_HELP_PCT:g}%)")
+           + (" — inside the planner's uncertainty: measure both before you move" if abs(gain) < unc else ""))
+    share = (coloc["sleep_s"] + coloc["update_weights_s"]) / t_c
+    if share > 0.15 and "timing_s/update_weights" not in coloc.get("update_weights_from", ""):
+        msg += (f"; the colocated step's sleep and weight reload are {100 * share:.0f}% of it and the reload is "
+                f"{coloc.get('update_weights_from', 'not measured')}: a verl log's timing_s/update_weights "
+                "(--calibrate-verl-log) would settle it")
+    return {"decision": head, "split": split, "rollout_gpus": k, "train_gpus": rest, "mode": mode,
+            "step_time_s": step, "colocated_step_s": t_c, "gain_pct": gain, "uncertainty_pt": unc,
+            "expected_error": {"split": e_split, "colocated": e_col}, "message": msg}
+
+
 # -------------------------------------------------------------------------------------------- the plan
 
 @dataclass(frozen=True)
@@ -263,10 +367,13 @@ def plan(inp: PlanInputs) -> dict:
     (sync is recommended when the best saving is inside the expected error)."""
     t_start = time.perf_counter()
     shape, costs = inp.shape, inp.costs
+    costs.check(shape)
     ro = Rollouts(costs, inp.lengths, inp.prompt_len)
     windows = WINDOWS + ((shape.fgd_window,) if shape.fgd_window not in WINDOWS else ())
     runs = simulate_shape(shape, ro, inp.seeds, windows=windows)
     means = {k: _mean(v) for k, v in runs.items()}
+    coloc = colocated_baseline(shape, ro, inp.seeds)
+    means["verl_colocated"] = {k: coloc[k] for k in FIGURES}
     sync = means["sync"]
     fgd_keys = [k for k in means if k.startswith("cgp_fgd[")]
     pipelined = [k for k in ("cgp", "cgp_group") if k in means] + fgd_keys
@@ -295,6 +402,10 @@ def plan(inp: PlanInputs) -> dict:
 
     total = shape.rollout_gpus + shape.train_gpus
     splits = _split_sweep(inp, ro, best, best_window, rec) if inp.sweep_splits and total > 2 else []
+    configured = {"rollout_gpus": shape.rollout_gpus, "train_gpus": shape.train_gpus,
+                  "sync_step_s": sync["step_time_s"], "recommended_step_s": means[best]["step_time_s"],
+                  "mode": v.mode, "label": _rec_label(rec)}
+    vs_coloc = versus_colocated(coloc, splits, shape, configured, inp.expected_error or {})
     verdict = verdict_for(sync, rec["saving_vs_sync_pct"], inp.lengths, shape)
     if not verdict["helps"]:  # a saving inside the error is no reason to run the more complex schedule
         rec["best_pipelined"] = {k: rec[k] for k in ("granularity", "fgd", "fgd_window", "saving_vs_sync_pct")}
@@ -303,8 +414,14 @@ def plan(inp: PlanInputs) -> dict:
     rec["overrides"] = overrides_for(rec, shape)
     return {"modes": modes, "labels": LABELS, "recommendation": rec, "fgd_windows": windows,
             "theta_k_placements": placements, "splits": splits, "verdict": verdict,
+            "colocated": coloc, "versus_colocated": vs_coloc,
             "sync_train_to_rollout_ratio": sync["trainer_busy_s"] / sync["rollout_end_s"],
             "seeds": list(inp.seeds), "elapsed_s": time.perf_counter() - t_start}
+
+
+def _rec_label(rec: dict) -> str:
+    """The recommended pipelined configuration in words (before the verdict may turn it into sync)."""
+    return (f"cgp ({rec['granularity']}" + (f", FGD window {rec['fgd_window']})" if rec["fgd"] else ")"))
 
 
 def _mode_rows(means: dict[str, dict], shape: Shape, configured_window: str, err: dict) -> dict[str, dict]:
@@ -326,7 +443,8 @@ def _mode_rows(means: dict[str, dict], shape: Shape, configured_window: str, err
         m["step_reduction_vs_sync_pct"] = 100 * (1 - m["step_time_s"] / sync["step_time_s"])
         if row == "cgp_fgd":
             m["fgd_window"], m["granularity"] = _fgd_label(key)
-        m["expected_error"] = err.get(row, {"note": "not validated"})
+        m["expected_error"] = err.get(row, {"note": "not validated" if row != "verl_colocated" else
+                                            "not validated on a run (docs/plan.md, The colocated baseline)"})
         modes[row] = m
     return modes
 
@@ -339,8 +457,15 @@ def _split_sweep(inp: PlanInputs, ro: Rollouts, best: str, best_window, rec: dic
     total = shape.rollout_gpus + shape.train_gpus
     splits = []
     step = max(1, total // 8)  # at most ~8 other splits: a 32-GPU plan moves the boundary 4 GPUs at a time
+    step = -(-step // shape.tp) * shape.tp  # whole replicas
     for r_gpus in sorted(set(range(step, total, step)) | {shape.rollout_gpus}):
         s = shape.with_split(r_gpus, total - r_gpus)
+        try:
+            inp.costs.check(s)
+        except ValueError as e:  # the trainer's states or a replica do not fit this split's GPUs
+            rec.setdefault("splits_skipped", []).append({"rollout_gpus": r_gpus, "train_gpus": total - r_gpus,
+                                                        "why": str(e)})
+            continue
         r = simulate_shape(s, ro, inp.seeds if r_gpus == shape.rollout_gpus else inp.sweep_seeds,
                            windows=(best_window,) if rec["fgd"] else (),
                            rows=("sync", "cgp_fgd") if rec["fgd"] else ("sync", "cgp", "cgp_group"))

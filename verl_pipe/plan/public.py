@@ -88,6 +88,10 @@ def verl_v1() -> tuple[str, list[str]]:
     bases = [c[2]["plan"]["modes"]["sync"]["step_time_s"] for c in cols]
     lines.append("| sync, colocated stand-in: 32 rollout GPUs, then 32 trainer GPUs | " + " | ".join(
         f"{b:.0f} s" for b in bases) + f" | {V1_SYNC_S:.0f} s (22.79 h / 150) |")
+    lines.append("| verl colocated, modelled (32 GPUs take turns: rollout, sleep, training, weight reload) | "
+                 + " | ".join(
+        cell(sep["plan"]["colocated"], b) + f" [reload {sep['plan']['colocated']['update_weights_s']:.0f} s]"
+        for (_, sep, _), b in zip(cols, bases)) + " | – |")
     from verl_pipe.plan.predict import LABELS
 
     for k in ROWS:
@@ -111,6 +115,8 @@ def verl_v1() -> tuple[str, list[str]]:
     verdicts = [c[1]["plan"]["verdict"]["message"] for c in cols]
     lines += ["", "Sync T/R (16 + 16): " + ", ".join(f"{c[0].split(':')[0]} {t}" for c, t in zip(cols, tr)) + ".",
               ""] + [f"- {c[0].split(':')[0]}: {v}" for c, v in zip(cols, verdicts)]
+    lines += [f"- {c[0].split(':')[0]}, against the colocated model: {c[1]['plan']['versus_colocated']['decision']}: "
+              f"{c[1]['plan']['versus_colocated']['message']}" for c in cols]
     return "\n".join(lines), cmds
 
 

@@ -24,6 +24,22 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([fmt(header), "  ".join("-" * x for x in w)] + [fmt(r) for r in rows])
 
 
+def _colocated_lines(p: dict) -> list[str]:
+    """The recommendation against verl's colocated default, and the colocated step's phases."""
+    if "versus_colocated" not in p:
+        return []
+    c, vc = p["colocated"], p["versus_colocated"]
+    lines = ["", f"Recommendation vs colocated: {vc['decision']}: {vc['message']}",
+             f"  colocated step: rollout {c['rollout_end_s']:.1f} s on {c['replicas']} replicas + sleep "
+             f"{c['sleep_s']:.1f} s + training {c['train_s']:.1f} s on {c['gpus']} GPUs + weight reload "
+             f"{c['update_weights_s']:.1f} s (sleep: {c['sleep_from']}; reload: {c['update_weights_from']})"]
+    if c.get("log_step_s"):
+        lines.append(f"  the verl log's own step (timing_s/step, its reward and advantages included): "
+                     f"{c['log_step_s']:.1f} s measured, {c['step_time_s']:.1f} s modelled "
+                     f"({100 * (c['step_time_s'] / c['log_step_s'] - 1):+.1f}%, the planned config's trainer)")
+    return lines
+
+
 def format_plan(result: dict) -> str:
     p, inp = result["plan"], result["inputs"]
     sh = inp["shape"]
@@ -41,6 +57,8 @@ def format_plan(result: dict) -> str:
             rows.append([LABELS[k], "-", "-", "-", "-", m["skipped"]])
             continue
         label = LABELS[k] + (f" [{m['fgd_window']}, {m['granularity']}]" if k == "cgp_fgd" else "")
+        if k == "verl_colocated" and "colocated" in p:
+            label = f"verl colocated ({p['colocated']['gpus']} GPUs take turns)"
         rows.append([label, f"{m['step_time_s']:.1f}", f"{m['rollout_to_train_end_s']:.1f}",
                      f"{m['reduction_vs_sync_pct']:+.1f}%", f"{m['trainer_wait_ratio']:.3f}",
                      _err(m["expected_error"])])
@@ -51,6 +69,8 @@ def format_plan(result: dict) -> str:
     if p["theta_k_placements"]:
         lines.append("theta_k store (recommended mode): " + ", ".join(
             f"{k} {v:.1f} s" for k, v in p["theta_k_placements"].items()))
+    for sk in p["recommendation"].get("splits_skipped", []):
+        lines.append(f"split {sk['rollout_gpus']} + {sk['train_gpus']} not planned: {sk['why']}")
     if p["splits"]:
         lines.append("split (rollout+trainer GPUs): step s sync / recommended: " + ", ".join(
             f"{s['rollout_gpus']}+{s['train_gpus']} {s['sync_step_s']:.1f}/{s['recommended_step_s']:.1f}"
@@ -68,6 +88,7 @@ def format_plan(result: dict) -> str:
                      f"({rec['best_sync_split']['step_time_s']:.1f} s)")
     lines.append("  overrides: " + " ".join(rec["overrides"]))
     lines += ["", p["verdict"]["message"]]
+    lines += _colocated_lines(p)
     for note in inp.get("notes", []):
         lines.append(f"note: {note}")
     lines.append(f"(planned in {result['elapsed_s']:.1f} s)")

@@ -11,6 +11,11 @@ from dataclasses import dataclass, replace
 from verl_pipe import estimators
 
 
+# vLLM: the engine model's scheduler; SGLang (verl's other server): the same continuous batching, at the speed a verl
+# log fits (--calibrate-verl-log) or, without one, the profile's (a note says which)
+ROLLOUTS = ("vllm", "sglang")
+
+
 class CannotModel(ValueError):
     """A config the planner cannot model; the message names the key and why."""
 
@@ -47,6 +52,13 @@ class Shape:
     rollout_nnodes: int = 1
     train_nnodes: int = 1
     unit_fill: str = "completion"  # rolloutpipe.cgp.unit_fill (verl_pipe/core/release.py)
+    tp: int = 1  # actor_rollout_ref.rollout.tensor_model_parallel_size: GPUs per engine replica
+    rollout_name: str = "vllm"  # actor_rollout_ref.rollout.name: vllm | sglang
+
+    @property
+    def replicas(self) -> int:
+        """Engine replicas of the rollout pool (TP GPUs each)."""
+        return max(1, self.rollout_gpus // self.tp)
 
     @property
     def units(self) -> int:
@@ -63,6 +75,17 @@ def _get(cfg, dotted: str, default=None):
     return default if v is None else v
 
 
+def _rollout(cfg, need) -> tuple[str, int]:
+    """The rollout's server (vLLM or SGLang) and its tensor parallelism, checked."""
+    roll = "actor_rollout_ref.rollout"
+    name = str(_get(cfg, f"{roll}.name", "vllm"))
+    need(name in ROLLOUTS, f"{roll}.name={name}: the engine model is a continuous-batching server with vLLM's "
+                           f"scheduler; the planner models {', '.join(ROLLOUTS)}")
+    tp = int(_get(cfg, f"{roll}.tensor_model_parallel_size", 1))
+    need(tp >= 1, f"{roll}.tensor_model_parallel_size={tp}: must be >= 1")
+    return name, tp
+
+
 def shape_of(cfg) -> Shape:
     """Read the planner's shape from a composed run config; raise CannotModel for what it cannot model."""
     def need(cond: bool, msg: str) -> None:
@@ -77,10 +100,7 @@ def shape_of(cfg) -> Shape:
     grans = tuple(g for g in ("minibatch", "group") if estimators.cgp_problem(est, g) is None)
     need(bool(grans), f"algorithm.adv_estimator={est}: {estimators.cgp_problem(est, 'group')}; only sync would "
                       "run, there is nothing to plan")
-    need(str(_get(cfg, f"{roll}.name", "vllm")) == "vllm",
-         f"{roll}.name={_get(cfg, f'{roll}.name')}: the engine model is vLLM's scheduler")
-    tp = int(_get(cfg, f"{roll}.tensor_model_parallel_size", 1))
-    need(tp == 1, f"{roll}.tensor_model_parallel_size={tp}: the engine model is one GPU per replica (TP=1)")
+    name, tp = _rollout(cfg, need)
     need(not _get(cfg, f"{roll}.multi_turn.enable", False),
          f"{roll}.multi_turn.enable=true: multi-turn / tool rollouts are not modelled (one generation per request)")
     need(int(_get(cfg, "rolloutpipe.oversample", 0)) == 0 and not _get(cfg, "rolloutpipe.filter_zero_variance", False),
@@ -94,6 +114,8 @@ def shape_of(cfg) -> Shape:
     need(gpu >= 1 and num_groups % gpu == 0, f"{actor}.ppo_mini_batch_size={gpu}: must divide "
                                             f"data.train_batch_size={num_groups} (whole training units)")
     r_gpus = int(_get(cfg, f"{roll}.nnodes", 1)) * int(_get(cfg, f"{roll}.n_gpus_per_node", 1))
+    need(r_gpus % tp == 0, f"{roll}.tensor_model_parallel_size={tp}: must divide the {r_gpus} rollout GPUs "
+                           f"({roll}.nnodes x {roll}.n_gpus_per_node: whole replicas)")
     t_gpus = int(_get(cfg, "trainer.nnodes", 1)) * int(_get(cfg, "trainer.n_gpus_per_node", 1))
     resp, prompt = int(_get(cfg, "data.max_response_length")), int(_get(cfg, "data.max_prompt_length"))
     micro = int(_get(cfg, f"{actor}.ppo_micro_batch_size_per_gpu", 0) or 1)
@@ -120,7 +142,7 @@ def shape_of(cfg) -> Shape:
         one_node=int(_get(cfg, "trainer.nnodes", 1)) == 1 and int(_get(cfg, f"{roll}.nnodes", 1)) == 1,
         model_path=str(_get(cfg, "actor_rollout_ref.model.path", "")), estimator=est, cpu=cpu,
         rollout_nnodes=int(_get(cfg, f"{roll}.nnodes", 1)), train_nnodes=int(_get(cfg, "trainer.nnodes", 1)),
-        unit_fill=str(_get(cfg, "rolloutpipe.cgp.unit_fill", "completion")))
+        unit_fill=str(_get(cfg, "rolloutpipe.cgp.unit_fill", "completion")), tp=tp, rollout_name=name)
 
 
 def compose_run(config_name: str | None, overrides: list[str]):

@@ -306,6 +306,8 @@ def _run_rows(run: dict, runs: list[dict], scales: dict, steps: dict[str, dict])
         for mode, entry in s["modes"].items():
             if "skipped" in entry or mode not in OURS + PEERS:
                 continue
+            if variant(mode).colocated:  # taking turns, not two pools: plan/colocated_check.py on its own steps
+                continue
             meas = float(entry["rollout_to_train_end_s"])
             row = {"file": run["file"], "setting": s["name"], "model_size": size, "mode": mode,
                    "runs": int(entry.get("runs", 1)), "measured_s": meas}
