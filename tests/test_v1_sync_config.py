@@ -77,3 +77,33 @@ def test_replay_file_and_overrides(tmp_path):
                                       "actor_rollout_ref.rollout.agent.default_agent_loop": REPLAY_AGENT}
     with pytest.raises(ValueError, match="index 0 session 1"):
         write_replay(rows + [rows[1]], tmp_path)
+
+
+def test_replay_waits_for_rows_written_after_verl_started(tmp_path):
+    """verl can start before the responses exist: a replayed request waits for write_rows, or raises once cancelled."""
+    import asyncio
+
+    import yaml
+
+    from verl_pipe.bench.peer import replay
+
+    (entry,) = yaml.safe_load(replay.replay_agent_loop(tmp_path).read_text())
+    rows = [{"index": 3, "session": 0, "prompt_ids": [1], "response_ids": [2], "version": 0}]
+
+    async def wait_then_write():
+        waiting = asyncio.ensure_future(replay._rows(entry["replay_path"]))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        assert replay.write_rows(rows, tmp_path) == tmp_path / replay.ROWS_FILE
+        return await asyncio.wait_for(waiting, 5)
+
+    got = asyncio.run(wait_then_write())
+    assert got[replay.row_key(3, 0)]["response_ids"] == [2]
+    assert not list(tmp_path.glob("*.partial"))
+
+    other = tmp_path / "cancelled"
+    other.mkdir()
+    (entry,) = yaml.safe_load(replay.replay_agent_loop(other).read_text())
+    replay.cancel_replay(other)
+    with pytest.raises(RuntimeError, match="replay cancelled"):
+        asyncio.run(replay._rows(entry["replay_path"]))

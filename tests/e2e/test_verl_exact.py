@@ -6,10 +6,12 @@ trainer (what ``python -m verl.trainer.main_ppo`` runs by default: ``trainer.use
 driven through its own ``fit`` from verl's own ``ppo_trainer`` defaults with our experiment's settings
 (verl_pipe/bench/peer/v1_sync.py: SHARED_KEYS), in its own Ray cluster, its rollout replaced at verl's agent-loop
 seam by a replay of our step's responses (verl_pipe/bench/peer/replay.py). Same model, same first batch of the same
-data loader (same seed), same reward function.
+data loader (same seed), same reward function. verl's trainer is started first and waits in its rollout for our
+responses, so its start-up overlaps our stack's.
 
-Compared, and asserted equal bit for bit: the actor's parameters before the step, each response's prompt, response,
-score, advantages and old log-probs, the step's gradient norm, and the parameters after the step. Both trainers call
+Compared, and asserted equal bit for bit (no tolerance): the actor's parameters before the step, each response's
+prompt, response, score, advantages and old log-probs, the update's loss terms (pg_loss, clip fractions, ppo_kl, as
+both actors report them), the step's gradient norm, and the parameters after the step. Both trainers call
 the same engine worker code (verl's FSDP2 engine) on the same rows: one PPO mini-batch (verl's V1 trainer forms
 mini-batches from its rows in completion order), micro-batches of the same rows in the same order (the replay
 completes the rows in the order our update trains them: rolloutpipe.micro_batch_order=length), hence the same padded
@@ -52,6 +54,10 @@ PINNED = [
     "reward.custom_reward_function.path=pkg://verl_pipe.recipes.extension_example.reward",
     "reward.custom_reward_function.name=compute_score",
 ]
+
+
+# the loss terms of the update that both trainers report (verl's actor metrics), compared where both have them
+LOSS_KEYS = ("actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl")
 
 
 def _our_rows(batch, order: list[int]) -> list[dict]:
@@ -98,38 +104,49 @@ def test_sync_step_equals_verls_own_v1_sync_trainer(tmp_path):
     import copy
     import time
 
-    from verl_pipe.bench.peer.v1_sync import run_in_subprocess, shared_differences, v1_sync_config
-    from verl_pipe.bench.peer.replay import replay_overrides, write_replay
+    from verl_pipe.bench.peer.replay import cancel_replay, replay_agent_loop, replay_overrides, write_rows
+    from verl_pipe.bench.peer.v1_sync import V1SyncRun, shared_differences, v1_sync_config
     from verl_pipe.core.micro_batches import length_order
     from verl_pipe.launch.session import PipeSession, compose
     from verl_pipe.main_grpo import prepare_config
 
     t0 = time.perf_counter()
     ours = prepare_config(compose(PINNED + [f"trainer.default_local_dir={tmp_path / 'ckpt'}"]))
-    ours_as_composed = copy.deepcopy(ours)  # our trainer writes its bookkeeping into the config it runs with
-    session = PipeSession(ours)
-    try:
-        theta0 = session.actor_state()
-        rec = session.step(mode="sync", workload=None)
-        outcome = session.trainer.last_outcome
-        batch = outcome.batch
-        norms = [m["actor/grad_norm"] for m in outcome.unit_metrics]
-        theta1 = session.actor_state()
-    finally:
-        session.close()
-    t_ours = time.perf_counter() - t0
-    assert len(batch) == GROUPS * N and len(norms) == 1
-    assert batch.batch["advantages"].abs().sum() > 0, "the step has no learning signal: no group's rewards differ"
-    # the rows in the order our update trains them (verl_pipe/trainer/actor_backend.py: rolloutpipe.micro_batch_order)
-    order = length_order(batch.batch["attention_mask"].sum(-1).tolist())
-    rows = _our_rows(batch, order)
-
-    with_replay = {**replay_overrides(write_replay(rows, tmp_path)), "trainer.default_local_dir": str(tmp_path / "v1")}
-    verl_cfg = v1_sync_config(ours_as_composed, steps=1, overrides=with_replay)
-    assert not shared_differences(ours_as_composed, verl_cfg)
-    print(f"[verl-exact] shared keys our trainer changed while it ran: {shared_differences(ours, verl_cfg)}")
-    verl = run_in_subprocess(verl_cfg, log_path=str(tmp_path / "verl_v1_sync.log"))
-    t_verl = time.perf_counter() - t0 - t_ours
+    replay_dir = tmp_path / "replay"
+    replay_dir.mkdir()
+    with_replay = {**replay_overrides(replay_agent_loop(replay_dir)), "trainer.default_local_dir": str(tmp_path / "v1")}
+    verl_cfg = v1_sync_config(ours, steps=1, overrides=with_replay)
+    assert not shared_differences(ours, verl_cfg)
+    # verl's trainer starts first, in its own Ray cluster, and waits in its rollout for our responses (replay.py):
+    # its start-up overlaps ours; neither touches the other's processes, and each actor keeps its one thread.
+    with V1SyncRun(verl_cfg, log_path=str(tmp_path / "verl_v1_sync.log")) as verl_run:
+        ran = copy.deepcopy(ours)  # our trainer writes its bookkeeping into the config it runs with
+        try:
+            session = PipeSession(ran)
+            try:
+                theta0 = session.actor_state()
+                rec = session.step(mode="sync", workload=None)
+                outcome = session.trainer.last_outcome
+                batch = outcome.batch
+                norms = [m["actor/grad_norm"] for m in outcome.unit_metrics]
+                losses = outcome.unit_metrics[0]
+                theta1 = session.actor_state()
+            finally:
+                session.close()
+            t_ours = time.perf_counter() - t0
+            assert len(batch) == GROUPS * N and len(norms) == 1
+            assert batch.batch["advantages"].abs().sum() > 0, "the step has no learning signal: no group's rewards differ"
+            # the rows in the order our update trains them (verl_pipe/trainer/actor_backend.py:
+            # rolloutpipe.micro_batch_order)
+            order = length_order(batch.batch["attention_mask"].sum(-1).tolist())
+            rows = _our_rows(batch, order)
+            write_rows(rows, replay_dir)
+        except BaseException:
+            cancel_replay(replay_dir)
+            raise
+        print(f"[verl-exact] shared keys our trainer changed while it ran: {shared_differences(ran, verl_cfg)}")
+        verl = verl_run.result()
+    t_all = time.perf_counter() - t0
     (step,) = verl["steps"]
     by_position = sorted(rows, key=lambda r: r["position"])
     assert len(step["rows"]) == len(rows)
@@ -144,11 +161,18 @@ def test_sync_step_equals_verls_own_v1_sync_trainer(tmp_path):
     theta0_abs, _ = _max_abs(verl["initial_params"], theta0)
     theta1_abs, theta1_rel = _max_abs(step["params"], theta1)
     norm_verl = step["metrics"]["actor/grad_norm"]
-    print(f"[verl-exact] ours {t_ours:.1f}s, verl's V1 sync trainer {t_verl:.1f}s; reward "
+    # the update's loss terms as both trainers' actor reports them (the same engine worker's metric names)
+    loss_keys = [k for k in LOSS_KEYS if k in losses and k in step["metrics"]]
+    loss_pairs = {k: (float(losses[k]), step["metrics"][k]) for k in loss_keys}
+    print(f"[verl-exact] our stack and step {t_ours:.1f}s, both {t_all:.1f}s (verl's V1 sync trainer from the start, "
+          f"in parallel); reward "
           f"{rec['metrics']['critic/score/mean']:.3f} vs {step['metrics'].get('critic/score/mean')}; old log-probs "
           f"max |Δ| {lp:.3e}; advantages max |Δ| {adv:.3e}; grad norm {norms[0]!r} vs {norm_verl!r}; θ before max |Δ| "
-          f"{theta0_abs:.3e}; θ after max |Δ| {theta1_abs:.3e} (rel {theta1_rel:.3e})")
+          f"{theta0_abs:.3e}; θ after max |Δ| {theta1_abs:.3e} (rel {theta1_rel:.3e}); loss terms (ours, verl) "
+          f"{loss_pairs}")
     assert theta0_abs == 0.0
     assert lp == 0.0 and adv == 0.0
     assert norm_verl == norms[0]
+    assert "actor/pg_loss" in loss_keys
+    assert all(a == b for a, b in loss_pairs.values()), loss_pairs
     assert theta1_abs == 0.0

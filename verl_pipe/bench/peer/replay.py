@@ -15,12 +15,16 @@ the rows in the order our trainer trains them (the order changes only the float 
 and the padding of verl's fixed-size micro-batches).
 
 ``write_replay(rows, directory)`` writes the rows and the agent-loop YAML; ``replay_overrides(yaml)`` are the config
-keys that select the replay.
+keys that select the replay. The rows may also come after verl has started (``replay_agent_loop(directory)`` first,
+``write_rows`` later: a replayed request waits for them, ``cancel_replay`` ends the wait), so verl's start-up can
+overlap the run that records them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +39,26 @@ def row_key(index: Any, session: Any) -> tuple[str, int]:
     return str(index), int(session.item() if hasattr(session, "item") else session)
 
 
-def write_replay(rows: list[dict], directory: str | Path) -> Path:
+ROWS_FILE, CANCEL_FILE = "replay_rows.pt", "replay_rows.cancelled"
+WAIT_S = 1800.0  # how long a replayed request waits for rows written after verl started (write_rows)
+
+
+def replay_agent_loop(directory: str | Path) -> Path:
+    """Writes verl's agent-loop file naming the replay of ``directory``'s rows (``write_rows``, which may come later:
+    a replayed request waits for them, so verl can start before the responses exist); returns its path (for
+    ``replay_overrides``)."""
+    directory = Path(directory)
+    yaml_path = directory / "replay_agent_loops.yaml"
+    yaml_path.write_text(f"- name: {REPLAY_AGENT}\n  _target_: {__name__}.ReplayAgentLoop\n"
+                         f"  replay_path: {directory / ROWS_FILE}\n")
+    return yaml_path
+
+
+def write_rows(rows: list[dict], directory: str | Path) -> Path:
     """``rows``: one per response, each {"index" (the dataset row's ``index``), "session" (0..n-1 within its group),
     "prompt_ids", "response_ids", "rollout_log_probs" (or None), "version" (the weight version that generated it),
-    "position" (the order it completes in, or None: as it comes)}. Writes them and verl's agent-loop file naming
-    the replay; returns the file's path (for ``replay_overrides``)."""
+    "position" (the order it completes in, or None: as it comes)}. Written whole at once (a waiting replay never
+    reads a partial file); returns the file's path."""
     import torch
 
     directory = Path(directory)
@@ -50,12 +69,21 @@ def write_replay(rows: list[dict], directory: str | Path) -> Path:
             raise ValueError(f"two recorded responses for dataset index {r['index']} session {r['session']}: "
                              "the replay needs each prompt once per step (a unique extra_info.index)")
         by_key[key] = {k: r.get(k) for k in ("prompt_ids", "response_ids", "rollout_log_probs", "version", "position")}
-    data_path = directory / "replay_rows.pt"
-    torch.save(by_key, data_path)
-    yaml_path = directory / "replay_agent_loops.yaml"
-    yaml_path.write_text(f"- name: {REPLAY_AGENT}\n  _target_: {__name__}.ReplayAgentLoop\n"
-                         f"  replay_path: {data_path}\n")
-    return yaml_path
+    data_path, partial = directory / ROWS_FILE, directory / (ROWS_FILE + ".partial")
+    torch.save(by_key, partial)
+    os.replace(partial, data_path)
+    return data_path
+
+
+def cancel_replay(directory: str | Path) -> None:
+    """No rows will come: a waiting replayed request raises (verl's run then fails instead of waiting)."""
+    (Path(directory) / CANCEL_FILE).touch()
+
+
+def write_replay(rows: list[dict], directory: str | Path) -> Path:
+    """``write_rows`` and ``replay_agent_loop``: returns the agent-loop file's path (for ``replay_overrides``)."""
+    write_rows(rows, directory)
+    return replay_agent_loop(directory)
 
 
 def replay_overrides(agent_loop_yaml: str | Path) -> dict:
@@ -64,10 +92,19 @@ def replay_overrides(agent_loop_yaml: str | Path) -> dict:
             "actor_rollout_ref.rollout.agent.default_agent_loop": REPLAY_AGENT}
 
 
-def _rows(path: str) -> dict:
+async def _rows(path: str) -> dict:
+    """The rows of ``path`` once written (write_rows), loaded once per process; waits up to WAIT_S for them."""
     if path not in _ROWS:
         import torch
 
+        data, cancelled = Path(path), Path(path).with_name(CANCEL_FILE)
+        deadline = time.monotonic() + WAIT_S
+        while not data.exists():
+            if cancelled.exists():
+                raise RuntimeError(f"replay cancelled: no rows will be written to {path}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no replay rows at {path} after {WAIT_S:.0f} s")
+            await asyncio.sleep(0.05)
         _ROWS[path] = torch.load(path, weights_only=False)
     return _ROWS[path]
 
@@ -109,9 +146,10 @@ class ReplayAgentLoop(_agent_loop_base()):
 
     def __init__(self, *args, replay_path: str, name: str | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.replay = _rows(str(replay_path))
+        self.replay_path = str(replay_path)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs):
+        self.replay = await _rows(self.replay_path)
         key = row_key(kwargs.get("index"), kwargs["session_id"])
         if key not in self.replay:
             raise KeyError(f"no recorded response for dataset index {key[0]} session {key[1]}: verl's data order is "

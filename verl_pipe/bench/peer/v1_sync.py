@@ -9,7 +9,8 @@ vLLM colocated on one pool, weights synced in-process), built from verl's own ``
   ``fit``), with ``RecordingSyncTrainer`` (verl's ``PPOTrainerSync``; its overrides call super() and only read
   TransferQueue and the step's metrics) so a test can compare old log-probs, gradient norms and parameters.
 - ``python -m verl_pipe.bench.peer.v1_sync CONFIG.yaml OUT.pt``: the same in a subprocess with its own Ray cluster
-  (``run_in_subprocess``), as the benchmark peer runs (docs/peer.md).
+  (``V1SyncRun``, started at once and waited for later; ``run_in_subprocess``: both), as the benchmark peer runs
+  (docs/peer.md).
 
 docs/peer.md ("verl's default synchronous trainer on CPU") says what it took; tests/e2e/test_verl_exact.py uses it.
 """
@@ -223,23 +224,64 @@ def run_v1_sync(config: DictConfig) -> dict:
         tq.close()
 
 
+class V1SyncRun:
+    """``run_v1_sync(config)`` in a subprocess with its own Ray cluster, started on construction so its start-up can
+    overlap other work (the exactness test starts it before our own stack, its replay rows written later:
+    replay.py); ``result()`` waits for it. Its output goes to ``log_path`` (default: a temporary file). The
+    subprocess leads its own process group, which ``close()`` ends (SIGTERM, then SIGKILL) if it still runs."""
+
+    def __init__(self, config: DictConfig, log_path: str | None = None):
+        self._dir = tempfile.TemporaryDirectory(prefix="verl_pipe_v1_sync_")
+        cfg_path, self._out = Path(self._dir.name) / "config.yaml", Path(self._dir.name) / "out.pt"
+        self.log_path = Path(log_path) if log_path else Path(self._dir.name) / "v1_sync.log"
+        OmegaConf.save(config, cfg_path)
+        cmd = [sys.executable, "-m", "verl_pipe.bench.peer.v1_sync", str(cfg_path), str(self._out)]
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                         env={**os.environ, "VERL_PLATFORM": "cpu"})
+
+    def result(self, timeout_s: float = 1200) -> dict:
+        """Its result (run_v1_sync's dict) once it exits; RuntimeError with the log's tail if it fails or runs past
+        ``timeout_s`` seconds (then it is ended)."""
+        import torch
+
+        try:
+            code = self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.close()
+            raise RuntimeError(f"verl's V1 sync trainer ran past {timeout_s} s (ended):\n{self._tail()}") from None
+        if code != 0 or not self._out.exists():
+            raise RuntimeError(f"verl's V1 sync trainer failed (exit code {code}):\n{self._tail()}")
+        return torch.load(self._out, weights_only=False)
+
+    def _tail(self, lines: int = 80) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def close(self, grace_s: float = 30) -> None:
+        if self.proc.poll() is None:
+            import signal
+
+            for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10)):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                    self.proc.wait(timeout=wait)
+                    break
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    continue
+        self._dir.cleanup()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def run_in_subprocess(config: DictConfig, timeout_s: float = 1200, log_path: str | None = None) -> dict:
     """``run_v1_sync`` in a subprocess with its own Ray cluster (shut down when it ends); returns its result.
     Raises RuntimeError with the output's tail if it fails."""
-    import torch
-
-    with tempfile.TemporaryDirectory(prefix="verl_pipe_v1_sync_") as d:
-        cfg_path, out_path = Path(d) / "config.yaml", Path(d) / "out.pt"
-        OmegaConf.save(config, cfg_path)
-        cmd = [sys.executable, "-m", "verl_pipe.bench.peer.v1_sync", str(cfg_path), str(out_path)]
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout_s,
-                              env={**os.environ, "VERL_PLATFORM": "cpu"})
-        if log_path:
-            Path(log_path).write_text(proc.stdout)
-        if proc.returncode != 0 or not out_path.exists():
-            raise RuntimeError(f"verl's V1 sync trainer failed (exit code {proc.returncode}):\n"
-                               + "\n".join(proc.stdout.splitlines()[-80:]))
-        return torch.load(out_path, weights_only=False)
+    with V1SyncRun(config, log_path) as run:
+        return run.result(timeout_s)
 
 
 def main(argv: list[str]) -> int:
