@@ -503,3 +503,17 @@ def test_update_rows_in_length_order_pad_less():
     assert p.with_(pad_rows=0).update_s([5, 1, 4, 2]) == pytest.approx(12.0)  # unpadded
     with pytest.raises(ValueError, match="update_order"):
         p.with_(update_order="random").update_s([1, 2])
+
+
+def test_modes_flag_picks_a_subset_in_the_configs_order_and_keeps_sync(capsys):
+    ap = bench._parser()
+    assert bench._chosen_modes(ap, list(MODES), "cgp_fgd, sync") == ["sync", "cgp_fgd"]
+    with pytest.raises(SystemExit):
+        bench._chosen_modes(ap, list(MODES), "sync,cgp_fast")
+    assert "--modes: cgp_fast not in the config's modes" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench._chosen_modes(ap, list(MODES), "cgp,cgp_fgd")
+    assert "sync must be among them" in capsys.readouterr().err
+    args = ap.parse_args(["--quick", "--out", "x.json", "--modes", "sync,cgp_fgd"])
+    cfg, _, _ = bench._bench_config(ap, args)
+    assert cfg["modes"] == ["sync", "cgp_fgd"]

@@ -55,7 +55,7 @@ ROLLOUTPIPE_BAD = [
     (["rolloutpipe.theta_k.auto_margin_gib=-1"], "rolloutpipe.theta_k.auto_margin_gib", "number of GiB >= 0"),
     (["rolloutpipe.theta_k.auto_margin_gib=lots"], "rolloutpipe.theta_k.auto_margin_gib", "null"),
     (["++rolloutpipe.theta_k.placement=device"], "rolloutpipe.theta_k.placement", "keys under rolloutpipe.theta_k"),
-    (["rolloutpipe.fgd.enable=yes"], "rolloutpipe.fgd.enable", "true or false"),
+    (["rolloutpipe.fgd.enable=yes"], "rolloutpipe.fgd.enable", "true, false or 'auto'"),
     (["rolloutpipe.fgd.frontier_groups=0"], "rolloutpipe.fgd.frontier_groups", "'auto' or an integer >= 1"),
     (["rolloutpipe.fgd.frontier_groups=all"], "rolloutpipe.fgd.frontier_groups", "'auto' or an integer >= 1"),
     (["rolloutpipe.fgd.slack=-1"], "rolloutpipe.fgd.slack", "integer >= 0"),
@@ -165,7 +165,7 @@ VERL_BAD = [
      "actor_rollout_ref.rollout.checkpoint_engine.backend", "ray_store"),
     (["actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"],
      "actor_rollout_ref.rollout.checkpoint_engine.backend", "on CPU allowed: ray_store"),
-    (["rolloutpipe.fgd.enable=true"], "rolloutpipe.fgd.enable", "rolloutpipe.mode=cgp"),
+    (["rolloutpipe.mode=sync", "rolloutpipe.fgd.enable=true"], "rolloutpipe.fgd.enable", "rolloutpipe.mode=cgp"),
     ([CGP, "rolloutpipe.fgd.enable=true", "actor_rollout_ref.rollout.scheduling_policy=fcfs"],
      "actor_rollout_ref.rollout.scheduling_policy", "'priority'"),
     (["actor_rollout_ref.rollout.name=sglang"], "actor_rollout_ref.rollout.name", "allowed: vllm"),
@@ -201,8 +201,8 @@ GOOD = [
     [CGP, "rolloutpipe.fgd.enable=true", "rolloutpipe.fgd.window=auto"],
     [CGP, "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"],  # not part of the θ_k snapshot
     [CGP, "actor_rollout_ref.actor.fsdp_config.param_offload=true", "actor_rollout_ref.actor.ppo_mini_batch_size=16"],
-    ["actor_rollout_ref.actor.fsdp_config.param_offload=true"],  # sync mode takes no snapshot
-    ["algorithm.adv_estimator=reinforce_plus_plus_baseline", "algorithm.adv_estimator=gpg"],
+    ["rolloutpipe.mode=sync", "actor_rollout_ref.actor.fsdp_config.param_offload=true"],  # sync takes no snapshot
+    ["rolloutpipe.mode=sync", "algorithm.adv_estimator=reinforce_plus_plus_baseline", "algorithm.adv_estimator=gpg"],
     [CGP, RPPB, "rolloutpipe.cgp.granularity=group", "rolloutpipe.fgd.enable=true",
      "actor_rollout_ref.actor.use_kl_loss=true"],
     ["rolloutpipe.dispatch.order=interleave:8", "rolloutpipe.dispatch.window=16", "rolloutpipe.trace_dir=traces"],

@@ -19,3 +19,25 @@ def test_a_knob_set_again_replaces_the_earlier_value():
     k = s.change(mode="sync", fgd=False)
     assert (k.mode, k.fgd) == ("sync", False)
     assert s.change(granularity="group").mode == "sync"  # unset knobs stay as the last step left them
+
+
+def test_fgd_auto_follows_the_step_mode_and_an_explicit_value_wins():
+    """The default config's rolloutpipe.fgd.enable is auto: FGD on for a cgp step, off for a sync one, unless a step
+    (or the config) says true or false."""
+    s = _session()
+    assert s.trainer.config.rolloutpipe.fgd.enable == "auto"
+    assert s.change(mode="cgp").fgd is True
+    assert s.change(mode="sync").fgd is False
+    assert s.change(mode="cgp", fgd=False).fgd is False
+    assert s.change(mode="cgp").fgd is False  # sticky, like every knob
+
+
+def test_every_variant_says_fgd_explicitly():
+    """A variant's overrides never leave FGD to the config's auto (cgp alone must stay FGD-free)."""
+    from verl_pipe.core.variants import OURS, resolve_fgd, variant
+
+    for name in OURS:
+        ov = variant(name).overrides()
+        assert [o for o in ov if o.startswith("rolloutpipe.fgd.enable=")] == [
+            f"rolloutpipe.fgd.enable={str(variant(name).fgd).lower()}"]
+    assert resolve_fgd("auto", "cgp") and not resolve_fgd("auto", "sync") and resolve_fgd(True, "sync")

@@ -27,7 +27,8 @@ from omegaconf.errors import MissingMandatoryValue
 from verl_pipe import estimators
 from verl_pipe.core.micro_batches import ORDERS as MICRO_BATCH_ORDERS
 from verl_pipe.core.release import UNIT_FILLS
-from verl_pipe.core.variants import GRANULARITIES, TRAINER_MODES as MODES
+from verl_pipe.core.variants import FGD_AUTO, GRANULARITIES, resolve_fgd
+from verl_pipe.core.variants import TRAINER_MODES as MODES
 PLATFORMS = ("cpu", "gpu")
 ON_REQUEST_FAILURE = ("fail", "drop_group")
 # Which estimators stream, and how: verl_pipe/estimators.py (register_streaming, beside verl's register_adv_est).
@@ -246,7 +247,8 @@ ROLLOUTPIPE: dict[str, Any] = {
                                 lambda v: v is None or (_is_number(v) and v >= 0)),
     },
     "fgd": {
-        "enable": BOOLEAN,
+        "enable": Rule("true, false or 'auto' (on with mode cgp, off with sync)",
+                       lambda v: isinstance(v, bool) or v == FGD_AUTO),
         "frontier_groups": FRONTIER_GROUPS,
         "slack": integer(0),
         "window": FGD_WINDOW,
@@ -520,16 +522,18 @@ def _validate_rollout(config: DictConfig) -> None:
                    "use nccl between GPU pools, or set rolloutpipe.allow_ray_store_on_gpu=true to ask for it")
     _validate_weight_sync_faults(config, backend)
     _validate_nccl_engine(config, backend)
-    if rp.fgd.enable and rp.mode != "cgp":
-        raise _err("rolloutpipe.fgd.enable", "frontier-group dispatch feeds the CGP pipeline; set rolloutpipe.mode=cgp")
-    if rp.fgd.enable and rollout.get("scheduling_policy", "fcfs") != "priority":
+    if rp.fgd.enable is True and rp.mode != "cgp":
+        raise _err("rolloutpipe.fgd.enable", "true: frontier-group dispatch feeds the CGP pipeline; set "
+                   "rolloutpipe.mode=cgp, or rolloutpipe.fgd.enable=auto (on with cgp, off with sync) or false")
+    fgd = resolve_fgd(rp.fgd.enable, str(rp.mode))
+    if fgd and rollout.get("scheduling_policy", "fcfs") != "priority":
         raise _err("actor_rollout_ref.rollout.scheduling_policy",
                    "frontier-group dispatch sends per-request priorities; set it to 'priority'")
     if rollout.agent.get("default_agent_loop") == MULTITURN_AGENT and rp.get("multiturn") is None:
         raise _err("actor_rollout_ref.rollout.agent.default_agent_loop",
                    f"is {MULTITURN_AGENT} but rolloutpipe.multiturn is null; set rolloutpipe.multiturn to the "
                    "environment's settings (a mapping, {} for the defaults: docs/multiturn.md)")
-    if (rp.platform == "cpu" or rp.fgd.enable) and rollout.name != "vllm":
+    if (rp.platform == "cpu" or fgd) and rollout.name != "vllm":
         raise _err("actor_rollout_ref.rollout.name",
                    f"got {rollout.name!r}; allowed: vllm (" + ("the CPU build is vLLM's" if rp.platform == "cpu"
                                                                else "FGD's priorities need vLLM's scheduler") + ")")

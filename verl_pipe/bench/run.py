@@ -639,6 +639,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--config", help="a bench YAML (default conf/bench/default.yaml, or quick.yaml with --quick)")
     ap.add_argument("--settings", help="comma-separated setting names to run (default: all in the config)")
     ap.add_argument("--repeats", type=int, help="rounds of the interleaved modes per setting")
+    ap.add_argument("--modes", help="comma-separated subset of the config's modes to run (default: all; sync, the "
+                    "baseline every reduction is measured against, must be among them)")
     ap.add_argument("--out", required=True, help="write the results JSON here")
     ap.add_argument("--charts", help="write PNG charts into this folder")
     ap.add_argument("--learn", action="store_true", help="the learning curves instead (verl_pipe/bench/learn.py: "
@@ -704,11 +706,25 @@ def _bench_config(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tupl
     cfg_path = Path(args.config) if args.config else CONF_DIR / ("quick.yaml" if args.quick else "default.yaml")
     cfg = load_config(cfg_path)
     settings = _chosen_settings(ap, cfg["settings"], args.settings)
+    if args.modes:
+        cfg["modes"] = _chosen_modes(ap, list(cfg.get("modes") or MODES), args.modes)
     repeats = args.repeats if args.repeats is not None else int(cfg.get("repeats", 1))
     if repeats < 1:
         ap.error("--repeats must be >= 1")
     os.environ.setdefault("VERL_PIPE_CACHE", str(Path(__file__).resolve().parents[2] / ".cache" / "verl_pipe"))
     return cfg, settings, repeats
+
+
+def _chosen_modes(ap: argparse.ArgumentParser, config_modes: list[str], arg: str) -> list[str]:
+    """The modes ``--modes`` names, in the config's order; an error names any the config does not run, or a
+    missing sync baseline."""
+    asked = [m.strip() for m in arg.split(",") if m.strip()]
+    unknown = [m for m in asked if m not in config_modes]
+    if unknown:
+        ap.error(f"--modes: {', '.join(unknown)} not in the config's modes ({', '.join(config_modes)})")
+    if BASE not in asked:
+        ap.error(f"--modes: {BASE} must be among them (the baseline every reduction is measured against)")
+    return [m for m in config_modes if m in asked]
 
 
 def _measure(runner: BenchRunner, settings: list[dict], reanalyze: str | None) -> list[dict]:

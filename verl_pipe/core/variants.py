@@ -66,7 +66,8 @@ class Variant:
         out = [f"rolloutpipe.mode={self.mode}"]
         if self.mode == "cgp" and self.granularity:
             out.append(f"rolloutpipe.cgp.granularity={self.granularity}")
-        return out + (["rolloutpipe.fgd.enable=true"] if self.fgd else [])
+        # explicit either way: the config's default (auto) turns FGD on wherever the mode pipelines
+        return out + [f"rolloutpipe.fgd.enable={str(self.fgd).lower()}"]
 
     def _require_ours(self) -> None:
         if not self.ours:
@@ -94,6 +95,19 @@ OURS = tuple(k for k, v in VARIANTS.items() if v.ours)  # the bench's modes of R
 PEERS = tuple(k for k, v in VARIANTS.items() if not v.ours and v.peer_config)
 SIMULATED = tuple(k for k, v in VARIANTS.items() if v.simulated)  # the simulator's modes
 PEER_MODE_NAMES = {v.peer_config: k for k, v in VARIANTS.items() if v.peer_config}  # peer configuration -> name
+
+
+FGD_AUTO = "auto"  # rolloutpipe.fgd.enable's default: frontier-group dispatch wherever the mode pipelines
+
+
+def resolve_fgd(enable, mode: str) -> bool:
+    """Whether FGD admits a step's rollout: ``rolloutpipe.fgd.enable`` as set (true / false), or for ``auto`` on in a
+    pipelined mode (cgp) and off in sync, which takes no admission policy."""
+    if enable == FGD_AUTO:
+        return mode == "cgp"
+    if not isinstance(enable, bool):
+        raise ValueError(f"rolloutpipe.fgd.enable: {enable!r}; allowed: true, false or {FGD_AUTO!r}")
+    return enable
 
 
 def variant(name: str) -> Variant:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from verl_pipe import estimators
+from verl_pipe.core.variants import resolve_fgd
 
 
 # vLLM: the engine model's scheduler; SGLang (verl's other server): the same continuous batching, at the speed a verl
@@ -136,7 +137,7 @@ def shape_of(cfg) -> Shape:
         padded=not bool(_get(cfg, "actor_rollout_ref.model.use_remove_padding", False)),
         granularities=grans, configured_mode=str(_get(cfg, "rolloutpipe.mode", "sync")),
         configured_granularity=str(_get(cfg, "rolloutpipe.cgp.granularity", "minibatch")),
-        fgd_enabled=bool(_get(cfg, "rolloutpipe.fgd.enable", False)), fgd_window=_get(cfg, "rolloutpipe.fgd.window"),
+        fgd_enabled=resolve_fgd(_get(cfg, "rolloutpipe.fgd.enable", False), str(_get(cfg, "rolloutpipe.mode", "sync"))), fgd_window=_get(cfg, "rolloutpipe.fgd.window"),
         theta_k_store=str(_get(cfg, "rolloutpipe.theta_k.store", "auto")), dispatch_order=str(order),
         dispatch_window=_get(cfg, "rolloutpipe.dispatch.window"),
         one_node=int(_get(cfg, "trainer.nnodes", 1)) == 1 and int(_get(cfg, f"{roll}.nnodes", 1)) == 1,

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 
 from verl_pipe.core.frontier import AdaptiveWindow, resolve_window
 from verl_pipe.core.release import check_fill
-from verl_pipe.core.variants import GRANULARITIES, TRAINER_MODES, name_of
+from verl_pipe.core.variants import GRANULARITIES, TRAINER_MODES, name_of, resolve_fgd
 
 
 @dataclass(frozen=True)
 class StepKnobs:
     mode: str = "sync"  # rolloutpipe.mode
     granularity: str = "minibatch"  # rolloutpipe.cgp.granularity
-    fgd: bool = False  # rolloutpipe.fgd.enable
+    fgd: bool = False  # rolloutpipe.fgd.enable, resolved (auto: on in cgp)
     # FGD's per-replica admission window, resolved (frontier.resolve_window: an int, or an AdaptiveWindow); the
     # window FGD would use, recorded with FGD off too
     fgd_window: int | AdaptiveWindow | None = None
@@ -84,7 +84,7 @@ def configured(config) -> dict:
 
     rp = config.rolloutpipe
     workload = rp.get("workload")
-    return dict(mode=str(rp.mode), granularity=str(rp.cgp.granularity), fgd=bool(rp.fgd.enable),
+    return dict(mode=str(rp.mode), granularity=str(rp.cgp.granularity), fgd=rp.fgd.enable,
                 fgd_window=rp.fgd.window, coalesce_log_probs=bool(rp.cgp.coalesce_log_probs),
                 unit_fill=str(rp.cgp.get("unit_fill", "completion")),
                 baseline_order=rp.dispatch.order or verl_dispatch_order(config), baseline_window=rp.dispatch.window,
@@ -100,6 +100,7 @@ def step_knobs(config, **changes) -> StepKnobs:
     if unknown:
         raise TypeError(f"unknown step knobs {unknown}; allowed: {', '.join(KNOB_NAMES)}")
     spec = dict(configured(config), **changes)
+    spec["fgd"] = resolve_fgd(spec["fgd"], spec["mode"])  # the config's auto follows the step's mode
     window = spec["fgd_window"]
     if not isinstance(window, AdaptiveWindow):
         spec["fgd_window"] = resolve_window(window, groups_per_unit(config), int(config.actor_rollout_ref.rollout.n),
