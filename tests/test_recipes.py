@@ -23,8 +23,8 @@ GPU_CLUSTERS = {
     "qwen3_1p7b_dapo_math_4x4": (1, 8),
     "multinode_ray_cluster": (2, 8),
 }
-TINY = ["tiny_cpu", "tiny_cpu_cgp_fgd", "tiny_cpu_extension_example", "tiny_cpu_multiturn_cgp_fgd",
-        "tiny_cpu_reinforce_pp_baseline"]
+TINY = ["tiny_cpu", "tiny_cpu_cgp_fgd", "tiny_cpu_chain", "tiny_cpu_digit_math", "tiny_cpu_extension_example",
+        "tiny_cpu_multiturn_cgp_fgd", "tiny_cpu_reinforce_pp_baseline"]
 # Plain-dict nodes whose keys are free (passed on as keyword arguments), not verl dataclass fields.
 FREE_KEYS = ("ray_kwargs.ray_init.", "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.")
 
@@ -157,6 +157,18 @@ def test_recipe_trainer_class_and_reward_load(configs, name):
 
 def test_tiny_cpu_is_the_embedded_default(configs, base):
     assert OmegaConf.to_container(configs["tiny_cpu"]) == OmegaConf.to_container(base)
+
+
+def test_tiny_task_recipes_fit_their_tasks_lengths(configs):
+    """The chain recipe's caps hold its long tail (prompt + response within vLLM's max_model_len) and its
+    warm-start uses length-matched batches; the digit_math recipe keeps the short caps and verl's shuffled batches."""
+    for name, task, response, length_batches in (("tiny_cpu_chain", "chain", 320, True),
+                                                  ("tiny_cpu_digit_math", "digit_math", 32, False)):
+        cfg = configs[name]
+        assert cfg.rolloutpipe.tiny_assets.task == task
+        assert cfg.rolloutpipe.tiny_assets.warm_start.length_batches is length_batches
+        assert cfg.data.max_response_length == response
+        assert cfg.data.max_prompt_length + cfg.data.max_response_length <= cfg.actor_rollout_ref.rollout.max_model_len
 
 
 def test_tiny_cgp_fgd_is_pipelined_with_a_long_tail(configs):

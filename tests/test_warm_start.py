@@ -29,8 +29,11 @@ def test_overrides_compose_with_verls_sft_trainer_config(tmp_path):
 
 def test_cache_key_names_every_field():
     keys = {WarmStart(320, 3e-3).key(), WarmStart(321, 3e-3).key(), WarmStart(320, 1e-3).key(),
-            WarmStart(320, 3e-3, batch_size=16).key(), WarmStart(320, 3e-3, seed=1).key()}
-    assert len(keys) == 5
+            WarmStart(320, 3e-3, batch_size=16).key(), WarmStart(320, 3e-3, seed=1).key(),
+            WarmStart(320, 3e-3, length_batches=True).key()}
+    assert len(keys) == 6
+    # Shuffled batches (verl's own) keep the key they had before length-matched batches existed.
+    assert WarmStart(720, 3e-3).key() == "sft-s720-lr0.003-b32-seed0"
 
 
 def test_missing_checkpoint_is_a_clear_error(tmp_path):

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from verl_pipe import estimators
+from verl_pipe.assets import TASKS as _TINY_TASKS  # the embedded tiny tasks (that package imports nothing heavy)
 from verl_pipe.core.micro_batches import ORDERS as MICRO_BATCH_ORDERS
 from verl_pipe.core.release import UNIT_FILLS
 from verl_pipe.core.variants import FGD_AUTO, GRANULARITIES, resolve_fgd
@@ -230,12 +231,14 @@ ROLLOUTPIPE: dict[str, Any] = {
     },
     "tiny_assets": {
         "enable": BOOLEAN,
+        "task": choice(*sorted(_TINY_TASKS)),
         "size": _check_model_size,
         "cache_dir": PATH_OR_NULL,
         "warm_start": {
             "steps": integer(0),
             "lr": Rule("a number > 0", lambda v: _is_number(v) and v > 0),
             "batch_size": integer(1),
+            "length_batches": BOOLEAN,
         },
     },
     "trace_dir": PATH_OR_NULL,

@@ -33,7 +33,7 @@ def prepare_config(config: DictConfig) -> DictConfig:
             from verl_pipe.assets import ensure_assets
 
             cache = Path(rp.tiny_assets.cache_dir).expanduser() if rp.tiny_assets.cache_dir else None
-            assets = ensure_assets(cache, size=rp.tiny_assets.size)
+            assets = ensure_assets(cache, size=rp.tiny_assets.size, task=rp.tiny_assets.task)
             config.actor_rollout_ref.model.path = config.actor_rollout_ref.model.path or str(_tiny_model(assets, rp))
             config.data.train_files = config.data.train_files or str(assets.train_file)
             config.data.val_files = config.data.val_files or str(assets.val_file)
@@ -69,7 +69,8 @@ def _tiny_model(assets, rp) -> Path:
     from verl_pipe.assets import ensure_warm_start
     from verl_pipe.assets.warm_start import WarmStart
 
-    return ensure_warm_start(assets, WarmStart(steps=int(ws.steps), lr=float(ws.lr), batch_size=int(ws.batch_size)))
+    return ensure_warm_start(assets, WarmStart(steps=int(ws.steps), lr=float(ws.lr), batch_size=int(ws.batch_size),
+                                               length_batches=bool(ws.get("length_batches", False))))
 
 
 # verl's own switch for how a DataProto is pickled (verl/protocol.py, read in every process that pickles or unpickles

@@ -1,19 +1,43 @@
-"""Tiny embedded assets (tokenizer, Qwen3 model, digit-math data, the SFT warm-start), built locally once and cached.
+"""Tiny embedded assets (tokenizer, Qwen3 model, a task's data, the SFT warm-start), built locally once and cached.
 
-There is no model or dataset hub on our machines, so everything a run needs is generated here.
+There is no model or dataset hub on our machines, so everything a run needs is generated here. Two tasks
+(``TASKS``, ``rolloutpipe.tiny_assets.task``): ``chain`` (verl_pipe/assets/chain_data.py, worked digit chains whose
+response lengths have a long tail) and ``digit_math`` (verl_pipe/assets/math_data.py, one fixed-length question).
 """
 
 from __future__ import annotations
 
 import fcntl
+import importlib
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-# Bump when anything a build produces changes, so stale caches are never reused.
+# Bump when anything a digit_math build produces changes, so stale caches are never reused.
 ASSET_VERSION = 4
+
+
+@dataclass(frozen=True)
+class Task:
+    """A tiny task: its data module (``build_dataset(out_dir)``, ``sample_corpus(n, seed)`` for the tokenizer), the
+    version of its cache entry (bump it when anything its build produces changes) and the SFT warm-start's
+    ``data.max_length`` (its longest worked solution, chat markup included, fits)."""
+
+    data_module: str
+    version: int
+    sft_max_length: int
+
+    def cache_name(self, task: str, size: str) -> str:
+        # digit_math keeps the name it had before there were tasks, so its caches stay valid.
+        return f"{size}-v{self.version}" if task == "digit_math" else f"{size}-{task}-v{self.version}"
+
+
+TASKS: dict[str, Task] = {
+    "digit_math": Task("verl_pipe.assets.math_data", ASSET_VERSION, 128),
+    "chain": Task("verl_pipe.assets.chain_data", 2, 448),
+}
 
 
 @dataclass(frozen=True)
@@ -23,32 +47,34 @@ class AssetPaths:
     val_file: Path
     tokenizer_dir: Path
     sft_file: Path  # worked solutions of other questions, for the warm-start (verl's multi-turn SFT format)
+    sft_max_length: int = 128  # the warm-start's data.max_length: the task's longest SFT sample fits
 
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("VERL_PIPE_CACHE") or Path.home() / ".cache" / "verl_pipe")
 
 
-def _paths(root: Path) -> AssetPaths:
+def _paths(root: Path, task: str = "digit_math") -> AssetPaths:
     return AssetPaths(
         model_dir=root / "model",
         train_file=root / "data" / "train.parquet",
         val_file=root / "data" / "val.parquet",
         tokenizer_dir=root / "tokenizer",
         sft_file=root / "data" / "sft.parquet",
+        sft_max_length=TASKS[task].sft_max_length,
     )
 
 
-def _build(root: Path, size: str) -> None:
+def _build(root: Path, size: str, task: str = "digit_math") -> None:
     # Imported here: building pulls in torch/transformers, which callers that only need paths should not pay for.
-    from verl_pipe.assets.math_data import build_dataset
     from verl_pipe.assets.model import build_model
     from verl_pipe.assets.tokenizer import build_tokenizer
 
-    paths = _paths(root)
-    tokenizer = build_tokenizer(paths.tokenizer_dir)
+    data = importlib.import_module(TASKS[task].data_module)
+    paths = _paths(root, task)
+    tokenizer = build_tokenizer(paths.tokenizer_dir, sample_corpus=data.sample_corpus)
     build_model(paths.model_dir, tokenizer, size=size)
-    build_dataset(paths.train_file.parent)
+    data.build_dataset(paths.train_file.parent)
 
 
 def _cached(cache_dir: Path, name: str, build) -> Path:
@@ -76,9 +102,12 @@ def _cached(cache_dir: Path, name: str, build) -> Path:
     return root
 
 
-def ensure_assets(cache_dir: Path | None = None, size: str = "tiny") -> AssetPaths:
+def ensure_assets(cache_dir: Path | None = None, size: str = "tiny", task: str = "digit_math") -> AssetPaths:
+    """The ``size`` model, its tokenizer and ``task``'s data (``TASKS``), built once under ``cache_dir``."""
+    if task not in TASKS:
+        raise ValueError(f"unknown tiny task {task!r}; choose from {sorted(TASKS)}")
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    name = f"{size}-v{ASSET_VERSION}"
+    name = TASKS[task].cache_name(task, size)
     if not (cache_dir / name).is_dir():
         from verl_pipe.assets.model import MODEL_SIZES
 
@@ -86,10 +115,10 @@ def ensure_assets(cache_dir: Path | None = None, size: str = "tiny") -> AssetPat
             raise ValueError(f"unknown model size {size!r}; choose from {sorted(MODEL_SIZES)}")
 
     def build(tmp: Path) -> None:
-        print(f"building {size} assets in {cache_dir / name}", flush=True)
-        _build(tmp, size)
+        print(f"building {size} assets of the {task} task in {cache_dir / name}", flush=True)
+        _build(tmp, size, task)
 
-    return _paths(_cached(cache_dir, name, build))
+    return _paths(_cached(cache_dir, name, build), task)
 
 
 def ensure_warm_start(assets: AssetPaths, spec) -> Path:
@@ -99,6 +128,6 @@ def ensure_warm_start(assets: AssetPaths, spec) -> Path:
 
     root = assets.model_dir.parent
     def build(tmp: Path) -> None:
-        warm_start.run(spec, assets.model_dir, assets.sft_file, tmp / "model")
+        warm_start.run(spec, assets.model_dir, assets.sft_file, tmp / "model", max_length=assets.sft_max_length)
 
     return _cached(root, spec.key(), build) / "model"

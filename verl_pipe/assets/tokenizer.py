@@ -8,7 +8,7 @@ from pathlib import Path
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from verl_pipe.assets.math_data import sample_corpus
+from verl_pipe.assets import math_data
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -65,7 +65,8 @@ ninety thousand million count total divided remainder equals twice double triple
 """.split()
 
 
-def _corpus(seed: int = 0, n_lines: int = 4000) -> list[str]:
+def _corpus(seed: int = 0, n_lines: int = 4000, sample_corpus=math_data.sample_corpus) -> list[str]:
+    """Half the task's text (``sample_corpus(n, seed)``: prompts and worked solutions), half English words."""
     rng = random.Random(seed)
     lines = sample_corpus(n_lines // 2, seed)
     for _ in range(n_lines // 2):
@@ -74,7 +75,7 @@ def _corpus(seed: int = 0, n_lines: int = 4000) -> list[str]:
     return lines
 
 
-def _train_tokenizer() -> Tokenizer:
+def _train_tokenizer(sample_corpus=math_data.sample_corpus) -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -90,13 +91,14 @@ def _train_tokenizer() -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.train_from_iterator(_corpus(sample_corpus=sample_corpus), trainer=trainer)
     return tok
 
 
-def build_tokenizer(out_dir: Path) -> PreTrainedTokenizerFast:
+def build_tokenizer(out_dir: Path, sample_corpus=math_data.sample_corpus) -> PreTrainedTokenizerFast:
+    """The tokenizer trained on a task's text (its ``sample_corpus``) and English words, saved to ``out_dir``."""
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=_train_tokenizer(),
+        tokenizer_object=_train_tokenizer(sample_corpus),
         eos_token=EOS_TOKEN,
         pad_token=PAD_TOKEN,
         additional_special_tokens=[IM_START],

@@ -30,14 +30,19 @@ class WarmStart:
     lr: float
     batch_size: int = 32
     seed: int = 0
+    # Length-matched batches (verl_pipe/assets/length_batches.py) instead of verl's shuffled ones.
+    length_batches: bool = False
 
     def key(self) -> str:
-        return f"sft-s{self.steps}-lr{self.lr:g}-b{self.batch_size}-seed{self.seed}"
+        return f"sft-s{self.steps}-lr{self.lr:g}-b{self.batch_size}-seed{self.seed}" + ("-lb" if self.length_batches
+                                                                                       else "")
 
 
-def sft_overrides(spec: WarmStart, model_dir: Path, sft_file: Path, out_dir: Path) -> list[str]:
+def sft_overrides(spec: WarmStart, model_dir: Path, sft_file: Path, out_dir: Path, max_length: int = 128) -> list[str]:
     """verl's sft_trainer_engine overrides of a warm-start: fp32 on CPU like the RL default, sdpa attention (no
-    flash-attn on CPU), padded micro-batches of the whole batch, the final step saved as a Hugging Face checkpoint."""
+    flash-attn on CPU), padded micro-batches of the whole batch, the final step saved as a Hugging Face checkpoint.
+    ``max_length``: the longest sample verl's SFT dataset accepts (it refuses a longer one); the task's
+    (``verl_pipe.assets.TASKS``). It only bounds the samples, so it does not name the cache entry."""
     return [
         f"model.path={model_dir}",
         "model.use_remove_padding=false",
@@ -47,7 +52,7 @@ def sft_overrides(spec: WarmStart, model_dir: Path, sft_file: Path, out_dir: Pat
         f"data.train_batch_size={spec.batch_size}",
         f"data.micro_batch_size_per_gpu={spec.batch_size}",
         "data.use_dynamic_bsz=false",
-        "data.max_length=128",
+        f"data.max_length={max_length}",
         "data.num_workers=0",
         "engine.strategy=fsdp2",
         "engine.model_dtype=fp32",
@@ -76,15 +81,17 @@ def hf_checkpoint(run_dir: Path, steps: int) -> Path:
     return path
 
 
-def run(spec: WarmStart, model_dir: Path, sft_file: Path, out_dir: Path, log=print) -> Path:
+def run(spec: WarmStart, model_dir: Path, sft_file: Path, out_dir: Path, log=print, max_length: int = 128) -> Path:
     """Trains ``model_dir`` on ``sft_file`` in a subprocess and writes the result to ``out_dir`` (a model directory
     with its tokenizer and generation config, like ``model_dir``)."""
     out_dir = Path(out_dir)
     work = out_dir.parent / f".{out_dir.name}.run"
     shutil.rmtree(work, ignore_errors=True)
-    cmd = [sys.executable, "-m", "verl_pipe.assets.warm_start", str(work), *sft_overrides(spec, model_dir, sft_file,
-                                                                                           work)]
-    log(f"warm-start: {spec.steps} SFT steps with verl's SFT trainer (batch {spec.batch_size}, lr {spec.lr:g})")
+    batches = "length" if spec.length_batches else "shuffled"
+    cmd = [sys.executable, "-m", "verl_pipe.assets.warm_start", str(work), batches,
+           *sft_overrides(spec, model_dir, sft_file, work, max_length)]
+    log(f"warm-start: {spec.steps} SFT steps with verl's SFT trainer (batch {spec.batch_size}, lr {spec.lr:g}"
+        f"{', length-matched batches' if spec.length_batches else ''})")
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", LOCAL_RANK="0",
                WORLD_SIZE="1")
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -93,6 +100,7 @@ def run(spec: WarmStart, model_dir: Path, sft_file: Path, out_dir: Path, log=pri
         raise RuntimeError(f"the warm-start SFT failed (exit {proc.returncode}); its last lines:\n{tail}")
     ckpt = hf_checkpoint(work, spec.steps)
     shutil.copytree(ckpt, out_dir)
+    (out_dir.parent / "sft.log").write_text(proc.stdout)  # verl's own log of the run (its loss per step), kept
     # verl saves the model, its config and the tokenizer; the generation config (EOS, pad) comes from the base.
     for name in ("generation_config.json",):
         if (Path(model_dir) / name).is_file():
@@ -109,8 +117,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _main(run_dir: str, overrides: list[str]) -> None:
-    """The subprocess: the CPU platform, one gloo process, verl's SFTTrainer."""
+def _main(run_dir: str, batches: str, overrides: list[str]) -> None:
+    """The subprocess: the CPU platform, one gloo process, verl's SFTTrainer (``batches``: shuffled, verl's own
+    sampler, or length, ``LengthBatchSampler``)."""
     from verl_pipe.platform.env import cpu_env
 
     os.environ.update(cpu_env("0", "0"))
@@ -132,11 +141,34 @@ def _main(run_dir: str, overrides: list[str]) -> None:
         config = compose("sft_trainer_engine", overrides=overrides)
     from verl.trainer.sft_trainer import SFTTrainer
 
+    trainer_cls = SFTTrainer if batches == "shuffled" else _length_batched(SFTTrainer)
     try:
-        SFTTrainer(config=config).fit()
+        trainer_cls(config=config).fit()
     finally:
         dist.destroy_process_group()
 
 
+def _length_batched(sft_trainer_cls):
+    """verl's SFTTrainer with its train loader rebuilt on ``LengthBatchSampler`` (same dataset, batch size, collator
+    and step count; one process, so the data-parallel split is the whole set)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from verl_pipe.assets.length_batches import LengthBatchSampler, message_lengths
+
+    class LengthBatchedSFTTrainer(sft_trainer_cls):
+        def _build_dataloader(self):
+            super()._build_dataloader()
+            if self.engine.get_data_parallel_size() != 1:
+                raise RuntimeError("length-matched SFT batches support one process only")
+            self.train_sampler = LengthBatchSampler(message_lengths(self.train_dataset.messages),
+                                                    self.train_batch_size_per_dp, seed=self.config.trainer.seed)
+            self.train_dataloader = StatefulDataLoader(
+                dataset=self.train_dataset, batch_size=self.train_batch_size_per_dp, sampler=self.train_sampler,
+                collate_fn=self.collate_fn, num_workers=self.config.data.num_workers, pin_memory=False,
+                drop_last=True)
+
+    return LengthBatchedSFTTrainer
+
+
 if __name__ == "__main__":
-    _main(sys.argv[1], sys.argv[2:])
+    _main(sys.argv[1], sys.argv[2], sys.argv[3:])

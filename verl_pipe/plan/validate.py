@@ -11,8 +11,8 @@ size) and the measured figures per setting and mode. Where the run's per-step fi
 - cross-run: every other JSON of the same model size (another day, another run) predicts them;
 - verl's peer costed as verl: in-run, its trainer fitted on its own spans (``calibrate.fit_verl_trainer``) where
   the per-step file was kept, else scaled to its own measured trainer busy time (the spans' total); held out, fitted
-  on the other rounds' spans; cross-run, scaled as in another run. With our trainer's costs (the "29% miss" of
-  the 2026-11-30 run) it is shown beside, not used. One-step-off: verl's trainer as fitted on the same run's
+  on the other rounds' spans; cross-run, scaled as in another run. With our trainer's costs it is shown beside, not
+  used. One-step-off: verl's trainer as fitted on the same run's
   on-policy peer (never on the one-step-off run itself).
 
 Pure except reading the JSONs and writing the outputs.
@@ -21,7 +21,10 @@ Pure except reading the JSONs and writing the outputs.
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import re
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -277,11 +280,9 @@ def validate(bench_dir) -> dict:
     one row per run, setting and mode, the error summary per mode and the expected errors the planner quotes."""
     runs, skipped = load_runs(bench_dir)
     scales = verl_scales(runs)
-    rows, kept = [], []
-    for run in runs:
-        steps = kept_steps(run)
-        kept += [(run, size, got) for size, got in steps.items()]
-        rows += _run_rows(run, runs, scales, steps)
+    steps = [kept_steps(run) for run in runs]
+    kept = [(run, size, got) for run, st in zip(runs, steps) for size, got in st.items()]
+    rows = [row for rs in _each_run_rows(runs, scales, steps) for row in rs]
     _reductions(rows)
     xconf = cross_config(kept)
     summary, expected = _error_summary(rows, xconf)
@@ -290,6 +291,31 @@ def validate(bench_dir) -> dict:
             "cross_config": xconf, "kept_steps": {r["file"]: str(r["steps_path"]) for r in runs if r["steps_path"]},
             "bench_holdout_max_rel_error": holdout, "verl_scales": {f"{f}:{s}": v for (f, s), v in scales.items()},
             "command": "python -m verl_pipe.plan --validate --update-doc docs/plan.md"}
+
+
+def _each_run_rows(runs: list[dict], scales: dict, steps: list[dict]) -> list[list[dict]]:
+    """``_run_rows`` of every run, in order: the runs are independent (each a few hundred simulated steps), so on
+    a machine with more than one core they are spread over worker processes (spawned, not forked: the caller may
+    hold threads, e.g. torch's, that a fork would copy mid-state)."""
+    jobs = [(i, scales, st) for i, st in enumerate(steps)]
+    workers = min(len(runs), os.cpu_count() or 1)
+    if workers <= 1:
+        return [_run_rows(runs[i], runs, sc, st) for i, sc, st in jobs]
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_set_runs, initargs=(runs,)) as ex:
+        return list(ex.map(_rows_of, jobs))
+
+
+_RUNS: list[dict] = []  # a worker process's copy of the runs (``_set_runs``)
+
+
+def _set_runs(runs: list[dict]) -> None:
+    _RUNS[:] = runs
+
+
+def _rows_of(job: tuple) -> list[dict]:
+    i, scales, steps = job
+    return _run_rows(_RUNS[i], _RUNS, scales, steps)
 
 
 def _run_rows(run: dict, runs: list[dict], scales: dict, steps: dict[str, dict]) -> list[dict]:

@@ -17,8 +17,7 @@ in that time (prompt tokens of requests that started meanwhile, its own included
 (``step_clock_starts``): every running request gains one token per step, so a request that finished at ``f`` after
 L tokens puts the clock at (its start step + L) then, and a request's start step is the clock at its start,
 interpolated between those points. Counted in steps, not in seconds, the batch needs no step cost to weigh it (a
-time average over [a, f] weighs the slow, full-batch steps more and makes the few-request tail look free: with every
-request submitted at once it fitted t0 = 0 and ended the long-tailed paper_tiny rollout 35% early).
+time average over [a, f] weighs the slow, full-batch steps more and makes the few-request tail look free).
 A non-negative least-squares fit over all requests gives the three costs; each request then yields a
 decode-step sample ``(sum_b / L, (f - a - prefill share) / L)`` and ``fit_engine_params`` fits t0 and per_seq
 on those samples (the joint fit's when that gives a negative cost).
@@ -64,8 +63,7 @@ def engine_intervals(tl: dict, max_num_seqs: int) -> list[dict]:
     whole batch is submitted at once through several agent workers and ``max_num_seqs`` binds (the 32-slot queue
     stacks' sync and cgp steps), vLLM receives the requests in another order than the client stamped them: some
     finish while this inference still holds them queued, are admitted later here and never leave, each holding a
-    slot to the step's end; the requests queued behind get late starts or none (seen: 1219 intervals of 1536 sync
-    requests on queue_seqs' long tail, 2026-12-02). Those fits rest on fewer and skewed requests;
+    slot to the step's end; the requests queued behind get late starts or none (docs/plan.md). Those fits rest on fewer and skewed requests;
     ``with_setting_engines`` then sets each setting's speed from its rollout figures.
     """
     reqs = sorted(tl["requests"], key=lambda r: r["t"])

@@ -22,8 +22,7 @@ action; what that gives per mode:
   burst (``GroupQueue.take(k, need=1)``): one old_log_prob, ref and forward_backward call over the burst; the
   optimizer step once the unit is complete. When the trainer lags behind the rollout, bursts merge groups and
   the per-call overhead is paid once per burst, not once per group. An idle trainer wakes on the first group
-  and takes it alone (measured: 0 of 49 idle takes in the benchmark runs of 2026-11-29 got more than one group; their per-step
-  files were not kept);
+  and takes it alone;
 - CGP's exact on-policy old log-probs: unit 0 runs at theta_k as is and then keeps a snapshot of theta_k
   (``snapshot_theta_k``: one save, plus the optimizer's rollback snapshot with fault.checkpoint_on_failure);
   every later unit's old_log_prob call swaps theta_k in and back out (``TrainerSeam.old_log_prob``), recorded
