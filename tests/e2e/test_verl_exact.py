@@ -25,8 +25,8 @@ import torch
 pytestmark = pytest.mark.e2e
 
 GROUPS, N = 8, 4
-# The whole configuration, pinned (not the default task's learning settings, which change): the tiny random-init base
-# model (no SFT warm-start), 8 prompts x 4 responses, the partial-credit reward (the random model gets some reward
+# The whole configuration, pinned (not the default task's learning settings, which change): the digit-math task on the
+# tiny random-init base model (no SFT warm-start), 8 prompts x 4 responses, the partial-credit reward (the random model gets some reward
 # variance in most groups, so the step has a gradient), one PPO mini-batch (verl's V1 trainer forms mini-batches from
 # its rows in completion order: with one, both trainers step on the same rows), micro-batches of 4 rows, the old
 # log-probs of the whole batch in one micro-batch (verl's rows come in our update's order, not in dispatch order: in one
@@ -35,6 +35,7 @@ PINNED = [
     "rolloutpipe.mode=sync",
     "rolloutpipe.cpu.rollout_cores=0",
     "rolloutpipe.cpu.trainer_cores=1",
+    "rolloutpipe.tiny_assets.task=digit_math",
     "rolloutpipe.tiny_assets.warm_start.steps=0",
     "rolloutpipe.micro_batch_order=length",
     "trainer.val_before_train=false",
