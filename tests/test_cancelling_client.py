@@ -5,9 +5,11 @@ import copy
 
 import pytest
 
+from tests.fakes import fake_of
 from verl_pipe.rollout import client
 
 
+@fake_of(None, why="Ray's ObjectRef (Cython): only awaited here")
 class FakeRef:
     """Awaitable like a Ray ObjectRef."""
 
@@ -18,6 +20,7 @@ class FakeRef:
         return self.fut.__await__()
 
 
+@fake_of(None, why="a Ray actor handle: generate.remote and any other attribute, as Ray's handle")
 class FakeHandle:
     def __init__(self):
         self.calls, self.refs = [], []

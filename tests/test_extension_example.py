@@ -13,6 +13,8 @@ from verl import DataProto
 
 from verl_pipe.config import validate
 from verl_pipe.core.frontier import FCFSPolicy, FrontierPolicy, Request
+from verl_pipe.core.admission import DEFAULT_FGD_POLICY, TrainerRatio
+from verl_pipe.core.lengths import LengthHistory
 from verl_pipe.launch.session import compose
 
 RECIPE = "tiny_cpu_extension_example"
@@ -126,6 +128,7 @@ def _policy_trainer(cfg, history=None):
     t = _bare_trainer(config=cfg, prompt_history=dict(history or {}))
     t.rollout = SimpleNamespace(num_replicas=2, live_replicas=lambda: [0, 1])
     t.n, t.groups_per_unit = 4, 2
+    t.length_history, t.epoch, t.global_steps, t.trainer_ratio = LengthHistory(), 0, 1, TrainerRatio()
     return t
 
 
@@ -148,14 +151,15 @@ def test_make_policy_keeps_the_configured_policy_and_adds_deferral(cfg):
     p = t._make_policy(24, _step_batch(keys), knobs)
     assert isinstance(p, DeferringFrontierPolicy) and t.last_policy is p
     assert p.deferred == {1, 4}
-    # what RolloutPipeTrainer builds from the same config
-    t.fgd_policy_cls, t.admission_kwargs = FrontierPolicy, lambda batch, knobs: {}
-    base = t._make_policy(24, _step_batch(keys), knobs)
+    assert cfg.rolloutpipe.fgd.policy == "verl_pipe.recipes.extension_example.trainer:DeferringFrontierPolicy"
+    # what RolloutPipeTrainer builds from the same config with the default policy
+    t.admission_kwargs = lambda batch, knobs: {}
+    base = t._make_policy(24, _step_batch(keys), knobs.replace(fgd_policy=DEFAULT_FGD_POLICY))
     assert type(base) is FrontierPolicy and issubclass(DeferringFrontierPolicy, FrontierPolicy)
     for attr in ("num_groups", "n", "groups_per_unit", "target_groups", "replicas", "window",
                  "frontier_groups", "affinity"):
         assert getattr(p, attr) == getattr(base, attr), attr
-    del t.fgd_policy_cls, t.admission_kwargs
+    del t.admission_kwargs
     # no batch (or no prompt keys): nothing deferred
     assert t._make_policy(16, None, knobs).deferred == frozenset()
     # without FGD the example leaves the baseline alone

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from verl_pipe.core.frontier import (ADAPTIVE_BURST_FACTOR, Admission, AdaptiveWindow, FCFSPolicy, FrontierPolicy,
                                      Request, auto_frontier, resolve_window)
+from verl_pipe.core.lengths import Prediction, StepLengths
 
 
 def finish_group(policy, g, trainable=True, replica=None):
@@ -247,13 +248,16 @@ def test_frontier_below_a_unit_is_allowed_and_order_is_checked():
 def scenarios(draw):
     num_groups = draw(st.integers(1, 8))
     target = draw(st.integers(1, num_groups))
-    kind = draw(st.sampled_from(["fcfs", "fcfs_interleave", "fgd", "fgd_noaffinity"]))
+    kind = draw(st.sampled_from(["fcfs", "fcfs_interleave", "fgd", "fgd_noaffinity", "fgd_lengths"]))
     return dict(num_groups=num_groups, n=draw(st.integers(1, 4)), target_groups=target,
                 groups_per_unit=draw(st.integers(1, target)), replicas=list(range(draw(st.integers(1, 3)))),
                 window=draw(st.one_of(st.none(), st.integers(1, 5),
                                       st.builds(AdaptiveWindow, st.integers(1, 4), st.integers(1, 3)))), kind=kind,
                 frontier_groups=draw(st.integers(1, 4)), removal=draw(st.booleans()),
-                seed=draw(st.integers(0, 2**32 - 1)))
+                seed=draw(st.integers(0, 2**32 - 1)), unit_fill=draw(st.sampled_from(["completion", "dispatch"])),
+                rest_order=draw(st.sampled_from(["rank", "shortest", "longest"])),
+                history=draw(st.lists(st.one_of(st.none(), st.floats(0.0, 6.0)), min_size=num_groups,
+                                      max_size=num_groups)))
 
 
 def make(sc):
@@ -262,6 +266,11 @@ def make(sc):
         return FCFSPolicy(**args)
     if sc["kind"] == "fcfs_interleave":
         return FCFSPolicy(**args, order="interleave:3")
+    if sc["kind"] == "fgd_lengths":  # the length-aware order: some groups with history, the rest on the prior
+        lengths = StepLengths([Prediction(h, "history", 1.0) if h is not None else Prediction(None, "prior", 0.25)
+                               for h in sc["history"]], sc["n"])
+        return FrontierPolicy(**args, frontier_groups=sc["frontier_groups"], unit_fill=sc["unit_fill"],
+                              lengths=lengths, rest_order=sc["rest_order"])
     return FrontierPolicy(**args, frontier_groups=sc["frontier_groups"], affinity=sc["kind"] == "fgd")
 
 
@@ -284,11 +293,13 @@ def test_random_driver_invariants(sc):
         for a in p.admit():
             assert a.request not in inflight and a.request not in done
             assert a.replica in p.replicas
-            if isinstance(p, FrontierPolicy):
+            if isinstance(p, FrontierPolicy) and p.lengths is None:
                 assert a.priority == a.request.group
+            elif isinstance(p, FrontierPolicy):  # frontier admissions outrank every other one in vLLM's queue
+                assert (a.priority < G) == (a.request.group in p.frontier())
             inflight[a.request] = a.replica
             homes[a.request.group].add(a.replica)
-        if sc["kind"] == "fgd" and not removed:
+        if sc["kind"] in ("fgd", "fgd_lengths") and not removed:
             # affinity: each extra replica a group uses is a recorded tail split (never with unbounded windows)
             extra = sum(len(h) - 1 for h in homes.values())
             assert extra <= p.stats()["split_admissions"]
@@ -324,7 +335,8 @@ def test_random_driver_invariants(sc):
             del inflight[req]
             assert req not in done
             done.add(req)
-            p.on_response_done(req)
+            assert p.on_response_done(req)
+            p.observe_length(req, rng.randint(1, 500))
             if all(Request(req.group, i) in done for i in range(n)):
                 trainable = rng.random() < 0.7
                 completion.append((req.group, trainable))

@@ -10,8 +10,11 @@ import pytest
 import torch
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+from tests.fakes import fake_of
+from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
 from verl_pipe.rollout.agent_worker import PipeAgentLoopWorker
-from verl_pipe.rollout.group_scores import DEFERRED_ROW, pad_rows, score_group
+from verl_pipe.rollout.group_scores import (DEFERRED_ROW, REWARD_ERROR, RewardTimeout, extra_keys, pad_rows,
+                                           score_group, zero_scores)
 
 
 def reward_of(row) -> float:
@@ -24,6 +27,7 @@ def reward_of(row) -> float:
     return float(sum((i + 1) * t for i, t in enumerate(resp)) + len(resp) * 1000 + int(truth))
 
 
+@fake_of(RewardLoopWorker, extra=("single", "batches", "_Method", "_one", "_batch"))
 class FakeRewardWorker:
     """Stands in for a RewardLoopWorker's handle: compute_score(data) and compute_score_batch(data), as verl's."""
 
@@ -150,3 +154,62 @@ def test_a_failing_reward_worker_raises_from_the_group_call():
     with pytest.raises(ValueError, match="reward function raised"):
         asyncio.run(keep_then_score(outs, fake))
     assert np.all([o.reward_score is None for o in outs])
+
+
+class Hanging(FakeRewardWorker):
+    """A reward worker whose reward never answers (a hung reward function)."""
+
+    async def _one(self, data):
+        await asyncio.sleep(3600)
+
+    async def _batch(self, data):
+        await asyncio.sleep(3600)
+
+
+def test_a_hanging_group_reward_times_out_naming_the_setting():
+    outs = [output([1, 2, 3], r) for r in RESPONSES]
+
+    async def run():
+        w = worker([Hanging()], by_group=True)
+        for o in outs:
+            await w._compute_score([o], KWARGS)
+        await score_group(outs, w.reward_loop_worker_handles, timeout_s=0.1)
+
+    with pytest.raises(RewardTimeout, match=r"rolloutpipe.reward.timeout_s=0.1"):
+        asyncio.run(run())
+    assert all(o.reward_score is None for o in outs)
+
+
+def test_verls_per_response_call_is_bounded_and_its_failure_kept_for_the_driver():
+    """With catch_reward_errors (the streaming driver) a reward that hangs or raises leaves the response unscored with
+    the error on it, instead of failing the request (which would be retried and regenerate the response)."""
+    class Raising(FakeRewardWorker):
+        async def _one(self, data):
+            raise ValueError("reward function raised on this record")
+
+    for fake, expected in ((Hanging(), "RewardTimeout: the response's reward took longer than "
+                                       "rolloutpipe.reward.timeout_s=0.1"),
+                           (Raising(), "ValueError: reward function raised on this record")):
+        w = worker([fake], by_group=False)
+        w.catch_reward_errors, w.reward_timeout_s = True, 0.1
+        o = output([1, 2, 3], [4])
+        asyncio.run(w._compute_score([o], KWARGS))
+        assert o.reward_score is None and o.extra_fields[REWARD_ERROR] == expected
+    w = worker([FakeRewardWorker()], by_group=False)
+    w.catch_reward_errors, w.reward_timeout_s = True, 5.0
+    o = output([1, 2, 3], [4])
+    asyncio.run(w._compute_score([o], KWARGS))
+    assert o.reward_score is not None and REWARD_ERROR not in o.extra_fields
+    # without it (verl's own workers) the error is verl's
+    w = worker([Raising()], by_group=False)
+    with pytest.raises(ValueError, match="raised on this record"):
+        asyncio.run(w._compute_score([output([1], [2])], KWARGS))
+
+
+def test_zero_scores_keep_the_rewards_keys():
+    scored, failed = output([1], [2]), output([1], [3])
+    scored.reward_score, scored.extra_fields["reward_extra_info"] = 1.0, {"acc": 1.0, "pred": "7"}
+    assert extra_keys([failed]) is None and extra_keys([failed, scored]) == ("acc", "pred")
+    assert zero_scores([failed, scored], ("acc", "pred")) == 1
+    assert failed.reward_score == 0.0 and failed.extra_fields["reward_extra_info"] == {"acc": 0.0, "pred": 0.0}
+    assert scored.reward_score == 1.0

@@ -1,93 +1,298 @@
-"""The learning-curve benchmark's pure parts: the pre-registered comparison and the per-step rows."""
+"""The learning comparison's pure parts (verl_pipe/bench/learn.py, verl_pipe/bench/peer/learn.py): the
+pre-registered analysis over runs, the per-step rows of our modes and of verl's peer, merging parts, the CLI's
+refusals. No Ray."""
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
-from verl_pipe.bench.learn import LEARN_MODES, accuracy_curve, compare, run_overrides, step_row, time_to_reach
+from verl_pipe.bench import learn_stats as st
+from verl_pipe.bench.learn import (HEADLINE_MODES, LEARN_MODES, PEER_MODE, STEP_KEYS, VAL_KEY, compare, merge,
+                                   run_overrides, sd_estimates, step_row, val_key)
+from verl_pipe.core.variants import BASE, variant
 
 
-def _run(mode, seed, rewards, vals, val_before=0.2, val_every=10, step_s=1.0):
+def _run(mode, seed, vals, step_s=1.0, val_every=5, before=0.3, arm="main"):
     steps = []
-    for i, r in enumerate(rewards, start=1):
-        row = {"step": i, "wall_s": i * step_s, "reward": r, "rollout_to_train_end_s": step_s}
+    for i in range(1, val_every * len(vals) + 1):
+        row = {"step": i, "wall_s": i * step_s, "reward": 0.5, "rollout_to_train_end_s": step_s}
         if i % val_every == 0:
             row["val_acc"] = vals[i // val_every - 1]
+            row["val_s"] = 3.0
         steps.append(row)
-    return {"mode": mode, "seed": seed, "val_before": val_before, "steps": steps}
+    return {"mode": mode, "seed": seed, "arm": arm, "val_before": before, "steps": steps}
 
 
-def _rewards(base, slope, seed, n=40):
-    return [base + slope * i + 0.01 * ((i * (seed + 3)) % 5 - 2) for i in range(n)]
+CURVE = [0.45, 0.6, 0.7, 0.75, 0.76, 0.77]  # validations at steps 5..30
 
 
-def test_same_curves_pass_and_faster_mode_reaches_sooner():
+def _noise(seed, k):
+    return 0.004 * (((seed * 7 + k * 3) % 5) - 2)
+
+
+def _curve(seed, shift=0.0):
+    return [v + shift + _noise(seed, k) for k, v in enumerate(CURVE)]
+
+
+def _runs(modes=("sync", "cgp_fgd"), speed=None, shift=None, aa=True, seeds=range(5)):
+    speed, shift = speed or {}, shift or {}
     runs = []
-    for seed in range(3):
-        runs.append(_run("sync", seed, _rewards(0.2, 0.01, seed), [0.3, 0.4, 0.5 + 0.01 * seed, 0.6 + 0.01 * seed]))
-        runs.append(_run("cgp", seed, _rewards(0.2, 0.01, seed + 1), [0.3, 0.4, 0.5, 0.6 + 0.01 * (2 - seed)],
-                         step_s=0.8))
-    out = compare(runs)
-    t = out["tests"]["cgp"]
-    assert t["final_within_2se"] and t["per_step_ok"] and t["same_learning"]
-    assert t["train_wall_vs_sync"] == pytest.approx(-0.2)
-    assert out["summary"]["cgp"]["time_to_sync_final_mean_s"] < out["summary"]["sync"]["time_to_sync_final_mean_s"]
+    for s in seeds:
+        for m in modes:
+            runs.append(_run(m, s, _curve(s + 10 * len(m), shift.get(m, 0.0)), step_s=speed.get(m, 1.0)))
+        if aa:
+            runs.append(_run("sync", s + st.AA_SEED_OFFSET, _curve(s + 50), arm="aa"))
+    return runs
 
 
-def test_a_mode_that_learns_less_fails_both_tests():
-    runs = []
-    for seed in range(3):
-        runs.append(_run("sync", seed, _rewards(0.2, 0.01, seed), [0.3, 0.4, 0.5, 0.6 + 0.01 * seed]))
-        runs.append(_run("cgp_fgd", seed, _rewards(0.2, 0.0, seed), [0.2, 0.2, 0.2, 0.2 + 0.01 * seed]))
-    t = compare(runs)["tests"]["cgp_fgd"]
-    assert not t["final_within_2se"] and not t["per_step_ok"] and not t["same_learning"]
-    assert t["final_diff"] == pytest.approx(-0.4)
+def test_an_equivalent_faster_mode_passes_and_reaches_sooner():
+    out = compare(_runs(speed={"cgp_fgd": 0.7}))
+    t = out["tests"]["cgp_fgd"]
+    assert t["tost"]["equivalent"] and t["n"] == 5
+    assert t["step_time"]["relative"] == pytest.approx(-0.3)
+    assert t["time_to_target"]["relative"] == pytest.approx(-0.3, abs=0.02)
+    assert t["censored"] == [0, 0] and t["sooner_shown"]
+    assert out["aa"]["passes"] and out["aa"]["seeds"][0] == [0, 100]
+    # the target: sync's final (mean over seeds of the mean of the last two validations) less the margin
+    f = sum(st.final_accuracy(r) for r in _runs(aa=False) if r["mode"] == "sync") / 5
+    assert out["sync_final_mean"] == pytest.approx(f) and out["target_val_acc"] == pytest.approx(f - st.MARGIN)
+    assert not out["notes"]
 
 
-def test_compare_needs_sync_and_a_validation():
+def test_a_mode_that_learns_less_fails_the_equivalence_test_and_never_reaches():
+    out = compare(_runs(shift={"cgp_fgd": -0.12}, speed={"cgp_fgd": 0.7}))
+    t = out["tests"]["cgp_fgd"]
+    assert not t["tost"]["equivalent"] and t["tost"]["mean"] == pytest.approx(-0.12, abs=0.01)
+    assert t["censored"][0] == 5 and not t["sooner_shown"]  # censored runs never count as reaching sooner
+    assert out["summary"]["cgp_fgd"]["reached_target"] == [False] * 5
+
+
+def test_an_aa_that_differs_fails():
+    runs = _runs()
+    for r in runs:
+        if r["arm"] == "aa":
+            for row in r["steps"]:
+                if "val_acc" in row:
+                    row["val_acc"] += 0.08
+    assert not compare(runs)["aa"]["passes"]
+
+
+def test_compare_needs_sync_the_same_cadence_and_final_points():
     with pytest.raises(ValueError, match="sync"):
-        compare([_run("cgp", 0, [0.1] * 10, [0.2])])
-    with pytest.raises(ValueError, match="no validation"):
-        compare([_run("sync", 0, [0.1] * 5, [])])
+        compare([_run("cgp", 0, CURVE)])
+    with pytest.raises(ValueError, match="different steps"):
+        compare([_run("sync", 0, CURVE), _run("cgp", 0, CURVE, val_every=4)])
+    with pytest.raises(ValueError, match="needs 2"):
+        compare([_run("sync", 0, [0.5])])
+    out = compare(_runs(aa=False, seeds=range(3)))
+    assert any("pre-registration asks >= 5" in n for n in out["notes"])
+    assert any("A/A" in n for n in out["notes"]) and out["aa"] is None
 
 
-def test_curves_and_time_to_reach():
-    run = _run("sync", 0, [0.1] * 30, [0.3, 0.5, 0.4], val_before=0.1)
-    assert accuracy_curve(run) == [(0, 0.0, 0.1), (10, 10.0, 0.3), (20, 20.0, 0.5), (30, 30.0, 0.4)]
-    assert time_to_reach(run, 0.45) == 20.0 and time_to_reach(run, 0.9) is None
+def test_sd_estimates_take_the_between_run_spread_and_the_aa_differences():
+    runs = _runs()
+    est = sd_estimates(runs, val_size=512)
+    assert est["runs"] == 15 and est["between_run"]["df"] == 12
+    assert est["between_run"]["paired_sd"] == pytest.approx(math.sqrt(2) * est["between_run"]["sd_run"])
+    assert est["aa"]["df"] == 4 and len(est["aa"]["diffs"]) == 5
+    p = est["mean_final"]
+    assert est["binomial"]["paired_sd"] == pytest.approx(math.sqrt(2 * p * (1 - p) / 512))
+    # the spread here is far below the binomial floor at 512: the projection is that floor
+    assert est["projected"]["train_sd"] == 0.0
+    assert est["projected"]["paired_sd"] == pytest.approx(est["binomial"]["paired_sd_at_design"])
 
 
 def test_step_row_reads_the_record():
     rec = {"step": 3, "timeline": {"rollout_to_train_end_s": 1.5, "trainer_wait_ratio": 0.2},
            "metrics": {"critic/score/mean": 0.25, "response_length/mean": 12.0, "timing_s/step": 2.0,
-                       "val-core/verl_pipe/digit_math/acc/mean@1": 0.5}}
+                       VAL_KEY: 0.5, "timing_s/testing": 4.0}}
     row = step_row(rec, 7.0)
-    assert row["reward"] == 0.25 and row["val_acc"] == 0.5 and row["wall_s"] == 7.0 and row["step"] == 3
+    assert row["reward"] == 0.25 and row["val_acc"] == 0.5 and row["wall_s"] == 7.0 and row["val_s"] == 4.0
     assert "val_acc" not in step_row({**rec, "metrics": {"critic/score/mean": 0.1}}, 1.0)
-    assert math.isnan(float("nan")) and step_row({**rec, "metrics": {}}, 1.0)["reward"] is None
+    assert step_row({**rec, "metrics": {}}, 1.0)["reward"] is None
 
 
-@pytest.mark.parametrize("mode", sorted(LEARN_MODES))
+def test_val_key_finds_the_tasks_accuracy():
+    assert val_key({VAL_KEY: 0.1, "val-aux/x": 1}) == VAL_KEY
+    assert val_key({"val-core/other/acc/mean@1": 0.2}) == "val-core/other/acc/mean@1"
+    assert val_key({"critic/score/mean": 0.1}) is None
+    with pytest.raises(ValueError, match="several"):
+        val_key({"val-core/a/acc/mean@1": 0.1, "val-core/b/acc/mean@1": 0.2})
+
+
+def test_the_modes_come_from_the_variant_table():
+    assert LEARN_MODES[0] == BASE and PEER_MODE in LEARN_MODES and set(HEADLINE_MODES) <= set(LEARN_MODES)
+    assert not variant(PEER_MODE).ours and all(variant(m).ours for m in LEARN_MODES if m != PEER_MODE)
+
+
+@pytest.mark.parametrize("mode", [m for m in LEARN_MODES if variant(m).ours])
 def test_run_overrides_compose(mode):
     from verl_pipe.launch.session import compose
 
-    cfg = compose(run_overrides(mode, 2, 30, 10))
-    assert cfg.trainer.total_training_steps == 30 and cfg.trainer.test_freq == 10 and cfg.data.seed == 2
-    assert cfg.rolloutpipe.mode == ("sync" if mode == "sync" else "cgp")
-    assert cfg.rolloutpipe.fgd.enable == (mode == "cgp_fgd")
+    cfg = compose(run_overrides(mode, 2, 30, 5))
+    assert cfg.trainer.total_training_steps == 30 and cfg.trainer.test_freq == 5 and cfg.data.seed == 2
+    assert cfg.trainer.val_before_train and cfg.actor_rollout_ref.rollout.seed == 1002
+    v = variant(mode)
+    assert cfg.rolloutpipe.mode == v.mode and cfg.rolloutpipe.fgd.enable == v.fgd
 
 
-def test_reference_runs_are_checked(tmp_path):
-    import json
+@pytest.mark.parametrize("mode", [m for m in LEARN_MODES if variant(m).ours])
+def test_the_variant_decides_the_mode_whatever_the_recipe(mode):
+    # tiny_cpu_cgp_fgd turns CGP and FGD on; each run's mode is its variant's
+    from verl_pipe.bench.learn import compose_task
 
-    from verl_pipe.bench.learn import reference_runs
+    cfg = compose_task(["rolloutpipe.workload=null", *run_overrides(mode, 0, 10, 5)], recipe="tiny_cpu_cgp_fgd")
+    v = variant(mode)
+    assert cfg.rolloutpipe.mode == v.mode and cfg.rolloutpipe.fgd.enable == v.fgd
 
-    ref = tmp_path / "ref.json"
-    ref.write_text(json.dumps({"steps": 100, "val_every": 10, "runs": [
-        {"mode": "sync", "seed": 0, "steps": []}, {"mode": "cgp", "seed": 0, "steps": []}]}))
-    runs = reference_runs(str(ref), 100, [0], 10)
-    assert [(r["mode"], r["seed"], r["reference"]) for r in runs] == [("sync", 0, str(ref))]
-    with pytest.raises(SystemExit, match="no sync run for seeds \\[1\\]"):
-        reference_runs(str(ref), 100, [0, 1], 10)
-    with pytest.raises(SystemExit, match="its steps is 100"):
-        reference_runs(str(ref), 20, [0], 10)
+
+def test_the_task_must_let_the_model_decide_lengths_and_exist():
+    from omegaconf import OmegaConf
+
+    from verl_pipe.bench.learn import TASK_KEY, compose_task, task_overrides
+    from verl_pipe.launch.session import compose
+
+    with pytest.raises(ValueError, match="rolloutpipe.workload"):
+        compose_task([], recipe="tiny_cpu_cgp_fgd")
+    # the long-tail task's recipe (docs/learning.md: the comparison's task) is one the bench can run
+    chain = compose_task([], recipe="tiny_cpu_chain")
+    assert OmegaConf.select(chain, TASK_KEY) == "chain" and chain.data.max_response_length >= 200
+    assert task_overrides(None) == [] and task_overrides("x") == [f"{TASK_KEY}=x"]
+    current = OmegaConf.select(compose([]), TASK_KEY)
+    if current is None:  # a checkout without tiny tasks: --task names the missing setting
+        with pytest.raises(ValueError, match="tiny_assets.task"):
+            compose_task(task_overrides("chain"))
+    else:
+        assert OmegaConf.select(compose_task(task_overrides(current)), TASK_KEY) == current
+
+
+def test_peer_spec_puts_the_learning_keys_after_the_peers_own():
+    from verl_pipe.bench.learn import run_keys
+    from verl_pipe.bench.peer.learn import LEARN_CONFIG, TRAINER_CLS, learn_spec
+    from verl_pipe.bench.peer.runner import compose_spec
+
+    spec = learn_spec([], run_keys(PEER_MODE, 3, 20, 5), 20, 3, config=variant(PEER_MODE).peer_config)
+    assert spec["config"] == LEARN_CONFIG and spec["workload"] is None and spec["trainer_cls"] == TRAINER_CLS
+    cfg = compose_spec(spec)
+    # the peer's speed-bench settings turn validation off; the learning run's keys win
+    assert cfg.trainer.test_freq == 5 and cfg.trainer.val_before_train and cfg.data.seed == 3
+    assert cfg.trainer.total_training_steps == 20 and cfg.trainer.total_epochs == 20
+    assert cfg.trainer.v1.trainer_mode == "separate_async" and cfg.trainer.use_v1
+    assert cfg.actor_rollout_ref.rollout.seed == 1003 and spec["config_name"] is None
+    # the task's recipe reaches the peer as it reaches our modes
+    spec = learn_spec(["rolloutpipe.workload=null"], run_keys(PEER_MODE, 3, 20, 5), 20, 3,
+                      config=variant(PEER_MODE).peer_config, config_name="tiny_cpu_cgp_fgd")
+    assert compose_spec(spec).rolloutpipe.fgd.window == 32  # set by that recipe only
+    with pytest.raises(ValueError, match="steps=0"):
+        learn_spec([], [], 0, 0)
+
+
+def test_peer_rows_take_verls_metrics_and_exclude_validation_time():
+    from verl_pipe.bench.peer.learn import learn_rows
+
+    def rec(step, t_end, val_total, val=None, val_s=None, before=None):
+        return {"step": step, "metrics": {"rollout_to_train_end_s": 2.0, "trainer_wait_ratio": 0.1,
+                                          "step_wall_s": 3.0},
+                "verl_metrics": {"critic/score/mean": 0.4, "response_length/mean": 30.0, "timing_s/step": 2.9},
+                "learn": {"t_end": t_end, "train_t0": 100.0, "val_s_total": val_total, "val": val, "val_s": val_s,
+                          "val_before": before}}
+
+    records = [rec(1, 103.0, 0.0, before={VAL_KEY: 0.3}), rec(2, 110.0, 4.0, val={VAL_KEY: 0.5}, val_s=4.0),
+               rec(3, 113.0, 4.0)]
+    before, rows = learn_rows(records, val_key, STEP_KEYS)
+    assert before == 0.3
+    assert [r["wall_s"] for r in rows] == [3.0, 6.0, 9.0]  # 110 - 100 - 4 s of validation
+    assert rows[1]["val_acc"] == 0.5 and rows[1]["val_s"] == 4.0 and "val_acc" not in rows[0]
+    assert rows[0]["reward"] == 0.4 and rows[0]["step_s"] == 2.9 and rows[0]["rollout_to_train_end_s"] == 2.0
+
+
+def test_merge_joins_parts_and_refuses_mismatches():
+    a = {"steps": 30, "val_every": 5, "task": {"val_sha256_16": "x"}, "runs": _runs(("sync",), seeds=[0, 1])}
+    b = {"steps": 30, "val_every": 5, "task": {"val_sha256_16": "x"}, "runs": _runs(("cgp_fgd",), aa=False,
+                                                                                    seeds=[0, 1])}
+    m = merge([a, b])
+    assert len(m["runs"]) == 6 and m["seeds"] == [0, 1] and set(m["modes"]) == {"sync", "cgp_fgd"}
+    with pytest.raises(ValueError, match="appears twice"):
+        merge([a, a])
+    with pytest.raises(ValueError, match="val_every"):
+        merge([a, dict(b, val_every=10)])
+    with pytest.raises(ValueError, match="task"):
+        merge([a, dict(b, task={"val_sha256_16": "y"})])
+
+
+def test_cli_refuses_too_few_validations_and_unknown_modes(tmp_path):
+    from verl_pipe.bench.learn import cli
+
+    with pytest.raises(SystemExit):
+        cli(["--learn", "--out", str(tmp_path / "x.json"), "--modes", "sync,nope"])
+    with pytest.raises(SystemExit):
+        cli(["--learn", "--out", str(tmp_path / "x.json"), "--steps", "5", "--val-every", "5"])
+
+
+def test_cli_reanalyzes_a_saved_comparison(tmp_path, capsys):
+    from verl_pipe.bench.learn import cli
+
+    saved = tmp_path / "in.json"
+    saved.write_text(json.dumps({"steps": 30, "seeds": [0, 1, 2, 3, 4], "val_every": 5, "val_size": 512,
+                                 "runs": _runs(speed={"cgp_fgd": 0.7})}))
+    out = tmp_path / "out.json"
+    assert cli(["--learn", "--reanalyze", str(saved), "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["comparison"]["tests"]["cgp_fgd"]["tost"]["equivalent"]
+    assert "A/A PASSES" in capsys.readouterr().out
+
+
+def test_a_slice_of_the_schedule_keeps_its_order():
+    from verl_pipe.bench.learn import slice_plan
+
+    plan = list(enumerate(st.schedule([0, 1], ["sync", "cgp"], "sync")))
+    assert slice_plan(plan, "1:4") == plan[1:4] and slice_plan(plan, "4:") == plan[4:]
+    with pytest.raises(ValueError, match="START:END"):
+        slice_plan(plan, "3")
+    with pytest.raises(ValueError, match="no run"):
+        slice_plan(plan, "9:")
+
+
+def test_one_seed_two_modes_go_from_runs_to_json_report_and_charts(tmp_path, capsys):
+    # the smoke's shape (docs/learning.md): 1 seed, sync and cgp_fgd, 2 steps validated every step; no TOST (one
+    # pair), but the report, the times, the JSON and both charts
+    from verl_pipe.bench.learn import analyze_and_write
+
+    runs = [_run("sync", 0, [0.55, 0.6], val_every=1, before=0.5),
+            _run("cgp_fgd", 0, [0.6, 0.62], step_s=0.8, val_every=1, before=0.5)]
+    out = tmp_path / "smoke.json"
+    result = analyze_and_write({"steps": 2, "seeds": [0], "val_every": 1, "val_size": 128, "runs": runs}, out,
+                               tmp_path / "charts")
+    saved = json.loads(out.read_text())
+    t = saved["comparison"]["tests"]["cgp_fgd"]
+    assert t["n"] == 1 and "tost" not in t and t["step_time"]["relative"] == pytest.approx(-0.2)
+    assert saved["comparison"]["sync_final_mean"] == pytest.approx(0.575)
+    assert any("pre-registration asks" in n for n in saved["comparison"]["notes"])
+    assert [Path(p).name for p in result["charts"]] == ["learning_acc_vs_wall.png", "learning_val_acc.png"]
+    assert all(Path(p).stat().st_size > 10_000 for p in result["charts"])
+    assert "too few pairs for the TOST" in capsys.readouterr().out
+
+
+# Real-stack outputs of the bench, kept in docs/bench (docs/learning.md): every mode and the A/A arm, 3 steps.
+KEPT = [Path(__file__).resolve().parents[1] / "docs" / "bench" / "learn_plumbing_digit_math_2026-12-03.json"]
+
+
+@pytest.mark.parametrize("path", KEPT, ids=lambda p: p.name)
+def test_a_kept_real_run_reanalyzes_to_what_it_saved(path, tmp_path):
+    # the real stack's JSON goes through today's analysis and charts: a change to the run records, to compare or
+    # to the charts that would break --merge/--reanalyze of the full comparison's parts fails here
+    from verl_pipe.bench.learn import cli
+
+    kept = json.loads(path.read_text())
+    assert {r["mode"] for r in kept["runs"]} >= {BASE, "cgp_fgd"} and kept["task"]["val_size"] >= 128
+    assert all(r["provenance"]["git"]["commit"] and r["config"] for r in kept["runs"])
+    out = tmp_path / "again.json"
+    assert cli(["--learn", "--reanalyze", str(path), "--out", str(out), "--charts", str(tmp_path)]) == 0
+    again = json.loads(out.read_text())
+    assert again["comparison"]["summary"].keys() == kept["comparison"]["summary"].keys()
+    for mode, s in kept["comparison"]["summary"].items():
+        assert again["comparison"]["summary"][mode]["final_val_acc"] == s["final_val_acc"]
+        assert again["comparison"]["summary"][mode]["time_to_target_s"] == s["time_to_target_s"]
+    assert all(Path(p).stat().st_size > 10_000 for p in again["charts"])

@@ -12,7 +12,8 @@ from verl.experimental.agent_loop.agent_loop import DictConfigWrap, _agent_loop_
 from verl.workers.rollout.replica import TokenOutput
 from verl_pipe.assets.multiturn_env import TailSpec, ToolFailure, plan_episode
 from verl_pipe.core.frontier import Admission, Request
-from verl_pipe.rollout.client import CURRENT_ADMISSION
+from tests.fakes import fake_of
+from verl_pipe.rollout.client import CURRENT_ADMISSION, AdmissionRoutedClient
 from verl_pipe.rollout.multiturn import AGENT_NAME, MultiTurnEnvAgentLoop, env_config, task_key
 
 RESPONSE_LEN = 160
@@ -37,6 +38,7 @@ def config(response_length=RESPONSE_LEN, **env):
     })
 
 
+@fake_of(AdmissionRoutedClient, extra=("tok", "text", "versions", "delay_s", "calls", "in_engine"))
 class FakeServer:
     """verl's server manager: answers every turn with a fixed text and EOS; records each call and when the engine
     was busy (inside generate) vs the trajectory waited on its tool."""

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from verl_pipe.core.frontier import FCFSPolicy, FrontierPolicy, Request
 from verl_pipe.core.rollout_core import (GROUP_ENDS, Cancel, FailStep, GiveUp, GroupEnded, HandOver, Restart, Retire,
-                                         Retry, RolloutCore, Submit, Take)
+                                         Retry, RolloutCore, Submit, Take, ZeroReward)
 
 
 def _core(groups=3, n=2, target=3, replicas=(0,), window=None, **kw):
@@ -64,6 +64,46 @@ def test_drop_group_cancels_its_other_requests_and_the_next_group_takes_its_plac
     assert core.response_done(Request(0, 1), 0) == [], "a cancelled request's answer is stale"
     assert _sent(core.admit()) == [(Request(1, 0), 0), (Request(1, 1), 0)]
     assert core.counts.dropped_groups == 1 and core.outcomes() == {0: "dropped"}
+
+
+def test_a_group_reward_that_fails_fails_the_step_naming_the_group_and_is_not_retried():
+    core = _core(groups=2, n=1, target=2, max_retries=2)
+    core.admit()
+    assert core.response_done(Request(0, 0), 0) == [Take(Request(0, 0)), HandOver(0)]
+    assert core.reward_failed(0) == [FailStep("reward_failed", group=0)]
+    assert core.failed and core.counts.reward_failures == 1 and core.counts.failed_attempts == 0
+    assert core.outcomes() == {0: "failed", 1: "failed"}
+
+
+def test_a_response_reward_that_fails_drops_its_group_or_scores_zero():
+    core = _core(groups=3, n=2, target=2, window=2, on_reward_failure="drop_group")
+    core.admit()
+    out = core.reward_failed(0, Request(0, 0), 0)
+    assert out == [Cancel((Request(0, 1),), "group_dropped"), GroupEnded(0, "dropped")]
+    assert core.reward_failed(0, Request(0, 0), 0) == [], "a stale report"
+    assert core.response_done(Request(0, 1), 0) == []
+    assert _sent(core.admit()) == [(Request(1, 0), 0), (Request(1, 1), 0)], "the next group takes its place"
+    assert (core.counts.reward_failures, core.counts.dropped_groups) == (1, 1)
+
+    core = _core(groups=1, n=2, target=1, on_reward_failure="zero_reward")
+    core.admit()
+    assert core.reward_failed(0, Request(0, 0), 0) == [ZeroReward(0, Request(0, 0))]
+    assert core.response_done(Request(0, 0), 0) == [Take(Request(0, 0))], "still in flight: answered as usual"
+    assert core.response_done(Request(0, 1), 0)[-1] == HandOver(0)
+    assert core.reward_failed(0) == [ZeroReward(0)]
+    assert core.handed_over(0, True) == [GroupEnded(0, "trained")]
+    assert core.counts.reward_failures == 2 and core.counts.dropped_groups == 0
+
+
+def test_zero_reward_without_the_rewards_keys_drops_the_group():
+    core = _core(groups=2, n=1, target=1, on_reward_failure="zero_reward")
+    core.admit()
+    core.response_done(Request(0, 0), 0)
+    assert core.reward_failed(0, can_zero=False) == [Cancel((), "group_dropped"), GroupEnded(0, "dropped")]
+    with pytest.raises(RuntimeError, match="not handed over"):
+        core.reward_failed(0)
+    with pytest.raises(ValueError, match="not of group"):
+        core.reward_failed(0, Request(1, 0), 0)
 
 
 def test_a_dead_replica_is_restarted_and_its_requests_requeued_without_using_a_retry():
@@ -180,6 +220,8 @@ class World:
         self.done: set[Request] = set()
         self.given_up: set[Request] = set()
         self.failed = False
+        self.reward_failures = 0
+        self.zeroed: set[int] = set()  # groups a ZeroReward was given for
 
     def do(self, actions) -> None:
         core = self.core
@@ -206,9 +248,18 @@ class World:
                 self.ends[a.group] += 1
                 assert self.ends[a.group] == 1, f"group {a.group} ended twice"
             elif isinstance(a, HandOver):
+                if self.rng.random() < 0.1:  # the group's reward raised or timed out
+                    self.reward_failures += 1
+                    out = core.reward_failed(a.group)
+                    self.do(out)
+                    if not (out and isinstance(out[0], ZeroReward)):
+                        continue
                 self.do(core.handed_over(a.group, self.rng.random() < 0.7))
                 if self.eager_close:
                     self.do(core.close())
+            elif isinstance(a, ZeroReward):
+                assert core.on_reward_failure == "zero_reward"
+                self.zeroed.add(a.group)
             elif isinstance(a, Restart):
                 assert a.replica not in self.restarting
                 self.restarting.add(a.replica)
@@ -242,6 +293,13 @@ class World:
         elif roll < 0.36:
             del self.inflight[q]
             self.do(core.replica_died(r, self.restart))
+        elif roll < 0.40:  # its own reward raised or timed out
+            del self.inflight[q]
+            self.reward_failures += 1
+            out = core.reward_failed(q.group, q, r)
+            self.do(out)
+            if out and isinstance(out[0], ZeroReward):
+                self.inflight[q] = r  # still in flight: it answers next
         else:
             del self.inflight[q]
             self.do(core.response_done(q, r))
@@ -267,13 +325,13 @@ class World:
 @given(groups=st.integers(1, 8), n=st.integers(1, 3), replicas=st.integers(1, 3), extra=st.integers(0, 3),
        window=st.sampled_from([None, 1, 2, 5]), fgd=st.booleans(), max_retries=st.integers(0, 2),
        on_failure=st.sampled_from(["fail", "drop_group"]), restart=st.booleans(), eager_close=st.booleans(),
-       seed=st.integers(0, 10**6))
+       on_reward=st.sampled_from(["fail", "zero_reward", "drop_group"]), seed=st.integers(0, 10**6))
 def test_random_event_orders(groups, n, replicas, extra, window, fgd, max_retries, on_failure, restart, eager_close,
-                             seed):
+                             on_reward, seed):
     target = max(1, groups - extra)
     cls = FrontierPolicy if fgd else FCFSPolicy
     policy = cls(groups, n, 1, target, list(range(replicas)), window=window)
-    core = RolloutCore(policy, max_retries=max_retries, on_request_failure=on_failure)
+    core = RolloutCore(policy, max_retries=max_retries, on_request_failure=on_failure, on_reward_failure=on_reward)
     world = World(core, random.Random(seed), restart, eager_close)
     world.run()
 
@@ -296,6 +354,12 @@ def test_random_event_orders(groups, n, replicas, extra, window, fgd, max_retrie
     assert c.groups_done == how["trained"] + how["untrainable"] and c.untrainable == how["untrainable"]
     assert (c.late_groups, c.dropped_groups) == (how["late"], how["dropped"])
     assert c.failed_attempts == sum(world.failures.values()) and c.responses == len(world.done)
+    assert c.reward_failures <= world.reward_failures  # a stale report is not counted
+    if on_reward == "zero_reward":
+        dropped_by_requests = len({q.group for q in world.given_up}) if on_failure == "drop_group" else 0
+        assert c.dropped_groups == dropped_by_requests, "a reward failure drops nothing"
+    elif on_reward == "fail" and c.reward_failures:
+        assert world.failed
     assert how["trained"] <= target and set(core.policy.trained_groups()) <= {g for g, h in outcomes.items()
                                                                                if h == "trained"}
     if eager_close:  # the simulator's timing: nothing completes after the batch is full

@@ -13,9 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.fakes import fake_of
 from verl_pipe.core import schedule as S
 
 
+@fake_of(None, why="a checking executor of the pure schedule's actions (the real one, ActorBackend, runs them on "
+                   "verl's workers: tests/test_actor_backend.py)")
 class FakeRun:
     """The FIFO (arrivals drawn by hypothesis) and a checker of the actions, in one executor."""
 

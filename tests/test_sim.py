@@ -14,7 +14,7 @@ from verl_pipe.core import workload as W
 from verl_pipe.core.frontier import AdaptiveWindow, FCFSPolicy, FrontierPolicy, resolve_window
 from verl_pipe.sim.engine import EngineParams, Replica, Seq, fit_engine_params
 from verl_pipe.sim.grid import format_setting, run_grid
-from verl_pipe.sim.simulate import make_policy, rollout_for_mode, simulate_rollout, simulate_step, timeline_for
+from verl_pipe.sim.simulate import rollout_for_mode, simulate_rollout, simulate_step, step_admission, timeline_for
 from verl_pipe.sim.trainer import MODES, TrainerParams, placement_costs, schedule
 
 # One decode step = exactly 1 s, no prefill cost, KV never binds: schedules can be worked out by hand.
@@ -25,6 +25,13 @@ FIXED_2S = TrainerParams(num_gpus=1, flops_per_s_per_gpu=1e30, microbatch_overhe
                          max_tokens_per_microbatch=10**9, logprob_ratio=0.0, use_ref=False, optimizer_step_s=0.0,
                          poll_interval_s=2.0, swap_save_s=0.5, swap_restore_s=0.5)
 HAND = W.Workload(2, 2, [[2, 3], [1, 4]], prompt_len=1)
+
+
+def make_policy(cls, wl, replicas, gpu, window, target=None, order="group_major"):
+    """``cls`` (FrontierPolicy: ``window`` is FGD's; FCFSPolicy: the stock dispatch's) built as a step builds it."""
+    fgd = issubclass(cls, FrontierPolicy)
+    return cls.for_step(step_admission(wl, replicas, gpu, window if fgd else None, target, order,
+                                       baseline_window=None if fgd else window))
 
 
 def _events(tl, kind):
@@ -155,7 +162,7 @@ def test_invariants(groups, n, replicas, slots, kv, fgd, window, gpu, mode, seed
     target = groups - 1 if oversample else groups
     if window == "adaptive":
         window = resolve_window(window, gpu, n, slots)
-    policy = make_policy("fgd" if fgd else "fcfs", wl, replicas, gpu, window, target, "interleave:2")
+    policy = make_policy(FrontierPolicy if fgd else FCFSPolicy, wl, replicas, gpu, window, target, "interleave:2")
     ro = simulate_rollout(wl, eng, policy, replicas, client_s_per_request=client)
     tl = timeline_for(ro, wl, TrainerParams(), mode if mode != "cgp_fgd" else "cgp", gpu, 0.5)
     ev = tl.to_dict()
@@ -196,11 +203,11 @@ def test_invariants(groups, n, replicas, slots, kv, fgd, window, gpu, mode, seed
 def test_kv_preemption_when_capacity_binds_and_everything_completes():
     wl = W.equal_lengths(4, 4, length=60, prompt_len=20)
     eng = EngineParams(max_num_seqs=16, kv_capacity_tokens=600)  # 16 x 80 tokens would need 1280
-    ro = simulate_rollout(wl, eng, make_policy("fcfs", wl, 1, 2, None), 1)
+    ro = simulate_rollout(wl, eng, make_policy(FCFSPolicy, wl, 1, 2, None), 1)
     assert ro.stats["preemptions"] > 0
     assert max(ro.stats["peak_kv_tokens"]) <= 600
     assert sum(1 for m, _ in ro.log if m == "response_done") == 16
-    roomy = simulate_rollout(wl, eng.with_(kv_capacity_tokens=10**6), make_policy("fcfs", wl, 1, 2, None), 1)
+    roomy = simulate_rollout(wl, eng.with_(kv_capacity_tokens=10**6), make_policy(FCFSPolicy, wl, 1, 2, None), 1)
     assert roomy.stats["preemptions"] == 0 and roomy.rollout_end < ro.rollout_end
 
 
@@ -258,7 +265,8 @@ def test_hand_computed_driver_cost():
     eng = UNIT_STEP.with_(max_num_seqs=1)
 
     def run(kind, window):
-        ro = simulate_rollout(wl, eng, make_policy(kind, wl, 1, 1, window), 1, client_s_per_request=0.5)
+        cls = {"fcfs": FCFSPolicy, "fgd": FrontierPolicy}[kind]
+        ro = simulate_rollout(wl, eng, make_policy(cls, wl, 1, 1, window), 1, client_s_per_request=0.5)
         return [kw["t"] for m, kw in ro.log if m == "request_submitted"], \
             [kw["t"] for m, kw in ro.log if m == "response_done"]
 
@@ -266,7 +274,7 @@ def test_hand_computed_driver_cost():
     assert run("fgd", 1) == ([0.5, 2.5], [2.0, 4.0])
     assert run("fgd", AdaptiveWindow(capacity=1, floor=1)) == ([0.5, 1.0], [2.0, 3.0])
     with pytest.raises(ValueError, match="client_s_per_request"):
-        simulate_rollout(wl, eng, make_policy("fcfs", wl, 1, 1, None), 1, client_s_per_request=-1)
+        simulate_rollout(wl, eng, make_policy(FCFSPolicy, wl, 1, 1, None), 1, client_s_per_request=-1)
 
 
 def test_adaptive_window_never_costs_where_a_window_of_the_slots_does():
@@ -290,8 +298,8 @@ def test_adaptive_window_never_costs_where_a_window_of_the_slots_does():
 
 def test_policies_are_the_shared_ones():
     wl = W.equal_lengths(2, 2, 5, 1)
-    assert isinstance(make_policy("fcfs", wl, 1, 1, None), FCFSPolicy)
-    assert isinstance(make_policy("fgd", wl, 1, 1, 4), FrontierPolicy)
+    assert isinstance(make_policy(FCFSPolicy, wl, 1, 1, None), FCFSPolicy)
+    assert isinstance(make_policy(FrontierPolicy, wl, 1, 1, 4), FrontierPolicy)
 
 
 def test_grid_smoke(tmp_path, capsys):

@@ -9,11 +9,19 @@ import pytest
 
 from verl_pipe.core import workload as W
 from verl_pipe.sim.engine import EngineParams, Replica, Seq
-from verl_pipe.sim.simulate import make_policy, simulate_rollout
+from verl_pipe.core.frontier import FCFSPolicy, FrontierPolicy
+from verl_pipe.sim.simulate import simulate_rollout, step_admission
 
 # one decode step = 1 s, no prefill cost
 STEP = EngineParams(max_num_seqs=256, max_num_batched_tokens=10**6, kv_bytes_per_token=0.0, weight_bytes=0.0,
                     t0_s=1.0, per_seq_s=0.0, bw_eff_Bps=1.0, prefill_flops_per_token=0.0)
+
+
+def make_policy(cls, wl, replicas, gpu, window, target=None, order="group_major"):
+    """``cls`` (FrontierPolicy: ``window`` is FGD's; FCFSPolicy: the stock dispatch's) built as a step builds it."""
+    fgd = issubclass(cls, FrontierPolicy)
+    return cls.for_step(step_admission(wl, replicas, gpu, window if fgd else None, target, order,
+                                       baseline_window=None if fgd else window))
 
 
 def _seqs(n, prompt, length, priorities=None):
@@ -67,7 +75,7 @@ def test_priority_preempts_the_largest_priority_then_arrival_even_if_admitted_fi
 def test_a_block_bound_rollout_completes_every_request_within_the_pool():
     wl = W.from_spec({"kind": "lognormal", "median": 40, "sigma": 1.0, "rho": 0.7, "cap": 300}, 8, 4, 16, seed=1)
     eng = STEP.with_(kv_capacity_tokens=8 * 64, kv_block_tokens=64, scheduling_policy="priority")
-    res = simulate_rollout(wl, eng, make_policy("fgd", wl, 1, 2, None), 1)
+    res = simulate_rollout(wl, eng, make_policy(FrontierPolicy, wl, 1, 2, None), 1)
     assert len([m for m, _ in res.log if m == "response_done"]) == 32
     assert res.stats["preemptions"] > 0
     assert max(res.stats["peak_kv_tokens"]) <= 8 * 64
@@ -92,5 +100,5 @@ def test_the_pool_never_holds_more_blocks_than_it_has(monkeypatch, policy, seed)
     monkeypatch.setattr(Replica, "finish_segment", checked)
     wl = W.from_spec({"kind": "lognormal", "median": 20, "sigma": 1.0, "rho": 0.5, "cap": 100}, 6, 4, 8, seed=seed)
     eng = STEP.with_(kv_capacity_tokens=blocks * B, kv_block_tokens=B, scheduling_policy=policy)
-    res = simulate_rollout(wl, eng, make_policy("fgd" if policy == "priority" else "fcfs", wl, 1, 2, None), 1)
+    res = simulate_rollout(wl, eng, make_policy(FrontierPolicy if policy == "priority" else FCFSPolicy, wl, 1, 2, None), 1)
     assert len([m for m, _ in res.log if m == "response_done"]) == 24 and max(seen) > blocks // 2

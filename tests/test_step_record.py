@@ -70,7 +70,8 @@ def test_metrics_record_and_summary(capsys):
     assert keys[2:2 + len(tm)] == [f"rolloutpipe/{k}" for k in tm]
     assert keys[2 + len(tm):] == [
         "rolloutpipe/failed_request_attempts", "rolloutpipe/aborted_requests", "rolloutpipe/untrainable_groups",
-        "rolloutpipe/late_groups_dropped", "rolloutpipe/failed_groups_dropped", "rolloutpipe/replica_failures",
+        "rolloutpipe/late_groups_dropped", "rolloutpipe/failed_groups_dropped", "rolloutpipe/reward_failures",
+        "rolloutpipe/replica_failures",
         "rolloutpipe/replica_restarts", "rolloutpipe/requeued_requests", "rolloutpipe/replica_recovery_s",
         "rolloutpipe/trained_groups", "rolloutpipe/trainer_busy_in_rollout_s",
         "data/skipped_records/train/empty_prompt", "response_length/mean",

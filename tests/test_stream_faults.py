@@ -11,7 +11,12 @@ import torch
 
 from verl_pipe.core.frontier import FCFSPolicy
 from verl_pipe.core.timeline import StepTimeline
-from verl_pipe.rollout.stream import ReplicaLostError, StepRequest, StreamingRollout
+from tests.fakes import fake_of, stand_in
+from verl.experimental.agent_loop.agent_loop import _InternalAgentLoopOutput
+from verl_pipe.rollout.agent_worker import PipeAgentLoopWorker
+from verl_pipe.rollout.group_scores import REWARD_ERROR, RewardTimeout
+from verl_pipe.rollout.replicas import ReplicaSupervisor
+from verl_pipe.rollout.stream import ReplicaLostError, RewardFailedError, StepRequest, StreamingRollout
 
 
 class EngineDeadError(Exception):
@@ -25,13 +30,15 @@ class Driver(StreamingRollout):
     def __init__(self, behave, supervisor=None):  # noqa: D107 - no super(): nothing to connect to
         self.behave = behave
         self.supervisor = supervisor
-        self._tasks = {}
+        self._tasks, self._scoring = {}, {}
         self.sampling_params = {}
         self.default_agent = "single_turn_agent"
         self.calls = []
-        self.worker = SimpleNamespace(_run_agent_loop=self._fake_agent_loop,
-                                      _postprocess=lambda outputs, validate: outputs, score_by_group=False)
+        self.worker = stand_in(PipeAgentLoopWorker, _run_agent_loop=self._fake_agent_loop,
+                               _postprocess=lambda outputs, validate: outputs, score_by_group=False)
         self.client = SimpleNamespace(_servers=[None, None])
+        self.reward_keys = None
+        self.reward_error = {}  # (group, index) -> the error its own reward call left on it (verl's path)
 
     async def _fake_agent_loop(self, sampling_params, trajectory, trace=False, **kwargs):
         from verl_pipe.rollout.client import CURRENT_ADMISSION
@@ -42,7 +49,12 @@ class Driver(StreamingRollout):
         self.calls.append((*key, adm.replica))
         delay = self.behave(*key, attempt, adm.replica)
         await asyncio.sleep(delay)
-        return SimpleNamespace(response_mask=torch.ones(3), group=key[0], index=key[1], replica=adm.replica)
+        # verl's per-response reward: scored (1.0), or the error its call left; score_by_group: not scored yet
+        error, deferred = self.reward_error.get(key), self.worker.score_by_group
+        extra = {} if deferred else {"reward_extra_info": {"acc": 1.0}} if error is None else {REWARD_ERROR: error}
+        return stand_in(_InternalAgentLoopOutput, response_mask=torch.ones(3),
+                        reward_score=None if error or deferred else 1.0, extra_fields=extra,
+                        extra={"group": key[0], "index": key[1], "replica": adm.replica})
 
     def run(self, req: StepRequest):
         return asyncio.run(self._run_step(req))
@@ -50,7 +62,9 @@ class Driver(StreamingRollout):
 
 def _request(groups=4, target=4, replicas=(0,), window=None, **kw):
     trained = []
-    gen_batch = SimpleNamespace(non_tensor_batch={"raw_prompt": np.array([f"p{g}" for g in range(groups)])})
+    gen_batch = SimpleNamespace(non_tensor_batch={"raw_prompt": np.array([f"p{g}" for g in range(groups)]),
+                                                  "index": np.array([100 + g for g in range(groups)]),
+                                                  "data_source": np.array(["digit_math"] * groups)})
     req = StepRequest(step=1, gen_batch=gen_batch, n=2,
                       policy=FCFSPolicy(groups, 2, 1, target, replicas, window=window), timeline=StepTimeline(1, 1),
                       on_group=lambda g, outs: trained.append((g, [o.replica for o in outs])) or True, **kw)
@@ -89,6 +103,7 @@ def test_a_request_failing_past_its_retries_fails_the_step_naming_the_settings()
         Driver(behave).run(req)
 
 
+@fake_of(ReplicaSupervisor, extra=("restart_s", "fail", "restarted", "retired"))
 class FakeSupervisor:
     def __init__(self, restart=True, restart_s=0.2, fail=False):
         self.restart_enabled, self.restart_s, self.fail = restart, restart_s, fail
@@ -166,7 +181,7 @@ def test_groups_scored_off_the_loop_are_handed_over_in_completion_order(monkeypa
     scoring_s = {0: 0.3}  # group 0's reward call is slow; the others answer at once
     scored = []
 
-    async def fake_score_group(outputs, handles):
+    async def fake_score_group(outputs, handles, timeout_s=None):
         g = outputs[0].group
         await asyncio.sleep(scoring_s.get(g, 0.0))
         scored.append(g)
@@ -182,16 +197,75 @@ def test_groups_scored_off_the_loop_are_handed_over_in_completion_order(monkeypa
     assert 0 in scored
 
 
-def test_a_failing_group_reward_call_fails_the_step_naming_the_group(monkeypatch):
+def _group_rewards(monkeypatch, fail: dict):
+    """score_by_group with a stand-in group call: groups in ``fail`` raise ("raise") or time out ("hang") with
+    ``timeout_s``; the others are scored 1 with extra-info key "acc"."""
     import verl_pipe.rollout.stream as stream
+    from verl_pipe.rollout.group_scores import bounded
 
-    async def broken(outputs, handles):
-        if outputs[0].group == 2:
-            raise ValueError("reward function raised")
+    calls = []
 
-    monkeypatch.setattr(stream, "score_group", broken)
-    drv = Driver(lambda g, i, attempt, r: 0.0)
+    async def score(outputs, handles, timeout_s=None):
+        g = outputs[0].group
+        calls.append((g, timeout_s))
+        if fail.get(g) == "raise":
+            raise ValueError("reward function raised on this record")
+        if fail.get(g) == "hang":
+            await bounded(asyncio.sleep(3600), timeout_s, "scoring the group's 2 responses")
+        for o in outputs:
+            o.reward_score, o.extra_fields["reward_extra_info"] = 1.0, {"acc": 1.0}
+
+    monkeypatch.setattr(stream, "score_group", score)
+    drv = Driver(lambda g, i, attempt, r: 0.01 * g)
     drv.worker.score_by_group, drv.worker.reward_loop_worker_handles = True, [object()]
+    return drv, calls
+
+
+def test_a_failing_group_reward_call_fails_the_step_naming_the_record(monkeypatch):
+    drv, _ = _group_rewards(monkeypatch, {2: "raise"})
     req, _ = _request()
-    with pytest.raises(RuntimeError, match=r"scoring group 2's responses failed.*score_by_group"):
+    with pytest.raises(RewardFailedError, match=r"reward of the group of group 2, record index 102, data_source "
+                                                r"digit_math failed.*raised on this record.*Not retried"):
         drv.run(req)
+
+
+def test_a_hanging_group_reward_scores_zero_or_drops_its_group(monkeypatch):
+    drv, calls = _group_rewards(monkeypatch, {2: "hang"})
+    req, trained = _request(groups=5, target=4, reward_timeout_s=0.2, on_reward_failure="zero_reward")
+    trained_outs = {}
+    req.on_group = lambda g, outs: trained_outs.setdefault(g, outs) and trained.append(g) or True
+    result = drv.run(req)
+    assert (2, 0.2) in calls and result.reward_failures == 1 and result.dropped_groups == 0
+    assert sorted(trained) == [0, 1, 2, 3], "the group that timed out trains with reward 0"
+    assert [o.reward_score for o in trained_outs[2]] == [0.0, 0.0]
+    assert [o.extra_fields["reward_extra_info"] for o in trained_outs[2]] == [{"acc": 0.0}] * 2
+
+    drv, _ = _group_rewards(monkeypatch, {2: "hang"})
+    req, trained = _request(groups=5, target=4, reward_timeout_s=0.2, on_reward_failure="drop_group")
+    result = drv.run(req)
+    assert sorted(g for g, _ in trained) == [0, 1, 3, 4], "group 4 (oversampled) took group 2's place"
+    assert result.reward_failures == 1 and result.dropped_groups == 1
+
+
+def test_zero_reward_before_any_response_is_scored_drops_the_group(monkeypatch):
+    drv, _ = _group_rewards(monkeypatch, {0: "raise"})
+    req, trained = _request(groups=5, target=4, on_reward_failure="zero_reward")
+    result = drv.run(req)
+    assert sorted(g for g, _ in trained) == [1, 2, 3, 4] and result.dropped_groups == 1
+
+
+@pytest.mark.parametrize("policy", ["fail", "zero_reward", "drop_group"])
+def test_a_responses_own_reward_failure_is_decided_not_retried(policy):
+    """verl's per-response path (score_by_group off): the error its reward call left on the response."""
+    drv = Driver(lambda g, i, attempt, r: 0.01 * g)
+    drv.reward_error[(2, 1)] = "RewardTimeout: the response's reward took longer than rolloutpipe.reward.timeout_s=5"
+    req, trained = _request(groups=5, target=4, on_reward_failure=policy)
+    if policy == "fail":
+        with pytest.raises(RewardFailedError, match=r"response s1-g2-r1 of group 2, record index 102.*timeout_s=5"):
+            drv.run(req)
+        return
+    result = drv.run(req)
+    assert result.reward_failures == 1 and result.failed_attempts == 0, "not a request failure: not retried"
+    assert drv.calls.count((2, 1, 0)) == 1
+    expected = [0, 1, 2, 3] if policy == "zero_reward" else [0, 1, 3, 4]
+    assert sorted(g for g, _ in trained) == expected

@@ -15,6 +15,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.checkout import ROOT
+from tests.fakes import fake_of
+from verl_pipe.rollout.client import AdmissionRoutedClient
 from tests.test_gpu_recipes import CPU_ENV_PREFIXES, PROBE
 
 RECIPE = "qwen3_1p7b_tool_calc_4x4"
@@ -83,6 +85,75 @@ def test_calculator_tool_loads_through_verls_registry_and_answers():
         assert not ok and text.startswith("error:"), bad
 
 
+def test_the_calculator_is_bounded_in_size_and_time():
+    """Nestings of powers under 200 characters that built multi-gigabit integers (or raised outside the tool's
+    error handling when printed: Python refuses str() of an int over 4,300 digits) are refused before they are
+    computed; every answer is text, within the time bound."""
+    import time
+
+    from verl_pipe.rollout.tool_agent import MAX_INT_BITS, calculate, evaluate
+
+    for expr in ("((9**64)**64)**2", "(((9**64)**64)**64)**64", "((2**64)**64)*((2**64)**64)", "(10**64)**64",
+                 "-((9**64)**64)", "(-8) ** 0.5", "(" * 150 + "1" + ")" * 49, "1e308 * 10 ** 5"):
+        t = time.perf_counter()
+        text = calculate(expr)
+        assert time.perf_counter() - t < 0.5, expr
+        assert isinstance(text, str), expr
+        if not text.startswith("error:"):
+            assert len(text) < 400, (expr, len(text))
+    assert calculate("((9**64)**64)**2").startswith("error: result larger than")
+    assert evaluate("2 ** 64 * 2 ** 64") == 2 ** 128
+    assert evaluate("(2 ** 32) ** 31") == 2 ** 992  # within MAX_INT_BITS
+    assert MAX_INT_BITS == 1024 and calculate("(2 ** 32) ** 32").startswith("error:")  # 1025 bits
+    assert calculate("2 ** -3") == "2 ** -3 = 0.125"
+
+
+def test_tool_calls_run_off_the_agent_workers_loop_within_a_bound():
+    """The tool agent loop's tools run on a thread of their own (TOOL_LOOP): a tool that blocks its thread for a
+    while leaves the caller's loop free; one that never answers is cut at the bound and the trajectory goes on."""
+    import threading
+    import time
+
+    from verl_pipe.rollout.tool_agent import CalculatorTool, OffLoopTool, load_tools, off_loop
+
+    (calc,) = load_tools("pkg://verl_pipe.recipes/lib/calculator_tool.yaml")
+    wrapped = off_loop(calc)
+    assert isinstance(wrapped, OffLoopTool) and off_loop(wrapped) is wrapped and wrapped.name == "calculator"
+    assert isinstance(wrapped.tool, CalculatorTool)
+
+    class Blocking(type(calc)):
+        async def execute(self, instance_id, parameters, **kwargs):
+            self.thread = threading.current_thread().name
+            if parameters.get("expression") == "forever":
+                await asyncio.sleep(3600)
+            time.sleep(0.3)  # sync work in an async tool: it blocks whatever loop runs it
+            return await super().execute(instance_id, parameters, **kwargs)
+
+    blocking = Blocking(calc.config, calc.tool_schema)
+    tool = OffLoopTool(blocking, timeout_s=1.0)
+
+    async def main():
+        ticks = 0
+
+        async def tick():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        resp, _, _ = await tool.execute("i", {"expression": "6 * 7"})
+        ticked = ticks
+        with pytest.raises(TimeoutError, match="tool calculator took longer than 1s"):
+            await tool.execute("i", {"expression": "forever"})
+        ticker.cancel()
+        return resp.text, ticked
+
+    text, ticked = asyncio.run(main())
+    assert text == "6 * 7 = 42" and blocking.thread == "verl-pipe-tools"
+    assert ticked >= 10, "the caller's loop ran while the tool worked"
+
+
 def test_hermes_parser_reads_a_calculator_call(tmp_path):
     from verl.experimental.agent_loop.tool_parser import ToolParser
 
@@ -95,6 +166,7 @@ def test_hermes_parser_reads_a_calculator_call(tmp_path):
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("calculator", {"expression": "3 * 7"})]
 
 
+@fake_of(AdmissionRoutedClient, extra=("calls",))
 class _FakeServer:
     def __init__(self):
         self.calls = []

@@ -2,6 +2,8 @@
 the validation before training, and a resumed run goes on in the epoch its checkpoint is in. No workers: a bare
 trainer whose begin/fit_step/end record what the loop does."""
 
+import os
+
 from omegaconf import OmegaConf
 
 from verl_pipe.trainer import RolloutPipeTrainer
@@ -12,8 +14,10 @@ class _Loop(RolloutPipeTrainer):
                  stop_file=None, after_step=lambda: None):
         self.config = OmegaConf.create({"trainer": {"total_epochs": epochs, "val_only": val_only}})
         self.train_dataloader = [{"row": i} for i in range(batches_per_epoch)]
+        self.global_steps = 0
         self._resumed, self._total = resumed_step, total_steps
-        self.stop_file, self._after_step = stop_file, after_step
+        self.stop_check = (lambda: os.path.exists(stop_file)) if stop_file else None
+        self._after_step = after_step
         self.calls: list = []
 
     def begin(self):  # verl's: load the checkpoint (global_steps = its step), validate, then step + 1

@@ -218,8 +218,11 @@ class _TurnDriver:
 
         self.plan, self.log = plan, []
         self.supervisor, self._tasks, self.sampling_params, self.default_agent = None, {}, {}, "x"
-        self.worker = SimpleNamespace(_run_agent_loop=self._agent_loop, _postprocess=lambda outputs, validate: outputs,
-                                      score_by_group=False)
+        from tests.fakes import stand_in
+        from verl_pipe.rollout.agent_worker import PipeAgentLoopWorker
+
+        self.worker = stand_in(PipeAgentLoopWorker, _run_agent_loop=self._agent_loop,
+                               _postprocess=lambda outputs, validate: outputs, score_by_group=False)
         self.client = SimpleNamespace(_servers=[None])
 
     async def _agent_loop(self, sampling_params, trajectory, trace=False, **kwargs):
@@ -245,7 +248,7 @@ class _TurnDriver:
             turns.turn_done()
             self.log.append((loop.time(), "tool", key, k, adm.replica, adm.priority))
             await asyncio.sleep(tool_s)
-        return SimpleNamespace(response_mask=torch.ones(3))
+        return SimpleNamespace(response_mask=torch.ones(3), reward_score=None, extra_fields={})
 
 
 def _run_turn_driver(plan, groups, window):

@@ -44,6 +44,7 @@ from verl_pipe.core.group_queue import Group, GroupQueue
 from verl_pipe.core.rollout_core import Cancel, GroupEnded, HandOver, RolloutCore, Submit, Take
 from verl_pipe.core.timeline import StepTimeline
 from verl_pipe.rollout import stream  # imports verl (and ray, not started): outside every timing
+from verl_pipe.rollout.agent_worker import PipeAgentLoopWorker
 
 
 def make_policy(a) -> FrontierPolicy:
@@ -130,6 +131,7 @@ class _Output:
     def __init__(self, tokens: int):
         self.response_mask = self
         self._tokens = tokens
+        self.reward_score, self.extra_fields = None, {}  # verl's: scored later (the driver reads and pops these)
 
     def sum(self):
         return self
@@ -170,8 +172,10 @@ async def real_driver(a, rng: random.Random, materialize=None, completions: bool
     rollout = object.__new__(stream.StreamingRollout)  # what _run_step and _StepRun use, nothing connected
     rollout.supervisor, rollout._tasks, rollout.default_agent = None, {}, "single_turn_agent"
     rollout.sampling_params = dict(temperature=1.0, top_p=1.0, top_k=-1, repetition_penalty=1.0, logprobs=False)
-    rollout.worker = SimpleNamespace(_run_agent_loop=agent_loop, _postprocess=lambda outputs, validate: outputs,
-                                     score_by_group=False)  # its fake agent loop scores nothing
+    # verl's worker without its connections: the class's settings are the real ones (score_by_group, the reward's
+    # bound, ...), its agent loop and post-processing stand-ins; its fake agent loop scores nothing
+    rollout.worker = worker = object.__new__(PipeAgentLoopWorker)
+    worker._run_agent_loop, worker._postprocess = agent_loop, lambda outputs, validate: outputs
     queue = GroupQueue(weight_version=0)
 
     def on_group(g: int, gen_out) -> bool:

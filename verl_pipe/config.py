@@ -26,10 +26,13 @@ from omegaconf.errors import MissingMandatoryValue
 
 from verl_pipe import estimators
 from verl_pipe.assets import TASKS as _TINY_TASKS  # the embedded tiny tasks (that package imports nothing heavy)
+from verl_pipe.core.admission import FGD_LENGTHS
 from verl_pipe.core.micro_batches import ORDERS as MICRO_BATCH_ORDERS
 from verl_pipe.core.release import UNIT_FILLS
+from verl_pipe.core.rollout_core import ON_REWARD_FAILURE
 from verl_pipe.core.variants import FGD_AUTO, GRANULARITIES, resolve_fgd
 from verl_pipe.core.variants import TRAINER_MODES as MODES
+from verl_pipe.data_check import ON_BAD_RECORD
 PLATFORMS = ("cpu", "gpu")
 ON_REQUEST_FAILURE = ("fail", "drop_group")
 # Which estimators stream, and how: verl_pipe/estimators.py (register_streaming, beside verl's register_adv_est).
@@ -153,7 +156,7 @@ def _check_workload(value, key: str, config: DictConfig) -> None:
         raise _err(key, f"got {value!r}; allowed: null or a mapping such as {{kind: lognormal, median: 12, "
                         "sigma: 0.8, rho: 0.7, cap: 32, seed: 0}} or {kind: equal, length: 16}")
     kind = value.get("kind", "lognormal")
-    keys = {"lognormal": ("kind", "name", "seed", "median", "mean", "sigma", "rho", "cap"),
+    keys = {"lognormal": ("kind", "name", "seed", "median", "mean", "sigma", "rho", "cap", "prompts", "cross_epoch"),
             "equal": ("kind", "name", "seed", "length")}
     if kind not in keys:
         raise _err(f"{key}.kind", f"got {kind!r}; allowed: one of lognormal, equal")
@@ -172,7 +175,11 @@ def _check_workload(value, key: str, config: DictConfig) -> None:
         rules.update(cap=length_rule, sigma=Rule("a number >= 0", lambda v: _is_number(v) and v >= 0),
                      rho=Rule("a number in [0, 1]", lambda v: _is_number(v) and 0 <= v <= 1),
                      median=Rule("a number > 0", lambda v: _is_number(v) and v > 0),
-                     mean=Rule("a number > 0", lambda v: _is_number(v) and v > 0))
+                     mean=Rule("a number > 0", lambda v: _is_number(v) and v > 0),
+                     prompts=Rule("null (new prompts every step) or a multiple of data.train_batch_size",
+                                  lambda v: v is None or (_is_int(v) and v >= 1
+                                                          and v % int(config.data.train_batch_size) == 0)),
+                     cross_epoch=Rule("a number in [0, 1]", lambda v: _is_number(v) and 0 <= v <= 1))
         required = ("sigma", "rho", "cap")
         if ("mean" in value) == ("median" in value):
             raise _err(f"{key}.median", "give exactly one of median, mean (the log-normal's body before the cap)")
@@ -182,6 +189,17 @@ def _check_workload(value, key: str, config: DictConfig) -> None:
     for k in value:
         if k in rules:
             _check_value(rules[k], value.get(k), f"{key}.{k}")
+
+
+def _check_fgd_policy(value, key: str, config: DictConfig) -> None:
+    """rolloutpipe.fgd.policy: a class path 'package.module:Class' naming an admission policy, imported here (at
+    launch) so a typo or a class that is not a policy fails before any worker starts."""
+    from verl_pipe.core.admission import PolicyPathError, load_policy
+
+    try:
+        load_policy(value, key)
+    except PolicyPathError as e:
+        raise ConfigError(str(e)) from None
 
 
 MULTITURN_AGENT = "verl_pipe_multiturn"  # verl_pipe.rollout.multiturn.AGENT_NAME (not imported here: it imports verl)
@@ -255,6 +273,8 @@ ROLLOUTPIPE: dict[str, Any] = {
         "frontier_groups": FRONTIER_GROUPS,
         "slack": integer(0),
         "window": FGD_WINDOW,
+        "policy": _check_fgd_policy,
+        "lengths": choice(*FGD_LENGTHS),
     },
     "dispatch": {
         "order": DISPATCH_ORDER,
@@ -264,7 +284,7 @@ ROLLOUTPIPE: dict[str, Any] = {
     "allow_ray_store_on_gpu": BOOLEAN,
     "oversample": integer(0),
     "request_timeout_s": SECONDS,
-    "reward": {"score_by_group": BOOLEAN},
+    "reward": {"score_by_group": BOOLEAN, "timeout_s": SECONDS, "on_failure": choice(*ON_REWARD_FAILURE)},
     "weight_sync_timeout_s": SECONDS,
     "nccl_sync": {
         "min_gib_per_s": Rule("null (weight_sync_timeout_s alone) or a bandwidth floor in GiB/s > 0",
@@ -280,6 +300,7 @@ ROLLOUTPIPE: dict[str, Any] = {
         "replica_restart_timeout_s": SECONDS,
         "health_check_timeout_s": SECONDS,
         "checkpoint_on_failure": BOOLEAN,
+        "on_bad_record": choice(*ON_BAD_RECORD),
     },
     "data_check_counts": INTERNAL,
 }
@@ -344,6 +365,7 @@ def validate(config: DictConfig, check_paths: bool = True) -> None:
     if not isinstance(rp, DictConfig):
         raise _err("rolloutpipe", "missing: compose the run from conf/rolloutpipe_trainer.yaml (or a recipe on it)")
     _check_table(rp, ROLLOUTPIPE, "rolloutpipe", config)
+    _check_verl_keys(config)
     _validate_batching(config)
     _validate_algorithm(config)
     _validate_trainer_pool(config)
@@ -356,6 +378,16 @@ def validate(config: DictConfig, check_paths: bool = True) -> None:
                                      "(or rolloutpipe.platform=cpu)")
     if check_paths:
         _validate_paths(config)
+
+
+def _check_verl_keys(config: DictConfig) -> None:
+    """Every other key is one verl 0.9.1 knows (verl_pipe/config_keys.py: its YAML and dataclasses)."""
+    from verl_pipe.config_keys import UnknownKeyError, check_known_keys
+
+    try:
+        check_known_keys(config)
+    except UnknownKeyError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _int_at_least(config: DictConfig, key: str, lo: int) -> int:
@@ -634,12 +666,25 @@ def _validate_cpu(config: DictConfig) -> None:
         warnings.warn(problem, CpuBf16Warning, stacklevel=2)
 
 
+# A Hugging Face hub id, as verl's GPU users name models (``Qwen/Qwen3-1.7B``): transformers' repo-id shape (an
+# optional owner, one slash, a name of letters, digits, '-', '_', '.'; no '--' or '..', not starting or ending with
+# '-' or '.'). Checked for shape only, never fetched here (verl's workers download it).
+HUB_ID = re.compile(r"(?!.*(--|\.\.))[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9])?/[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9])?")
+
+
+def is_hub_id(path: str) -> bool:
+    text = str(path)
+    return bool(HUB_ID.fullmatch(text)) and not text.startswith((".", "/", "~"))
+
+
 def _validate_paths(config: DictConfig) -> None:
     model = config.actor_rollout_ref.model.path
     if not model:
         raise _err("actor_rollout_ref.model.path", "is not set (set it, or rolloutpipe.tiny_assets.enable=true)")
-    if not Path(os.path.expanduser(str(model))).exists() and "://" not in str(model):
-        raise _err("actor_rollout_ref.model.path", f"{model} does not exist")
+    if not Path(os.path.expanduser(str(model))).exists() and "://" not in str(model) and not is_hub_id(model):
+        raise _err("actor_rollout_ref.model.path",
+                   f"{model} does not exist, and it is not a Hugging Face hub id (owner/name, e.g. "
+                   "Qwen/Qwen3-1.7B)")
     for key in ("train_files", "val_files"):
         files = config.data[key]
         if not files:

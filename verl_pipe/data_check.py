@@ -426,3 +426,83 @@ def write_bad_records_parquet(path: str | Path, good_records_source: str | Path,
     table = table.add_column(source.schema.get_field_index("prompt"), "prompt", prompt)
     pq.write_table(table, str(path))
     return {**{r: 1 for r in REASONS}, "total": len(REASONS)}
+
+
+# ---------------------------------------------------------------- a record that fails mid-run
+
+ON_BAD_RECORD = ("fail", "skip")
+BAD_RECORD_METRIC = "data/bad_records_skipped"
+
+
+class BadRecordError(DataCheckError):
+    """A record failed in verl's dataset while the run drew a batch (rolloutpipe.fault.on_bad_record=fail)."""
+
+
+class GuardedDataset:
+    """verl's training dataset, its records read as verl reads them, with a record that fails there named: the check
+    above runs before training, but a record can still fail in verl's ``__getitem__`` mid-run (its file changed
+    under the run, a multimodal file gone, a case the check does not know). ``policy`` (rolloutpipe.fault.on_bad_record):
+    ``fail`` raises BadRecordError naming the split's files, the row and verl's error (the run loop checkpoints the
+    last completed step with the data loader before the batch, verl_pipe/trainer/run_loop.py); ``skip`` logs it and
+    leaves it out of its batch (``guarded_collate``), counted in ``data/bad_records_skipped``: the batch is one prompt
+    short, as when a group is dropped (an oversampled prompt, rolloutpipe.oversample, takes its place). Everything
+    else is verl's dataset's (attributes are forwarded)."""
+
+    def __init__(self, dataset, files, policy: str = "fail", split: str = "train"):
+        if policy not in ON_BAD_RECORD:
+            raise ValueError(f"rolloutpipe.fault.on_bad_record: got {policy!r}; allowed: one of "
+                             f"{', '.join(ON_BAD_RECORD)}")
+        self.dataset, self.policy, self.split = dataset, policy, split
+        self.files = [str(f) for f in ([files] if isinstance(files, str) else list(files or []))]
+        self.skipped: list[str] = []  # named, since the last take_skipped()
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getattr__(self, name):
+        if name in ("dataset", "policy", "split", "files", "skipped"):  # not set yet (unpickling)
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def __getitem__(self, item):
+        try:
+            return self.dataset[item]
+        except Exception as e:  # noqa: BLE001 -- any error of verl's dataset on this record
+            where = self.describe(item)
+            msg = f"{where} failed in verl's dataset: {type(e).__name__}: {e}"
+            if self.policy == "fail":
+                raise BadRecordError(f"{msg} (rolloutpipe.fault.on_bad_record=fail)") from e
+            _log(f"{msg}; skipped (rolloutpipe.fault.on_bad_record=skip)")
+            self.skipped.append(where)
+            return None
+
+    def describe(self, item) -> str:
+        """The record as a user finds it: the split's files, the row, and its extra_info.index when readable."""
+        files = ", ".join(self.files) or "?"
+        name = f"data.{self.split}_files ({files}) row {item}"
+        try:
+            index = (self.dataset.dataframe[int(item)].get("extra_info") or {}).get("index")
+        except Exception:  # noqa: BLE001 -- the record may be unreadable
+            index = None
+        return name if index is None else f"{name} (record index {index})"
+
+    def take_skipped(self) -> list[str]:
+        out, self.skipped = self.skipped, []
+        return out
+
+
+def guarded_collate(collate: Callable) -> Callable:
+    """verl's collate function over the records ``GuardedDataset`` did not skip (None for a batch of skipped
+    records only)."""
+
+    def collate_good(records):
+        good = [r for r in records if r is not None]
+        return collate(good) if good else None
+
+    return collate_good
+
+
+def bad_record_metrics(dataset) -> dict[str, int]:
+    """The records skipped since the last step (``data/bad_records_skipped``), for the step's metrics."""
+    take = getattr(dataset, "take_skipped", None)
+    return {BAD_RECORD_METRIC: len(take())} if take is not None else {}

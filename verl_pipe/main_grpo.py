@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import tempfile
 import time
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
+
+from verl_pipe.launch import stop_request
 
 # The base config is the subpackage verl_pipe.conf (conf/ at the top of the checkout, mapped there by pyproject's
 # package-dir; verl_pipe/conf in a wheel), found by module name, so an installed verl_pipe runs outside a checkout;
@@ -179,15 +179,17 @@ def start_ray(config: DictConfig) -> None:
     ray.init(**kwargs)
 
 
-# Touched when the launcher is signalled: the trainer starts no new step (RolloutPipeTrainer.stop_requested).
-STOP_FILE = Path(tempfile.gettempdir()) / f"verl_pipe_stop_{os.getpid()}"
-# The same request through the Ray cluster, for a TaskRunner on another node (verl_pipe/launch/stop_request.py).
-RUN_ID = f"{socket.gethostname()}-{os.getpid()}"
+# The run's id (128 random bits, printed at start): its stop request through the Ray cluster, for a TaskRunner on
+# another node, and its TaskRunner's actor name (verl_pipe/launch/stop_request.py). The stop file, made when the
+# launcher is signalled, is in a private directory of the run's (stop_request.LocalStop).
+RUN_ID = stop_request.new_run_id()
+_local_stop: stop_request.LocalStop | None = None
 _attached = False  # start_ray attached to a cluster this launcher did not start
 
 
 def request_stop() -> None:
-    STOP_FILE.touch()
+    if _local_stop is not None:
+        _local_stop.request()
     if not _attached:
         # A Ray this launcher started is on this node, and so is its TaskRunner, which reads the file. Its GCS is in
         # the launcher's process group and gets the same signal: a put would wait for a dead GCS (Ray's client gives
@@ -196,10 +198,8 @@ def request_stop() -> None:
     try:
         import ray
 
-        from verl_pipe.launch import stop_request
-
         if ray.is_initialized():
-            stop_request.request(RUN_ID)
+            stop_request.request(RUN_ID, known=True)
     except Exception as e:  # noqa: BLE001 -- the teardown that follows ends the run either way
         print(f"[verl_pipe] could not put the stop request in the Ray cluster: {e}", flush=True)
 
@@ -210,13 +210,30 @@ def run(config: DictConfig) -> dict:
 
     from verl_pipe.launch.task_runner import PipeTaskRunner
 
-    STOP_FILE.unlink(missing_ok=True)  # a previous process's, with our pid
+    global _local_stop
+    _local_stop = stop_request.LocalStop()
     print(f"[verl_pipe] run id {RUN_ID}: `python -m verl_pipe.launch.stop_request {RUN_ID}` from any machine of the cluster "
           "stops it before its next step", flush=True)
     from verl_pipe.platform.node_roles import on_this_node
 
-    runner = PipeTaskRunner.options(scheduling_strategy=on_this_node()).remote()  # not on a role node of a cluster
-    return ray.get(runner.run.remote(config, str(STOP_FILE), RUN_ID))
+    runner = PipeTaskRunner.options(name=stop_request.runner_name(RUN_ID), namespace=stop_request.NAMESPACE,
+                                    scheduling_strategy=on_this_node()).remote()  # not on a role node of a cluster
+    return ray.get(runner.run.remote(config, str(_local_stop.file), RUN_ID))
+
+
+def clear_stop_request(local: bool = True, cluster: bool = True) -> None:
+    """Every way out of the launcher: its stop directory goes (``local``), and its key in a cluster it attached to
+    (``cluster``: that GCS outlives it); a cluster it started takes its key with it."""
+    if local and _local_stop is not None:
+        _local_stop.remove()
+    if cluster and _attached:
+        try:
+            import ray
+
+            if ray.is_initialized():
+                stop_request.clear(RUN_ID)
+        except Exception as e:  # noqa: BLE001 -- the id is never reused: a key left behind stops no other run
+            print(f"[verl_pipe] could not clear the stop request of run {RUN_ID}: {e}", flush=True)
 
 
 
@@ -245,7 +262,7 @@ def _signalled(wait_s: float = 1.0) -> bool:
     return bool(_SIGNALS)
 
 
-def stop(reason: str, shutdown_timeout_s: float = 20.0) -> None:
+def stop(reason: str, shutdown_timeout_s: float = 20.0, before_shutdown=None) -> None:
     """Tears down what this run started: the Ray cluster (if this process started it) with every
     actor in it, and the vLLM engines under the server actors. When the whole process group was signalled,
     Ray's own processes may be gone already and ``ray.shutdown`` may wait on them: it gets a deadline, then every
@@ -255,6 +272,8 @@ def stop(reason: str, shutdown_timeout_s: float = 20.0) -> None:
     from verl_pipe.launch.teardown import reap, run_ignoring
 
     print(f"[verl_pipe] stopping ({reason}): shutting down Ray and the rollout engines", flush=True)
+    if before_shutdown is not None:
+        before_shutdown()
     if ray.is_initialized() and not run_ignoring(ray.shutdown, shutdown_timeout_s):
         print(f"[verl_pipe] ray.shutdown did not return within {shutdown_timeout_s:.0f}s; ending the run's "
               "processes directly", flush=True)
@@ -276,17 +295,21 @@ def main(config: DictConfig) -> None:
         for s in (signal.SIGTERM, signal.SIGINT):  # SIGINT too: a scheduler's (not a terminal's) is remembered
             signal.signal(s, _stop_on)
         summary = run(config)
+        clear_stop_request()
     except BaseException as e:
         # A signal to the whole process group also reaches the TaskRunner actor: its death (RayActorError) may
         # surface before our own handler's KeyboardInterrupt does. Either way it is the signal's stop.
         if not (isinstance(e, KeyboardInterrupt) or _signalled()):
+            clear_stop_request()
             raise
         for s in (signal.SIGTERM, signal.SIGINT):  # a second signal must not cut the teardown short
             signal.signal(s, signal.SIG_IGN)
         signum = _SIGNALS[0] if _SIGNALS else signal.SIGINT
         request_stop()  # before the teardown, which takes seconds: no new step starts meanwhile
-        stop(signal.Signals(signum).name)
-        STOP_FILE.unlink(missing_ok=True)
+        # the key goes before the shutdown, which ends the run's actors on every node; the file (read by a TaskRunner
+        # on this node until the shutdown ends it) after
+        stop(signal.Signals(signum).name, before_shutdown=lambda: clear_stop_request(local=False))
+        clear_stop_request(cluster=False)
         print("[verl_pipe] stopped; the latest completed checkpoint (if any) is in "
               f"{config.trainer.default_local_dir}; resume with trainer.resume_mode=auto", flush=True)
         raise SystemExit(128 + signum) from None

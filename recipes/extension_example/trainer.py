@@ -10,7 +10,8 @@ weight-version checks, verl's actor -- is inherited unchanged; each override cal
    as large as a group with a right and a wrong answer; ``min_reward_spread`` drops such groups (0.1 keeps
    every group with variance under the example reward's 0 / 0.25 / 1 levels; 0.5 would train only groups
    with a right answer). It also records, per prompt, whether its group was trainable (``prompt_history``).
-2. **Admission priority** (``fgd_policy_cls = DeferringFrontierPolicy``, ``admission_kwargs``): prompts whose previous group
+2. **Admission priority** (the recipe's ``rolloutpipe.fgd.policy`` names ``DeferringFrontierPolicy``;
+   ``admission_kwargs``): prompts whose previous group
    was untrainable (all answers equally good or bad last time) are admitted last, and sent with a lower vLLM
    priority. With oversampling, the step fills its batch from the other prompts first, and the deferred
    ones are the leftovers that get aborted: less rollout work spent on groups likely to be dropped.
@@ -115,8 +116,8 @@ class DeferringFrontierPolicy(FrontierPolicy):
 class ExampleTrainer(RolloutPipeTrainer):
     # A group is trained only if its rewards span at least this much (0 disables the check).
     min_reward_spread: float = 0.1
-    # (2) admission priority: FGD as configured (rolloutpipe.fgd.*), plus deferral; FCFS stays as it is.
-    fgd_policy_cls = DeferringFrontierPolicy
+    # (2) admission priority: FGD as configured (rolloutpipe.fgd.*), plus deferral (the recipe's rolloutpipe.fgd.policy
+    # names DeferringFrontierPolicy; admission_kwargs below gives it the deferred groups); FCFS stays as it is.
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -1,14 +1,21 @@
 """Faults injected for real on the live CPU stack: a rollout replica killed by pid mid-step, requests that
-vLLM rejects, no replica left (rollback + checkpoint), and resuming from that checkpoint.
+vLLM rejects, a reward that raises or hangs (the user's reward function in verl's reward worker), a record that fails
+in verl's dataset mid-run, a disk that fills during verl's checkpoint (a size-limited tmpfs) and a truncated latest
+checkpoint, no replica left (rollback + checkpoint), and resuming from that checkpoint.
 
 The tests share one stack; each reads the weight version and step it starts from off the trainer. The last test
 takes the stack down on purpose (no replica left), then resumes from the checkpoint it wrote, in one test: the
 resume needs that failure, so the two are not separate tests that would depend on running in file order.
 """
 
+import json
 import os
+import re
+import shutil
 import signal
+import subprocess
 import time
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -26,8 +33,11 @@ GROUPS = 8
 OVERSAMPLE = 2
 SHORT, LONG = 4, 128  # response lengths: the first unit's groups, and the rest (still running at the kill)
 
-FAULT_OVERRIDES = E2E_OVERRIDES + [
+FAULTY_REWARD = ["reward.custom_reward_function.path=" + str(Path(__file__).with_name("faulty_reward.py")),
+                 "reward.custom_reward_function.name=compute_score"]
+FAULT_OVERRIDES = E2E_OVERRIDES + FAULTY_REWARD + [
     "rolloutpipe.mode=cgp",
+    "rolloutpipe.fgd.enable=false",  # FCFS admission, as these cases were sized (mode=cgp alone now means FGD on)
     f"rolloutpipe.oversample={OVERSAMPLE}",
     f"data.max_response_length={LONG}",
     "actor_rollout_ref.rollout.max_model_len=256",
@@ -52,7 +62,23 @@ def bad_data(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def stack(ckpt_dir, bad_data):
+def reward_control(tmp_path_factory):
+    """The control file of tests/e2e/faulty_reward.py (its path reaches the reward worker through the environment
+    Ray's processes inherit); write(**control) arms it, write() disarms it."""
+    path = tmp_path_factory.mktemp("reward") / "control.json"
+    os.environ["VERL_PIPE_FAULTY_REWARD"] = str(path)
+
+    def write(**control):
+        path.write_text(json.dumps(control))
+        return path.parent
+
+    write()
+    yield write
+    os.environ.pop("VERL_PIPE_FAULTY_REWARD", None)
+
+
+@pytest.fixture(scope="module")
+def stack(ckpt_dir, bad_data, reward_control):
     from verl_pipe.launch.session import PipeSession, compose
 
     overrides, expected = bad_data
@@ -267,6 +293,240 @@ def test_rejected_requests_drop_their_group_or_fail_the_step(stack):
     # the stack goes on: the same step number runs again with good requests
     rec = stack.step(sampling_overrides=_lengths)
     assert rec["step"] == step and len(rec["trained_groups"]) == GROUPS
+
+
+def test_a_reward_that_raises_or_hangs(stack, reward_control):
+    """The user's reward function raises on one record: with rolloutpipe.reward.on_failure=fail the step fails naming
+    the record and is not retried; re-run on the same prompts (what trainer.resume_mode=auto does after that failure)
+    with drop_group, the record's group is dropped and an oversampled one takes its place. Then it hangs on one record
+    (one response's call): with timeout_s=3 the step goes on, on both the group call (score_by_group) and verl's
+    per-response call, the failure counted, the group trained with reward 0 (zero_reward)."""
+    from verl_pipe.trainer import StepFailedError
+
+    trainer = stack.trainer
+    reward = trainer.config.rolloutpipe.reward
+    before = (reward.on_failure, reward.timeout_s)
+    try:
+        batch_dict = next(stack._batches)
+        victim = int(batch_dict["index"][1])  # group 1's record
+        reward_control(**{"raise": [victim]})
+        with open_dict(reward):
+            reward.on_failure = "fail"
+        step = trainer.global_steps
+        with pytest.raises(StepFailedError, match=rf"(?s)record index {victim}.*faulty reward: record {victim} "
+                                                  "raises.*Not retried") as err:
+            stack.step(batch_dict=batch_dict, sampling_overrides=_lengths)
+        print(f"\n[fault] reward raised: {str(err.value)[:300]}")
+        assert trainer.global_steps == step
+        with open_dict(reward):
+            reward.on_failure = "drop_group"
+        rec = stack.step(batch_dict=batch_dict, sampling_overrides=_lengths)
+        m = rec["metrics"]
+        assert rec["step"] == step and m["rolloutpipe/reward_failures"] == 1
+        assert m["rolloutpipe/failed_groups_dropped"] == 1 and 1 not in rec["trained_groups"]
+        assert len(rec["trained_groups"]) == GROUPS, "an oversampled group took the dropped group's place"
+
+        for by_group in (True, False):
+            batch_dict = next(stack._batches)
+            victim = int(batch_dict["index"][2])
+            where = reward_control()
+            marker = where / f"hang-{victim}-{by_group}"
+            reward_control(hang={str(victim): str(marker)}, hang_s=30)
+            with open_dict(reward):
+                reward.on_failure, reward.timeout_s = "zero_reward", 3
+            trainer.rollout.worker.score_by_group = by_group
+            t0 = time.perf_counter()
+            try:
+                rec = stack.step(batch_dict=batch_dict, sampling_overrides=_lengths)
+            finally:
+                trainer.rollout.worker.score_by_group = True
+            took, m = time.perf_counter() - t0, rec["metrics"]
+            print(f"[fault] reward hung on record {victim} ({'group call' if by_group else 'per response'}): "
+                  f"step {took:.1f}s, reward_failures {m['rolloutpipe/reward_failures']}")
+            assert marker.exists(), "the reward did hang"
+            assert m["rolloutpipe/reward_failures"] == 1 and m["rolloutpipe/failed_groups_dropped"] == 0
+            assert 2 in rec["trained_groups"] and len(rec["trained_groups"]) == GROUPS
+            assert took < 30, "the hang did not hold the step"
+            batch = trainer.last_outcome.batch
+            rows = [i for i, e in enumerate(batch.non_tensor_batch["extra_info"]) if e.get("index") == victim]
+            assert len(rows) == N
+            if by_group:  # the group's one call timed out: each of its responses scores 0
+                assert float(batch.batch["token_level_scores"][rows].abs().sum()) == 0.0
+    finally:
+        reward_control()
+        with open_dict(reward):
+            reward.on_failure, reward.timeout_s = before
+
+
+def test_a_bad_record_mid_run_is_named_then_fails_or_is_skipped(stack, ckpt_dir):
+    """A record that became bad after the data check (its prompt null: verl's dataset raises TypeError on it):
+    on_bad_record=fail stops the run naming the file, the row and the record, with the last completed step
+    checkpointed; skip leaves it out of its batch (named, counted) and the step trains the batch's other records."""
+    from verl_pipe.data_check import BadRecordError
+    from verl_pipe.trainer import checkpoints
+
+    trainer = stack.trainer
+    guard = trainer.train_dataset
+    verl_dataset = guard.dataset
+    frame = verl_dataset.dataframe
+
+    def bad(i: int) -> bool:
+        return i % 7 == 3
+
+    verl_dataset.dataframe = frame.map(lambda ex, i: {"prompt": None if bad(i) else ex["prompt"]}, with_indices=True)
+    try:
+        guard.policy = "fail"
+        step = trainer.global_steps
+        with pytest.raises(BadRecordError) as err:
+            for _ in range(40):
+                next(stack._batches)
+        msg = str(err.value)
+        print(f"\n[fault] bad record: {msg[:400]}")
+        assert re.search(r"data.train_files \(.*\) row \d+ \(record index \d+\) failed in verl's dataset: "
+                         r"TypeError: 'NoneType' object is not iterable", msg), msg
+        assert f"global_step_{step - 1}" in msg and "resume_mode=auto" in msg
+        assert checkpoints.problem(str(ckpt_dir / f"global_step_{step - 1}")) is None
+        stack._batches = stack._batch_iter()  # the generator ended with the error
+
+        guard.policy = "skip"
+        for _ in range(40):
+            batch_dict = next(stack._batches)
+            if len(batch_dict["index"]) < GROUPS + OVERSAMPLE:
+                break
+        skipped = GROUPS + OVERSAMPLE - len(batch_dict["index"])
+        assert skipped >= 1
+        rec = stack.step(batch_dict=batch_dict, sampling_overrides=_lengths)
+        assert rec["metrics"]["data/bad_records_skipped"] == skipped
+        assert rec["data_index"] == [int(i) for i in batch_dict["index"]], "every other record of the batch drawn"
+        assert len(rec["trained_groups"]) == min(GROUPS, len(batch_dict["index"]))
+    finally:
+        verl_dataset.dataframe = frame
+        guard.policy = "fail"
+
+
+def _mount_tmpfs(path: Path, size: int, remount: bool = False) -> bool:
+    opts = f"{'remount,' if remount else ''}size={size}"
+    cmd = ["mount", "-o", opts, str(path)] if remount else ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)]
+    return shutil.which("mount") is not None and subprocess.run(cmd, capture_output=True).returncode == 0
+
+
+def _used(path: Path) -> int:
+    st = os.statvfs(path)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def _fill_next_save_in_the_workers(trainer) -> None:
+    """Where no file system can be mounted (not root): the next torch.save in the actor workers raises the OS error
+    a full disk raises (ENOSPC), once."""
+    def arm(self):
+        import errno
+
+        import torch
+
+        save = torch.save
+
+        def full(*args, **kwargs):
+            torch.save = save
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        torch.save = full
+
+    ray.get([w.__ray_call__.remote(arm) for w in trainer.actor_wg.workers])
+
+
+def _resume_in_place(stack) -> None:
+    """What a resumed run does before its first step (RunLoop.begin): verl's resume (resume_mode=auto, from the
+    newest complete checkpoint), its weights into the rollout, the next step after it, its batches from the loader's
+    restored state."""
+    trainer = stack.trainer
+    tr = trainer.config.trainer
+    with open_dict(tr):
+        before, tr.resume_mode = tr.resume_mode, "auto"
+    try:
+        trainer._load_checkpoint()
+    finally:
+        with open_dict(tr):
+            tr.resume_mode = before
+    trainer._data_state = trainer.train_dataloader.state_dict()
+    trainer.checkpoint_manager.update_weights(trainer.global_steps)
+    trainer.global_steps += 1
+    stack._batches = stack._batch_iter()
+
+
+def test_a_disk_that_fills_during_a_checkpoint_then_a_truncated_latest(stack, tmp_path, capsys):
+    """verl's checkpoint on a size-limited tmpfs: a complete one, then the file system has room for half a checkpoint
+    and the next save fills it: the run stops naming the folder, the full disk and the previous checkpoint, which is
+    intact (its files as recorded, the tracker on it) and resumes. Then a later checkpoint truncated: a resume passes
+    over it to the last complete one; with that one truncated too it refuses, naming both."""
+    from verl_pipe.trainer.checkpoints import CheckpointError, CheckpointSaveError, problem
+
+    trainer = stack.trainer
+    tr = trainer.config.trainer
+    disk = tmp_path / "small_disk"
+    disk.mkdir()
+    mounted = _mount_tmpfs(disk, 512 << 20)
+    print(f"\n[fault] checkpoint disk: {'a tmpfs of 512 MiB' if mounted else 'not mountable here: ENOSPC raised at the write'}")
+    before = (tr.default_local_dir, tr.save_freq)
+    with open_dict(tr):
+        tr.default_local_dir, tr.save_freq = str(disk), 1
+    try:
+        rec = stack.step(sampling_overrides=_lengths)
+        a = rec["step"]
+        folder_a = disk / f"global_step_{a}"
+        assert problem(str(folder_a)) is None
+        theta_a = stack.actor_state()
+        size = sum(f.stat().st_size for f in folder_a.rglob("*") if f.is_file())
+        if mounted:
+            room = _used(disk) + size // 2
+            assert _mount_tmpfs(disk, room, remount=True)
+        else:
+            _fill_next_save_in_the_workers(trainer)
+        with pytest.raises(CheckpointSaveError) as err:
+            stack.step(sampling_overrides=_lengths)
+        msg = str(err.value)
+        print(f"[fault] disk full ({size} bytes per checkpoint, room for half of one): {msg[:500]}")
+        assert f"saving the checkpoint of step {a + 1} to {disk}/global_step_{a + 1} failed: the disk is full" in msg
+        assert f"latest complete checkpoint is {folder_a} (left as it was)" in msg
+        assert not (disk / f"global_step_{a + 1}").exists(), "the partial checkpoint is gone"
+        assert (disk / "latest_checkpointed_iteration.txt").read_text() == str(a)
+        assert problem(str(folder_a)) is None
+        if mounted:
+            assert _mount_tmpfs(disk, 512 << 20, remount=True)
+        _resume_in_place(stack)  # the previous checkpoint resumes
+        assert trainer.global_steps == a + 1
+        after = stack.actor_state()
+        assert all(torch.equal(theta_a[k], after[k]) for k in theta_a)
+
+        rec = stack.step(sampling_overrides=_lengths)
+        b = rec["step"]
+        folder_b = disk / f"global_step_{b}"
+        assert b == a + 1 and problem(str(folder_b)) is None
+        largest = max((f for f in folder_b.rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
+        with open(largest, "r+b") as f:
+            f.truncate(largest.stat().st_size // 2)
+        earlier = capsys.readouterr().out  # this test's own lines so far, kept in the run's log
+        with capsys.disabled():
+            print("".join(line + "\n" for line in earlier.splitlines() if line.startswith("[fault]")), end="")
+        _resume_in_place(stack)
+        out = capsys.readouterr().out
+        print(f"[fault] {largest.relative_to(disk)} truncated: {out.strip().splitlines()[0] if out.strip() else ''}")
+        assert f"checkpoint {folder_b} is not complete ({largest.relative_to(folder_b)} has" in out
+        assert trainer.global_steps == a + 1, "resumed from the last complete checkpoint"
+        after = stack.actor_state()
+        assert all(torch.equal(theta_a[k], after[k]) for k in theta_a)
+
+        data = folder_a / "data.pt"
+        with open(data, "r+b") as f:
+            f.truncate(1)
+        with pytest.raises(CheckpointError, match=rf"no complete checkpoint to resume from in {disk} "
+                                                  rf"\({folder_b}: .*; {folder_a}: data.pt has 1 bytes"):
+            _resume_in_place(stack)
+        assert trainer.global_steps == a + 1, "refused before loading anything"
+    finally:
+        with open_dict(tr):
+            tr.default_local_dir, tr.save_freq = before
+        if mounted:
+            subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
 def test_no_replica_left_rolls_back_checkpoints_and_resumes(stack, ckpt_dir):

@@ -12,9 +12,11 @@ object store, vLLM server and engine at once):
 2. a launcher (``python -m verl_pipe.main_grpo``) attached to the cluster resumes that checkpoint and loses the
    trainer's node: it stops with the error, the last checkpoint intact, nothing of the run left on the other nodes;
 3. a second launcher resumes that one and is stopped from another process through the cluster (``python -m
-   verl_pipe.launch.stop_request``, no stop file): it ends after its step, the cluster stays up;
+   verl_pipe.launch.stop_request``, no stop file; an id no run has is refused first): it ends after its step, the
+   cluster stays up, its stop key and its private stop directory gone;
 4. a third resumes that one and gets SIGTERM: exit 143, none of the run's actors left on any node, the cluster up;
-5. a fourth resumes that one and loses the head (the module's last test: the cluster ends with it).
+5. a fourth resumes that one and loses the head (the module's last test: the cluster ends with it); a new cluster
+   then resumes its last checkpoint, no step lost or repeated (opt-in: VERL_PIPE_MULTINODE_HEAD=1).
 
 Every case asserts its groups trained once (or, across the launchers, that no step was lost or trained twice).
 Real Ray, real vLLM, real verl workers. Bounded: one cluster for the module, one session, four launchers (times in
@@ -482,19 +484,31 @@ def test_stop_request_through_the_cluster_no_shared_tmp(cluster, tmp_path):
     """A new launcher resumes the checkpoint the lost trainer node left (the step after it, so none lost) and is
     stopped from another process through the cluster (``python -m verl_pipe.launch.stop_request <run id>``; the launcher's
     /tmp is its own and no stop file is made): the step in progress completes, no new one starts, exit 0, every
-    node still up and nothing of the run left."""
-    if "latest" not in STATE:
-        pytest.skip("needs the checkpoint of test_launcher_resumes_after_node_loss_then_loses_the_trainer_node")
-    _respawn(cluster, ["trainer"])
-    ckpt, latest, log, trace = STATE["ckpt"], STATE["latest"], tmp_path / "launcher.log", tmp_path / "trace"
+    node still up and nothing of the run left. Run alone (``-k``), its launcher starts a fresh run instead."""
+    resumed = "latest" in STATE
+    if resumed:
+        _respawn(cluster, ["trainer"])
+    ckpt, log, trace = STATE["ckpt"] if resumed else tmp_path / "ckpt", tmp_path / "launcher.log", tmp_path / "trace"
+    latest, seen = (STATE["latest"], STATE["seen_data"]) if resumed else (0, set())
+    nodes = set(cluster.alive_nodes())
     private_tmp = tmp_path / "launcher_tmp"  # the launcher's /tmp: not the TaskRunner's on a real cluster
     private_tmp.mkdir()
     proc = _launch(cluster, log, ckpt, trace, env_extra={"TMPDIR": str(private_tmp)})
     try:
         run_id = _wait_for(proc, log, r"\[verl_pipe\] run id (\S+):").group(1)
+        assert re.fullmatch(r"[0-9a-f]{32}", run_id), f"a run id nobody can guess: {run_id}"
+        (stop_dir,) = private_tmp.glob("verl_pipe_run_*")
+        assert stop_dir.stat().st_mode & 0o777 == 0o700, "the stop file's directory is the user's alone"
         _wait_for(proc, log, rf"\[verl_pipe\] step {latest + 1} ")
-        t = time.perf_counter()
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        other = "0" * 32 if run_id != "0" * 32 else "1" * 32  # an id no run has (a typo, or a run that ended)
+        for bad in (other, "host-1234"):
+            out = subprocess.run([sys.executable, "-m", "verl_pipe.launch.stop_request", bad, "--address",
+                                  cluster.address], cwd=ROOT, timeout=120, env=env, capture_output=True, text=True)
+            assert out.returncode == 2 and "stop requested" not in out.stdout, (bad, out.stdout, out.stderr[-2000:])
+            assert ("no run with id" if bad == other else "is not a run id") in out.stderr, out.stderr[-2000:]
+        assert proc.poll() is None, "a refused request stops nothing"
+        t = time.perf_counter()
         subprocess.run([sys.executable, "-m", "verl_pipe.launch.stop_request", run_id, "--address", cluster.address],
                        check=True, cwd=ROOT, timeout=120, env=env)
         request_s = time.perf_counter() - t
@@ -509,15 +523,28 @@ def test_stop_request_through_the_cluster_no_shared_tmp(cluster, tmp_path):
           f"{stop_s:.1f}s after it; {stopped and stopped.group(0)}")
     assert rc == 0, text[-4000:]
     assert stopped, text[-4000:]
-    assert not list(private_tmp.glob("verl_pipe_stop_*")), "no stop file: the request went through the cluster"
+    assert not list(private_tmp.glob("verl_pipe_*")), "no stop file, and the run's stop directory is gone"
+    assert not _stop_key_left(cluster, run_id), "the run's stop request is cleared from the cluster"
     recs = _records(trace)
     last = int(stopped.group(1))
     assert recs[0]["step"] == latest + 1 and [r["step"] for r in recs] == list(range(latest + 1, last + 1))
-    assert not STATE["seen_data"] & {i for r in recs for i in r["data_index"]}, "no prompt trained twice"
+    assert not seen & {i for r in recs for i in r["data_index"]}, "no prompt trained twice"
     assert _latest(ckpt) == last, "the last step before the stop is checkpointed"
-    assert set(cluster.alive_nodes()) == {"head", "rollout_a", "trainer"}
+    assert set(cluster.alive_nodes()) == ({"head", "rollout_a", "trainer"} if resumed else nodes)
     _no_run_processes_left(cluster, list(cluster.alive_nodes()))
-    STATE.update(last=last, seen_data=STATE["seen_data"] | {i for r in recs for i in r["data_index"]})
+    if resumed:
+        STATE.update(last=last, seen_data=seen | {i for r in recs for i in r["data_index"]})
+
+
+def _stop_key_left(cluster, run_id: str) -> bool:
+    """Whether the cluster's GCS still holds a stop request for ``run_id`` (a new driver attaches to read it)."""
+    from verl_pipe.launch import stop_request
+
+    ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+    try:
+        return stop_request.requested(run_id)
+    finally:
+        ray.shutdown()
 
 
 def _live_actors() -> list[str]:
@@ -539,6 +566,7 @@ def test_sigterm_to_an_attached_launcher(cluster, tmp_path):
     nodes = set(cluster.alive_nodes())
     proc = _launch(cluster, log, ckpt, trace)
     try:
+        run_id = _wait_for(proc, log, r"\[verl_pipe\] run id (\S+):").group(1)
         first = _wait_for(proc, log, r"\[verl_pipe\] step (\d+) ")
         t = time.perf_counter()
         os.kill(proc.pid, signal.SIGTERM)
@@ -559,9 +587,13 @@ def test_sigterm_to_an_attached_launcher(cluster, tmp_path):
     try:
         assert ray.get(ray.remote(lambda: 1).remote(), timeout=60) == 1, "a new driver attaches and runs a task"
         left = _live_actors()
+        from verl_pipe.launch import stop_request
+
+        key_left = stop_request.requested(run_id)
     finally:
         ray.shutdown()
     assert not left, f"actors of the run still alive: {left}"
+    assert not key_left, "the stop request the signalled launcher put in the cluster is cleared"
     recs = _records(trace) if (trace / "steps.jsonl").exists() else []
     if recs:
         assert _latest(ckpt) in [r["step"] for r in recs], "the checkpoint is one of the steps it completed"
@@ -639,6 +671,56 @@ def test_zz_the_head_lost(cluster, tmp_path):
           f"{time.perf_counter() - t_kill:.1f}s after the kill: {still}")
     latest = _latest(ckpt) if (ckpt / "latest_checkpointed_iteration.txt").exists() else None
     print(f"[multinode] latest checkpoint: {before} at the kill, {latest} after")
-    if latest is not None:
-        done = ckpt / f"global_step_{latest}"
-        assert (done / "actor").is_dir() and (done / "data.pt").exists(), "the latest checkpoint is complete"
+    assert latest is not None, "the launcher checkpointed a step before the head was lost"
+    done = ckpt / f"global_step_{latest}"
+    assert (done / "actor").is_dir() and (done / "data.pt").exists(), "the latest checkpoint is complete"
+    from verl_pipe.trainer.checkpoints import problem
+
+    assert problem(str(done)) is None, "and recorded complete"
+    _a_new_cluster_resumes(cluster, ckpt, trace, tmp_path, latest)
+
+
+def _a_new_cluster_resumes(old, ckpt: Path, trace: Path, tmp_path: Path, latest: int) -> None:
+    """After the head's loss: the old cluster's nodes ended (its teardown), a new cluster on other ports, a launcher
+    attached to it resumes ``ckpt`` at the step after ``latest`` (none lost, none repeated: its steps follow the old
+    run's in the trace, no prompt drawn twice), is stopped through the new cluster after a step and exits 0."""
+    tool = sys.modules["local_ray_cluster"]
+    left = old.stop()
+    assert not left, f"processes of the lost cluster left: {left}"
+    before = _records(trace)
+    # its last recorded step is the checkpoint's (or the one before: the kill fell between the save and the record)
+    assert before and latest - 1 <= before[-1]["step"] <= latest
+    rollout = dict(num_cpus=16, num_gpus=1, resources={tool.ROLLOUT_RESOURCE: 1})
+    nodes = (tool.NodeSpec("head", num_cpus=32), tool.NodeSpec("rollout_a", **rollout),
+             tool.NodeSpec("trainer", num_cpus=16, num_gpus=1, resources={tool.TRAINER_RESOURCE: 1}))
+    new = tool.LocalRayCluster(port=_free_base_port(int(os.environ.get("VERL_PIPE_MN_PORT", "6390")) + 500),
+                               nodes=nodes)
+    t0 = time.perf_counter()
+    new.start()
+    up_s = time.perf_counter() - t0
+    log = tmp_path / "resumed.log"
+    proc = _launch(new, log, ckpt, trace)
+    try:
+        run_id = _wait_for(proc, log, r"\[verl_pipe\] run id (\S+):").group(1)
+        first = int(_wait_for(proc, log, r"\[verl_pipe\] step (\d+) ").group(1))
+        first_s = time.perf_counter() - t0
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        subprocess.run([sys.executable, "-m", "verl_pipe.launch.stop_request", run_id, "--address", new.address],
+                       check=True, cwd=ROOT, timeout=120, env=env)
+        rc = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        left = new.stop()
+    text = log.read_text(errors="replace")
+    recs = _records(trace)[len(before):]
+    print(f"[multinode] a new cluster up in {up_s:.1f}s; its launcher resumed at step {first} ({first_s:.1f}s after "
+          f"the cluster's start; the lost run's last checkpoint {latest}), ran steps {[r['step'] for r in recs]}, "
+          f"exit {rc}")
+    assert rc == 0, text[-4000:]
+    assert first == latest + 1, "no step lost or repeated"
+    assert recs and [r["step"] for r in recs] == list(range(latest + 1, latest + 1 + len(recs)))
+    seen = {i for r in before for i in r["data_index"]}
+    epoch = len(before) + len(recs)  # the tiny set's epoch is longer than these runs: no prompt comes back
+    assert epoch < 50 and not seen & {i for r in recs for i in r["data_index"]}, "no prompt trained twice"
+    assert not left, f"processes left after the new cluster's teardown: {left}"

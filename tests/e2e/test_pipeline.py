@@ -245,6 +245,55 @@ def test_fgd_makes_the_first_unit_ready_earlier(pipe):
     assert sum(ready["fgd"]) < sum(ready["stock"])
 
 
+# Per group, its responses' forced length: groups 0-3 long, 4-7 short (7 the longest of the short ones)
+TAIL_LENGTHS = (28, 24, 20, 16, 6, 8, 10, 12)
+
+
+def _groups_first_submitted(pipe, requests: int) -> set[int]:
+    """The groups of the step's first ``requests`` submitted requests (the real client's timeline)."""
+    reqs = sorted(pipe.trainer.timelines[-1].to_dict()["requests"], key=lambda r: r["t"])
+    return {r["group"] for r in reqs[:requests]}
+
+
+def test_length_aware_fgd_orders_by_recorded_predictions_and_off_keeps_rank(pipe):
+    """rolloutpipe.fgd.lengths on the real stack. A first epoch of 8 prompts (forced lengths, groups 0-3 long) gives
+    the length history; in the next epoch each group is predicted from its prompt's last length, recorded per group
+    in the step record, and FGD (the default plug-in) admits first the frontier of the 4 groups predicted shortest,
+    longest first (groups 7, 6), where rank order would start groups 0, 1. ``off`` records the predictions too and
+    keeps the rank order."""
+    from verl_pipe.core.admission import DEFAULT_FGD_POLICY
+
+    assert len(TAIL_LENGTHS) == GROUPS
+    fixed = lambda g, i: {"max_tokens": TAIL_LENGTHS[g], "ignore_eos": True}  # noqa: E731
+    keys = lambda epoch: [(f"e2e-tail-{g}", epoch) for g in range(GROUPS)]  # noqa: E731 -- prompts of this test only
+    batch_dict, window = next(pipe._batches), 2 * N  # a window of 2 groups: the first admissions show the order
+    try:
+        recs = [pipe.step(mode="cgp", granularity="minibatch", fgd=True, batch_dict=batch_dict, fgd_window=window,
+                          sampling_overrides=fixed, length_keys=keys(epoch), fgd_lengths=lengths)
+                for epoch, lengths in ((0, "predicted"), (1, "predicted"))]
+        first = {"predicted": _groups_first_submitted(pipe, window)}
+        recs.append(pipe.step(mode="cgp", fgd=True, batch_dict=batch_dict, length_keys=keys(2), fgd_lengths="off"))
+        first["off"] = _groups_first_submitted(pipe, window)
+    finally:
+        pipe.change(sampling_overrides=None, length_keys=None, fgd_lengths="predicted")
+    for rec, lengths in zip(recs, ("predicted", "predicted", "off")):
+        assert rec["knobs"]["fgd_policy"] == DEFAULT_FGD_POLICY == rec["admission"]["policy"]
+        assert rec["knobs"]["fgd_lengths"] == lengths
+        assert rec["admission"]["order_by_length"] is (lengths != "off")
+        assert sorted(rec["trained_groups"]) == list(range(GROUPS))
+        got = rec["lengths"]  # one entry per group, every step: predicted vs actual
+        assert len(got) == GROUPS
+        assert [g["actual_mean_tokens"] for g in got] == list(TAIL_LENGTHS)
+        assert [g["actual_max_tokens"] for g in got] == list(TAIL_LENGTHS)
+    assert {g["source"] for g in recs[0]["lengths"]} == {"prior"}  # nothing known about these prompts yet
+    for rec in recs[1:]:  # each prompt's earlier epoch, all its responses of one length: predicted exactly
+        assert [g["source"] for g in rec["lengths"]] == ["history"] * GROUPS
+        assert [g["predicted_tokens"] for g in rec["lengths"]] == pytest.approx(TAIL_LENGTHS, rel=1e-6)
+    print(f"[fgd lengths] first {window} requests' groups: {first}; admission {recs[1]['admission']}")
+    assert first["predicted"] == {6, 7}  # the frontier {4..7} predicted shortest, its longest first
+    assert first["off"] == {0, 1}  # rank order
+
+
 def _merged_batch(pipe, prompts: int) -> dict:
     """A loader batch with `prompts` prompts (train_batch_size + oversampled ones)."""
     a, b = next(pipe._batches), next(pipe._batches)

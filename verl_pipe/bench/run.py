@@ -44,6 +44,21 @@ def mode_kwargs(mode: str, granularity: str = "minibatch") -> dict:
     return variant(mode).step_args(granularity)
 
 
+def setting_knobs(configured, wl, setting: dict | None) -> dict:
+    """A bench step's other knobs: the setting's ``knobs``, the rest as the stack configures them (session knobs stay
+    for later steps, so each step sets them all), and the length predictor's keys: the workload's prompts within this
+    setting (repeated prompts), else a new key per group and round (every prompt new: no history)."""
+    from verl_pipe.core.workload import length_keys
+
+    name = (setting or {}).get("name", "")
+    keys = length_keys(wl)
+    keys = (tuple(((name, k), e) for k, e in keys) if keys is not None
+            else tuple(((name, hash(tuple(map(tuple, wl.lengths))), g), 0) for g in range(wl.num_groups)))
+    return dict({"fgd_lengths": configured.fgd_lengths, "fgd_policy": configured.fgd_policy,
+                 "unit_fill": configured.unit_fill},
+                **((setting or {}).get("knobs") or {}), length_keys=keys)
+
+
 # ---------------------------------------------------------------------------------------------- peer
 
 
@@ -230,14 +245,16 @@ class BenchRunner:
 
         return exact_lengths(wl)
 
-    def _step(self, session, mode: str, wl, granularity: str = "minibatch", fgd_window=None) -> dict:
-        """One step in ``mode``; ``fgd_window``: FGD's admission window for it (None: the stack's config)."""
+    def _step(self, session, mode: str, wl, granularity: str = "minibatch", fgd_window=None,
+              setting: dict | None = None) -> dict:
+        """One step in ``mode``; ``fgd_window``: FGD's admission window for it (None: the stack's config);
+        ``setting``: its ``knobs`` (other StepKnobs, e.g. ``fgd_lengths``, ``fgd_policy``; the rest as configured)."""
         preempted_before = self._preemptions(session)  # outside the timed step
         wall_start = time.time()  # epoch seconds, the clock of the /proc samples
         t = time.perf_counter()
         window = fgd_window or session.config.rolloutpipe.fgd.get("window")  # the trainer's run-time knob
         rec = session.step(**mode_kwargs(mode, granularity), sampling_overrides=self._overrides_fn(wl),
-                           fgd_window=window)
+                           fgd_window=window, **setting_knobs(session.trainer.configured_knobs, wl, setting))
         wall = time.perf_counter() - t
         tl = session.trainer.timelines[-1]
         m = dict(rec["timeline"])
@@ -253,7 +270,9 @@ class BenchRunner:
                 "unit_fill": rec["knobs"].get("unit_fill", "completion"),
                 "learning": learning_metrics(rec["metrics"]),
                 "prompt_len": float(rec["metrics"].get("prompt_length/mean", 0.0)),
-                "trained_groups": len(rec.get("trained_groups", [])), "wall_window": [wall_start, wall_start + wall]}
+                "trained_groups": len(rec.get("trained_groups", [])), "wall_window": [wall_start, wall_start + wall],
+                "length_predictions": rec.get("lengths"),  # per group, predicted vs actual (core/lengths.py)
+                "admission": rec.get("admission"), "fgd_lengths": rec["knobs"].get("fgd_lengths", "off")}
 
     def _preemptions(self, session) -> float | None:
         """vLLM's preemptions so far over the replicas (verl_pipe/bench/preemptions.py); None when not counted."""
@@ -286,7 +305,7 @@ class BenchRunner:
         t_set = time.perf_counter()
         per_round: dict[str, list] = {}
         for r in range(min(self.repeats, int(s.get("repeats", self.repeats)))):
-            wl = workload_for(s["workload"], B, n, seed=int(self.cfg.get("seed", 0)) + r)
+            wl = workload_for(s["workload"], B, n, seed=int(self.cfg.get("seed", 0)), round_=r)
             # the modes' order rotates with the round: a mode's place in the round (what ran just before it, the
             # host's drift within the round) falls on every mode alike over the rounds
             for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
@@ -296,7 +315,7 @@ class BenchRunner:
                 if variant(mode).granularity is None:  # cgp_fgd: the better of the other variants' granularities
                     gran = self._fgd_granularity(name, gran_cfg, per_round)
                 try:
-                    res = self._step(session, mode, wl, gran, s.get("fgd_window"))
+                    res = self._step(session, mode, wl, gran, s.get("fgd_window"), s)
                 except NotImplementedError as e:
                     if mode == BASE:
                         raise

@@ -63,7 +63,13 @@ def stack_overrides(cfg: dict, stack: str) -> list[str]:
                                                       "rolloutpipe.tiny_assets.warm_start.steps=0"]
 
 
-def workload_for(spec: dict, num_groups: int, n: int, seed: int):
+def workload_for(spec: dict, num_groups: int, n: int, seed: int, round_: int | None = None):
+    """A setting's workload; ``round_``: the bench's round, which draws new lengths (``seed + round_``) or, over repeated
+    prompts (the spec's ``prompts``), is the run's step (epoch) of the pool seeded by ``seed``."""
     from verl_pipe.core.workload import from_spec
 
-    return from_spec(dict(spec), num_groups, n, prompt_len=0, seed=seed)
+    if round_ is None:
+        return from_spec(dict(spec), num_groups, n, prompt_len=0, seed=seed)
+    if spec.get("prompts") is not None:
+        return from_spec(dict(spec), num_groups, n, prompt_len=0, seed=seed, step=round_)
+    return from_spec(dict(spec), num_groups, n, prompt_len=0, seed=seed + round_)

@@ -161,7 +161,7 @@ class AdmissionPolicy:
     """
 
     def __init__(self, num_groups: int, n: int, groups_per_unit: int, target_groups: int,
-                 replicas: Sequence[int], window: int | AdaptiveWindow | None):
+                 replicas: Sequence[int], window: int | AdaptiveWindow | None, lengths=None):
         _check_int("num_groups", num_groups, 1)
         _check_int("n", n, 1)
         _check_int("groups_per_unit", groups_per_unit, 1)
@@ -180,7 +180,10 @@ class AdmissionPolicy:
         if len(set(replicas)) != len(replicas):
             raise ValueError(f"replicas must be unique, got {replicas}")
 
+        if lengths is not None and lengths.num_groups != num_groups:
+            raise ValueError(f"lengths predict {lengths.num_groups} groups, the step has {num_groups}")
         self.num_groups, self.n, self.window = num_groups, n, window
+        self.lengths = lengths  # verl_pipe.core.lengths.StepLengths, or None: per-group length predictions
         # AdaptiveWindow: slots freed per replica since the last admit(), and the largest such burst so far
         self._freed = {r: 0 for r in replicas}
         self._peak_burst = 0
@@ -207,6 +210,13 @@ class AdmissionPolicy:
         for g in range(num_groups):
             for i in range(n):
                 self._to_pending(Request(g, i))
+
+    @classmethod
+    def for_step(cls, step) -> "AdmissionPolicy":
+        """The policy of one step from what the step tells it (``verl_pipe.core.admission.StepAdmission``): how the
+        real rollout and the simulator build it (``rolloutpipe.fgd.policy`` names the class). Subclasses pick the
+        arguments they take; ``step.extra`` (a trainer subclass's ``admission_kwargs``) goes to the constructor."""
+        raise NotImplementedError(f"{cls.__name__} does not say how a step builds it: implement for_step(step)")
 
     # --- what subclasses decide -----------------------------------------------------------------------------
     def _init_queue(self) -> None:
@@ -358,6 +368,12 @@ class AdmissionPolicy:
         return r
 
     # --- callbacks ------------------------------------------------------------------------------------------
+    def observe_length(self, request: Request, tokens: int) -> None:
+        """``request``'s response (taken: ``on_response_done`` said True) has ``tokens`` response tokens: its group's
+        length prediction learns from it (``lengths``; nothing without)."""
+        if self.lengths is not None:
+            self.lengths.observe(request.group, tokens)
+
     def on_response_done(self, request: Request, replica: int | None = None) -> bool:
         """Pass ``replica`` (where it ran) to have stale callbacks from a removed replica ignored.
         False: the response is stale (its request was requeued or closed) and must not be used."""
@@ -536,10 +552,17 @@ class FCFSPolicy(AdmissionPolicy):
     """
 
     def __init__(self, num_groups: int, n: int, groups_per_unit: int, target_groups: int,
-                 replicas: Sequence[int], window: int | None = None, order: str = "group_major"):
+                 replicas: Sequence[int], window: int | None = None, order: str = "group_major", lengths=None):
         self._chunks = self._parse_order(order)
         self.order = order
-        super().__init__(num_groups, n, groups_per_unit, target_groups, replicas, window)
+        super().__init__(num_groups, n, groups_per_unit, target_groups, replicas, window, lengths)
+
+    @classmethod
+    def for_step(cls, step) -> "FCFSPolicy":
+        """The baseline's dispatch: its window and order (``rolloutpipe.dispatch.*``); predictions are only kept
+        (recorded), never used."""
+        return cls(step.num_groups, step.n, step.groups_per_unit, step.target_groups, list(step.replicas),
+                   window=step.baseline_window, order=step.baseline_order, lengths=step.lengths, **step.extra)
 
     @staticmethod
     def _parse_order(order: str) -> int:
@@ -604,18 +627,46 @@ class FrontierPolicy(AdmissionPolicy):
     to a full replica -- only at the tail of a step, once every group has started), it takes the lowest-ranked
     pending request anyway (``split_admissions``). With unbounded windows that never happens. If the pinned
     replica dies, the group is re-pinned at its next admission.
+
+    Length-aware order (``lengths``: the groups' predicted response lengths, verl_pipe/core/lengths.py; off with
+    ``by_length=False``). The frontier is still what the next training unit takes: with ``unit_fill=dispatch`` the
+    next groups in rank order (sync's mini-batch), with ``completion`` the open groups predicted shortest (the next
+    unit's groups chosen by predicted finish; re-chosen as responses refine the predictions). Frontier groups go
+    first, longest predicted first among them (the unit completes soonest); the rest in ``rest_order``: ``rank``,
+    ``shortest`` first (the trainer is the bottleneck: complete groups as early as possible) or ``longest`` first
+    (the rollout is: start the long groups early), ``verl_pipe.core.admission.rest_order``. The vLLM priority is then
+    no longer the rank: a frontier admission gets the number of groups completed so far (below ``num_groups``), any
+    other ``num_groups`` + its group's place among those admitted beyond the frontier, so frontier requests overtake
+    every other waiting request in vLLM's queue and are the last preempted. Nothing is re-sent either way. With
+    predictions all equal (a run's first step, equal lengths) the order is the rank order.
     """
 
     def __init__(self, num_groups: int, n: int, groups_per_unit: int, target_groups: int,
                  replicas: Sequence[int], window: int | None = None, frontier_groups: int | str = "auto",
-                 slack: int = 0, affinity: bool = True):
+                 slack: int = 0, affinity: bool = True, unit_fill: str = "completion", lengths=None,
+                 by_length: bool = True, rest_order: str = "rank"):
         _check_int("slack", slack, 0)
         if frontier_groups == "auto":
             frontier_groups = groups_per_unit + slack
         else:
             _check_int("frontier_groups", frontier_groups, 1)
-        self.frontier_groups, self.affinity = frontier_groups, bool(affinity)
-        super().__init__(num_groups, n, groups_per_unit, target_groups, replicas, window)
+        if unit_fill not in ("completion", "dispatch"):
+            raise ValueError(f"unit_fill must be 'completion' or 'dispatch', got {unit_fill!r}")
+        self.frontier_groups, self.affinity, self.unit_fill = frontier_groups, bool(affinity), unit_fill
+        super().__init__(num_groups, n, groups_per_unit, target_groups, replicas, window, lengths)
+        self._by_length = lengths is not None and bool(by_length)  # the length-aware order
+        if rest_order not in ("rank", "shortest", "longest"):
+            raise ValueError(f"rest_order must be rank, shortest or longest, got {rest_order!r}")
+        self.rest_order = rest_order
+
+    @classmethod
+    def for_step(cls, step) -> "FrontierPolicy":
+        """FGD: the FGD window, the frontier's size, the unit fill and the length predictions (with ``step.lengths``
+        the order is length-aware, see the class docstring)."""
+        return cls(step.num_groups, step.n, step.groups_per_unit, step.target_groups, list(step.replicas),
+                   window=step.fgd_window, frontier_groups=step.frontier_groups, slack=step.slack,
+                   unit_fill=step.unit_fill, lengths=step.lengths, by_length=step.order_by_length,
+                   rest_order=step.rest_order, **step.extra)
 
     def _init_queue(self) -> None:
         self._idx: list[list[int]] = [[] for _ in range(self.num_groups)]  # pending indices per group (heaps)
@@ -629,10 +680,16 @@ class FrontierPolicy(AdmissionPolicy):
         self._frontier_set: set[int] = set()
         self._first_open = 0
         self._spill = self._split = 0
+        # length-aware order (``lengths`` given): groups with pending requests, and each admitted request's priority
+        self._open_pending: set[int] = set()
+        self._prio: dict[Request, int] = {}
+        self._later_groups: dict[int, int] = {}  # group -> its place among groups first admitted beyond the frontier
+        self._frontier_version = -1  # the predictions' version the cached frontier was chosen with
 
     def _queue_push(self, req: Request) -> None:
         g = req.group
         heapq.heappush(self._idx[g], req.index)
+        self._open_pending.add(g)
         r = self._pin.get(g)
         heapq.heappush(self._unpinned if r is None else self._pinned[r], g)
 
@@ -642,6 +699,8 @@ class FrontierPolicy(AdmissionPolicy):
         return heap[0] if heap else None
 
     def _queue_pop(self, open_replicas):
+        if self._by_length:
+            return self._pop_by_length(open_replicas)
         # Lowest rank among each open replica's pinned groups and the unpinned groups (which fit anywhere).
         cands = [(g, r) for r in open_replicas if (g := self._top(self._pinned[r], r)) is not None]
         g = self._top(self._unpinned, None)
@@ -661,15 +720,73 @@ class FrontierPolicy(AdmissionPolicy):
         g, r = min(cands)
         return Request(g, heapq.heappop(self._idx[g])), r
 
+    # --- the length-aware order (``lengths`` given) ----------------------------------------------------------------
+    def _length_key(self, g: int) -> tuple:
+        """Admission order with predictions: frontier groups first, then the rest; within each, longest predicted
+        first (ties, and groups with nothing predicted, by rank)."""
+        t = self.lengths.log_mean(g)
+        t = 0.0 if t is None else t
+        if g in self._frontier_set:
+            return (False, -t, g)
+        return (True, {"longest": -t, "shortest": t, "rank": 0.0}[self.rest_order], g)
+
+    def _pick_by_length(self, open_replicas) -> tuple[int, int, bool] | None:
+        """(group, replica, split) of the next first turn in the length-aware order, without admitting it."""
+        self.frontier()
+        best = split = None
+        for g in self._open_pending:
+            r = self._pin.get(g)
+            key = self._length_key(g)
+            if r is None or r in open_replicas:
+                if best is None or key < best[0]:
+                    best = (key, g, r)
+            elif split is None or key < split[0]:
+                split = (key, g)
+        if best is not None:
+            _, g, r = best
+            return g, r, False  # r None: not pinned yet, it fits anywhere
+        if split is None:
+            return None
+        return split[1], None, True
+
+    def _pop_by_length(self, open_replicas):
+        pick = self._pick_by_length(open_replicas)
+        if pick is None:
+            return None
+        g, r, split = pick
+        if r is None:
+            r = self._least_loaded(open_replicas)  # most window room
+            if self.affinity and not split:
+                self._pin[g] = r
+        self._split += split
+        req = Request(g, heapq.heappop(self._idx[g]))
+        if not self._idx[g]:
+            self._open_pending.discard(g)
+        if g in self._frontier_set:
+            # frontier groups overtake everything admitted beyond the frontier in vLLM's queue; the frontier
+            # admitted later waits behind the earlier one
+            self._prio[req] = len(self._group_trainable)
+        else:
+            self._prio[req] = self.num_groups + self._later_groups.setdefault(g, len(self._later_groups))
+        return req, r
+
     def _priority(self, req: Request) -> int:
+        if self._by_length:
+            return self._prio.get(req, req.group)
         return req.group
 
     def _turn_key(self, req: Request) -> tuple:
+        if self._by_length:
+            return (self._prio.get(req, req.group), req.group, req.index)
         return (req.group, req.index)
 
     def _next_turn_first(self, req: Request, open_replicas: list[int]) -> bool:
         """Rank order over next turns and first turns: a next turn goes first unless the first turn that
-        ``_queue_pop`` would admit now belongs to an earlier-ranked group (a frontier group still starting)."""
+        ``_queue_pop`` would admit now belongs to an earlier-ranked group (a frontier group still starting). With
+        predictions: unless that first turn is a frontier group's and the next turn's group is not in the frontier."""
+        if self._by_length:
+            pick = self._pick_by_length(open_replicas)
+            return pick is None or pick[0] not in self._frontier_set or req.group in self._frontier_set
         g = self._peek_first_turn(open_replicas)
         return g is None or req.group <= g
 
@@ -684,9 +801,21 @@ class FrontierPolicy(AdmissionPolicy):
         return min(tops) if tops else None
 
     def frontier(self) -> list[int]:
+        """The groups the next training unit takes: the first ``frontier_groups`` open groups in rank order; with
+        predictions and ``unit_fill=completion`` (a unit takes the groups that complete first), the open groups
+        predicted shortest (ties by rank)."""
+        by_length = self._by_length and self.unit_fill == "completion"
+        if by_length and self._frontier_version != self.lengths.version:
+            self._frontier = None  # a response came in: the predictions moved
         if self._frontier is None:
             if self.batch_full:  # everything not completed is dropped
                 self._frontier = []
+            elif by_length:
+                self._frontier_version = self.lengths.version
+                open_groups = [g for g in range(self.num_groups) if g not in self._group_trainable]
+                logs = {g: self.lengths.log_mean(g) for g in open_groups}
+                open_groups.sort(key=lambda g: (logs[g] if logs[g] is not None else 0.0, g))
+                self._frontier = open_groups[: self.frontier_groups]
             else:
                 while self._first_open in self._group_trainable:
                     self._first_open += 1
@@ -717,7 +846,9 @@ class FrontierPolicy(AdmissionPolicy):
 
     def _on_group_dropped(self, group: int) -> None:
         self._idx[group].clear()  # its heap entries are skipped lazily by _top
+        self._open_pending.discard(group)
 
     def stats(self) -> dict:
         return dict(super().stats(), spill_admissions=self._spill, split_admissions=self._split,
-                    frontier_groups=self.frontier_groups)
+                    frontier_groups=self.frontier_groups, by_length=self._by_length,
+                    rest_order=self.rest_order if self._by_length else None)

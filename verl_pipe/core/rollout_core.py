@@ -17,10 +17,13 @@ Driver protocol (one step)::
                                                 # after every round of events
     do(core.turn_done(req, replica))            # multi-turn: a model turn ended, the trajectory waits on its tool
     do(core.tool_done(req, replica))            # its tool returned: a later admit() gives NextTurn
-    do(core.response_done(req, replica))        # Take; then HandOver(g), or GroupEnded(g, "late")
+    do(core.response_done(req, replica, tokens))  # Take; then HandOver(g), or GroupEnded(g, "late")
     do(core.handed_over(g, trainable))          # after HandOver, with the driver's verdict: GroupEnded
     do(core.too_late(g))                        # or, HandOver'd but not built when the batch filled: GroupEnded
     do(core.request_failed(req, replica))       # raised or timed out: Retry; or GiveUp + FailStep | drop
+    do(core.reward_failed(g, req, replica))     # scoring raised or timed out (req: its own reward, before its
+                                                # response_done; None: the group's, after HandOver): ZeroReward
+                                                # (then on as usual), or FailStep, or Cancel + GroupEnded(g, "dropped")
     do(core.replica_died(replica, restart))     # Restart | Retire, Cancel (its requests are requeued); or FailStep
     do(core.replica_back(replica, ok))          # a Restart finished: nothing, or FailStep (no replica left)
     if core.batch_full: do(core.close())        # Cancel the leftovers: nothing of the step carries over
@@ -45,6 +48,9 @@ from dataclasses import dataclass
 from verl_pipe.core.frontier import Admission, AdmissionPolicy, Request
 
 ON_REQUEST_FAILURE = ("fail", "drop_group")
+# A reward that raised or timed out (rolloutpipe.reward.on_failure): the step fails naming the record; the failed
+# responses score 0 and the group goes on; or the group is dropped as a request's failure drops it.
+ON_REWARD_FAILURE = ("fail", "zero_reward", "drop_group")
 GROUP_ENDS = ("trained", "untrainable", "late", "dropped", "aborted", "failed")
 
 
@@ -105,6 +111,15 @@ class GiveUp:
 
 
 @dataclass(frozen=True)
+class ZeroReward:
+    """Scoring ``group`` (``request``'s response alone, or with None the group's responses) raised or timed out, and
+    on_reward_failure=zero_reward: the responses without a score get reward 0 (and the reward's extra-info keys at 0);
+    then on as usual (``response_done`` for ``request``, ``handed_over`` for the group)."""
+    group: int
+    request: Request | None = None
+
+
+@dataclass(frozen=True)
 class Cancel:
     """Stop whatever of these requests still runs; any later report about them is stale and ignored. ``why``:
     "replica_died" (requeued: they are admitted again), "group_dropped" or "batch_full" (closed)."""
@@ -127,11 +142,13 @@ class Retire:
 @dataclass(frozen=True)
 class FailStep:
     """The step cannot finish. ``why``: "request_failed" (``request`` past its retries with
-    on_request_failure=fail), "no_replica_left" (``replica`` died, no restart, none left) or "restart_failed"
+    on_request_failure=fail), "reward_failed" (scoring ``group``, or ``request``'s response, raised or timed out with
+    on_reward_failure=fail), "no_replica_left" (``replica`` died, no restart, none left) or "restart_failed"
     (``replica``'s restart failed and none is left)."""
     why: str
     request: Request | None = None
     replica: int | None = None
+    group: int | None = None
 
 
 @dataclass
@@ -143,7 +160,8 @@ class RolloutCounts:
     groups_done: int = 0  # handed over
     untrainable: int = 0
     late_groups: int = 0  # completed after the batch was full: dropped, never trained
-    dropped_groups: int = 0  # a request failed past max_retries (on_request_failure=drop_group)
+    dropped_groups: int = 0  # a request failed past max_retries, or its reward failed (on_*_failure=drop_group)
+    reward_failures: int = 0  # scoring a response or a group raised or timed out
     replica_failures: int = 0  # replicas found dead during the step
     replica_restarts: int = 0
     requeued_requests: int = 0  # in flight on a dead replica, admitted again
@@ -155,17 +173,22 @@ class RolloutCore:
     """One step's rollout decisions over ``policy`` (an ``AdmissionPolicy``; its ``n`` responses make a group).
 
     ``max_retries``: how often a failed request is resubmitted; ``on_request_failure``: then "fail" the step or
-    "drop_group". Seams the drivers rely on: the action classes above, ``counts``, ``batch_full`` / ``all_done``,
+    "drop_group"; ``on_reward_failure``: a reward that raised or timed out "fail"s the step, scores "zero_reward" or
+    drops its group ("drop_group"). Seams the drivers rely on: the action classes above, ``counts``, ``batch_full`` / ``all_done``,
     ``inflight_count()`` and ``failures(request)``.
     """
 
-    def __init__(self, policy: AdmissionPolicy, max_retries: int = 2, on_request_failure: str = "fail"):
+    def __init__(self, policy: AdmissionPolicy, max_retries: int = 2, on_request_failure: str = "fail",
+                 on_reward_failure: str = "fail"):
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise ValueError(f"max_retries must be an int >= 0, got {max_retries!r}")
         if on_request_failure not in ON_REQUEST_FAILURE:
             raise ValueError(f"on_request_failure must be one of {ON_REQUEST_FAILURE}, got {on_request_failure!r}")
+        if on_reward_failure not in ON_REWARD_FAILURE:
+            raise ValueError(f"on_reward_failure must be one of {ON_REWARD_FAILURE}, got {on_reward_failure!r}")
         self.policy, self.n = policy, policy.n
         self.max_retries, self.on_request_failure = max_retries, on_request_failure
+        self.on_reward_failure = on_reward_failure
         self.counts = RolloutCounts()
         self._inflight: dict[Request, int] = {}  # submitted, not yet answered -> replica; in admission order
         self._failures: dict[Request, int] = {}
@@ -217,10 +240,13 @@ class RolloutCore:
             out.append(Submit(adm, self._failures.get(req, 0)))
         return out
 
-    def response_done(self, request: Request, replica: int) -> list:
-        """``request`` answered on ``replica``. [] when the answer is stale (requeued elsewhere or closed)."""
+    def response_done(self, request: Request, replica: int, tokens: int | None = None) -> list:
+        """``request`` answered on ``replica`` (``tokens``: its response's length, which the policy's length
+        predictions learn from). [] when the answer is stale (requeued elsewhere or closed)."""
         if not self.policy.on_response_done(request, replica):
             return []
+        if tokens is not None:
+            self.policy.observe_length(request, tokens)
         if self._inflight.pop(request, None) != replica:
             raise RuntimeError(f"{request} answered on replica {replica}, not where the core sent it")
         self.counts.responses += 1
@@ -292,6 +318,36 @@ class RolloutCore:
         self.counts.dropped_groups += 1
         return [GiveUp(request, attempt), Cancel(cancel, "group_dropped"), self._end(g, "dropped")]
 
+    def reward_failed(self, group: int, request: Request | None = None, replica: int | None = None,
+                      can_zero: bool = True) -> list:
+        """Scoring raised or timed out: ``request``'s own reward (verl's per-response call, reported before its
+        ``response_done``; [] when the report is stale), or with ``request`` None the reward of ``group`` (after its
+        HandOver, rolloutpipe.reward.score_by_group). Not retried: the same rows would be scored again (a reward bug is
+        deterministic), and a request retry would regenerate a response that was fine. ``on_reward_failure`` decides:
+        ZeroReward; FailStep; or the group dropped (its other requests cancelled; the next group takes its place).
+        ``can_zero``: the driver can give the failed responses a zero score (it knows the reward's extra-info keys
+        from a response scored before); without it a zero_reward failure drops the group instead."""
+        if request is not None:
+            if request.group != group:
+                raise ValueError(f"{request} is not of group {group}")
+            if self._inflight.get(request) != replica:
+                return []
+        elif group not in self._handing:
+            raise RuntimeError(f"group {group} was not handed over")
+        self.counts.reward_failures += 1
+        if self.on_reward_failure == "zero_reward" and can_zero:
+            return [ZeroReward(group, request)]
+        if request is not None:
+            del self._inflight[request]
+        else:
+            self._handing.remove(group)
+        if self.on_reward_failure == "fail":
+            return [self._fail("reward_failed", request=request, group=group)]
+        self.policy.drop_group(group)
+        cancel = self._take_inflight(lambda q, r: q.group == group)
+        self.counts.dropped_groups += 1
+        return [Cancel(cancel, "group_dropped"), self._end(group, "dropped")]
+
     def replica_died(self, replica: int, restart: bool) -> list:
         """``replica``'s server or engine is gone. The first report takes it out of admission: its requests in flight
         go back to pending (no retry used up: not their fault) and are cancelled; it is restarted (``restart``: the
@@ -354,7 +410,8 @@ class RolloutCore:
         for g in range(len(self._responses)):
             self._ended.setdefault(g, how)
 
-    def _fail(self, why: str, request: Request | None = None, replica: int | None = None) -> FailStep:
+    def _fail(self, why: str, request: Request | None = None, replica: int | None = None,
+              group: int | None = None) -> FailStep:
         self._failed = True
         self._end_open("failed")
-        return FailStep(why, request, replica)
+        return FailStep(why, request, replica, group)

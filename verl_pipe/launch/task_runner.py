@@ -9,11 +9,13 @@ import ray
 
 @ray.remote(num_cpus=1)
 class PipeTaskRunner:
-    def run(self, config, stop_file: str | None = None, stop_key: str | None = None) -> dict:
+    def run(self, config, stop_file: str | None = None, run_id: str | None = None) -> dict:
+        from verl_pipe.launch.stop_request import StopCheck
+
         t0 = time.perf_counter()
-        # The launcher's stop request (RunLoop.stop_requested): a file on its node, and the same request through the
-        # cluster's GCS (verl_pipe/launch/stop_request.py).
-        trainer = build_trainer(config, stop_file=stop_file, stop_key=stop_key)
+        # The launcher's stop request, the trainer's stop check (RunLoop.stop_requested): a file on its node, and the
+        # same request through the cluster's GCS under the run's id (verl_pipe/launch/stop_request.py).
+        trainer = build_trainer(config, stop_check=StopCheck(stop_file, run_id))
         trainer.init_workers()
         startup_s = time.perf_counter() - t0
         print(f"[verl_pipe] workers ready in {startup_s:.1f}s", flush=True)
@@ -27,7 +29,7 @@ class PipeTaskRunner:
                 "timelines": [t.to_dict() for t in history.timelines]}  # the last ones (step_record.KEEP_TIMELINES)
 
 
-def build_trainer(config, stop_file: str | None = None, stop_key: str | None = None):
+def build_trainer(config, stop_check=None):
     from omegaconf import OmegaConf
 
     from verl.experimental.separation.utils import create_resource_pool_manager, create_role_worker_mapping
@@ -37,6 +39,7 @@ def build_trainer(config, stop_file: str | None = None, stop_key: str | None = N
     from verl.utils.dataset.rl_dataset import collate_fn
     from verl.utils.fs import copy_to_local
 
+    from verl_pipe.data_check import GuardedDataset, guarded_collate
     from verl_pipe.launch.preflight import check_runtime
     from verl_pipe.trainer import RolloutPipeTrainer
     from verl_pipe.trainer.workers import PipeActorWorker
@@ -61,6 +64,9 @@ def build_trainer(config, stop_file: str | None = None, stop_key: str | None = N
     val_dataset = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor,
                                     max_samples=config.data.get("val_max_samples", -1))
     train_sampler = create_rl_sampler(config.data, train_dataset)
+    # a record that fails in verl's dataset mid-run is named, and fails the run or is skipped (on_bad_record)
+    train_dataset = GuardedDataset(train_dataset, config.data.train_files,
+                                   policy=str(config.rolloutpipe.fault.get("on_bad_record", "fail")))
     trainer_cls = RolloutPipeTrainer
     if config.rolloutpipe.get("trainer_class"):
         from verl.utils.import_utils import load_class_from_fqn
@@ -72,6 +78,6 @@ def build_trainer(config, stop_file: str | None = None, stop_key: str | None = N
     return trainer_cls(
         config=config, tokenizer=tokenizer, processor=processor, role_worker_mapping=role_worker_mapping,
         resource_pool_manager=resource_pool_manager, ray_worker_group_cls=ray_worker_group_cls,
-        train_dataset=train_dataset, val_dataset=val_dataset, collate_fn=collate_fn, train_sampler=train_sampler,
-        device_name=config.trainer.device, stop_file=stop_file, stop_key=stop_key,
+        train_dataset=train_dataset, val_dataset=val_dataset, collate_fn=guarded_collate(collate_fn),
+        train_sampler=train_sampler, device_name=config.trainer.device, stop_check=stop_check,
     )

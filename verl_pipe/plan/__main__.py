@@ -78,7 +78,7 @@ def build(args) -> tuple:
         costs, hw_info, label = _profile_costs(args, shape, notes)
     seeds = tuple(range(args.seeds))
     inp = PlanInputs(shape, costs, lengths, int(prompt_len), seeds=seeds, sweep_seeds=seeds[:2],
-                     sweep_splits=not args.no_sweep, expected_error=errors)
+                     sweep_splits=not args.no_sweep, expected_error=errors, length_error=args.length_error)
     cap = shape.max_response_length
     inputs = {"config": " ".join([args.config_name or "rolloutpipe_trainer"] + args.overrides),
               "shape": asdict(shape), "costs": label, "hardware": hw_info,
@@ -249,6 +249,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--train-gpus", type=int, help="plan this many trainer GPUs instead of the config's")
     ap.add_argument("--seeds", type=int, default=3, help="length draws per figure (default 3)")
     ap.add_argument("--no-sweep", action="store_true", help="skip the rollout/trainer split sweep")
+    ap.add_argument("--length-error", type=float, default=None, metavar="SIGMA",
+                    help="FGD orders by the groups' lengths known up to a log-normal error SIGMA (0: perfectly; "
+                         "docs/fgd.md); default: FGD's rank order")
     ap.add_argument("--out", help="write the plan as JSON here")
     ap.add_argument("--chart", help="write a chart (PNG) here")
     ap.add_argument("--validate", action="store_true", help="predict every bench JSON in docs/bench and compare")

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from verl_pipe.sim.calib import PaddedWorkload
+from verl_pipe.core.admission import rest_order
 from verl_pipe.core.frontier import AdaptiveWindow, resolve_window
 from verl_pipe.core.variants import variant
 from verl_pipe.core.workload import Workload
@@ -23,6 +24,7 @@ from verl_pipe.plan.lengths import Lengths
 from verl_pipe.plan.runconfig import Shape
 from verl_pipe.sim.engine import EngineParams
 from verl_pipe.sim.simulate import RolloutResult, rollout_for_mode, timeline_for
+from verl_pipe.sim.tail import oracle_lengths
 from verl_pipe.sim.trainer import PLACEMENTS, TrainerParams, schedule
 
 ROWS = ("sync", "cgp", "cgp_group", "cgp_fgd", "verl_separate_async", "verl_one_step_off", "verl_colocated")
@@ -174,8 +176,9 @@ class Rollouts:
     """Rollouts are the costly part and do not depend on the trainer: each (split, seed, dispatch) runs once and
     every trainer mode, θ_k placement and sweep point is scheduled on it."""
 
-    def __init__(self, costs, lengths: Lengths, prompt_len: int):
+    def __init__(self, costs, lengths: Lengths, prompt_len: int, length_error: float | None = None):
         self.costs, self.lengths, self.prompt_len = costs, lengths, prompt_len
+        self.length_error = length_error  # FGD's length predictions: None (rank order) or their log-normal error
         self._wl: dict = {}
         self._ro: dict = {}
 
@@ -188,16 +191,22 @@ class Rollouts:
             self._wl[key] = wl
         return self._wl[key]
 
-    def get(self, shape: Shape, seed: int, kind: str, window=None) -> RolloutResult:
+    def get(self, shape: Shape, seed: int, kind: str, window=None, trainer_to_rollout: float | None = None
+            ) -> RolloutResult:
         """``kind``: "alone" (stock dispatch, the engine running alone: sync), "stock" (beside a busy trainer),
-        "fgd" (with ``window``)."""
+        "fgd" (with ``window``; with ``length_error`` set, ordered by the groups' lengths known up to that error, beyond
+        the frontier as ``trainer_to_rollout`` decides: verl_pipe/core/admission.py ``rest_order``)."""
         engine = self.costs.engine(shape, "sync" if kind == "alone" else "cgp")
         if kind == "stock" and engine == self.costs.engine(shape, "sync"):
             kind = "alone"
         key = (shape.rollout_gpus, seed, kind, window)
         if key not in self._ro:
             wl, R, gpu = self.workload(shape, seed), shape.replicas, shape.groups_per_unit
-            if kind == "fgd":
+            if kind == "fgd" and self.length_error is not None:
+                self._ro[key] = rollout_for_mode("cgp_fgd", wl, engine, R, gpu, window, unit_fill=shape.unit_fill,
+                                                 lengths=oracle_lengths(wl, self.length_error, seed),
+                                                 rest_order=rest_order(shape.unit_fill, trainer_to_rollout))
+            elif kind == "fgd":
                 self._ro[key] = rollout_for_mode("cgp_fgd", wl, engine, R, gpu, window)
             else:
                 self._ro[key] = rollout_for_mode("sync", wl, engine, R, gpu, shape.dispatch_window,
@@ -251,8 +260,11 @@ def simulate_shape(shape: Shape, ro: Rollouts, seeds, *, windows=WINDOWS, placem
         def add(key: str, m: dict) -> None:
             out.setdefault(key, []).append(_pick(m))
 
+        ratio = None  # sync's trainer work over its rollout: FGD's order beyond the frontier with predictions
         if "sync" in rows:
-            add("sync", timeline_for(ro.get(shape, seed, "alone"), wl, trainer, "sync", gpu, ws).metrics())
+            m = timeline_for(ro.get(shape, seed, "alone"), wl, trainer, "sync", gpu, ws).metrics()
+            ratio = m["trainer_busy_s"] / m["rollout_end_s"] if m["rollout_end_s"] else None
+            add("sync", m)
         fc = ro.get(shape, seed, "stock") if set(rows) - {"sync", "cgp_fgd"} else None
         for name in ("cgp", "cgp_group"):  # CGP at each granularity the estimator allows (verl_pipe/core/variants.py)
             gran = variant(name).granularity
@@ -260,7 +272,7 @@ def simulate_shape(shape: Shape, ro: Rollouts, seeds, *, windows=WINDOWS, placem
                 add(name, timeline_for(fc, wl, trainer, name, gpu, ws, gran, unit_fill=shape.unit_fill).metrics())
         if "cgp_fgd" in rows:
             for label, w in wins.items():
-                fg = ro.get(shape, seed, "fgd", w)
+                fg = ro.get(shape, seed, "fgd", w, ratio)
                 for gran in shape.granularities:
                     add(f"cgp_fgd[{label}][{gran}]",
                         timeline_for(fg, wl, trainer, "cgp_fgd", gpu, ws, gran, unit_fill=shape.unit_fill).metrics())
@@ -354,6 +366,8 @@ class PlanInputs:
     sweep_seeds: tuple[int, ...] = (0,)  # the split sweep's other splits: one draw each (time budget)
     sweep_splits: bool = True
     expected_error: dict | None = None  # validation per mode (plan/validation.json), or None
+    # FGD's length predictions (verl_pipe/sim/tail.py): None, rank order; else the log-normal sigma of their error
+    length_error: float | None = None
 
 
 def _fgd_label(key: str) -> tuple[str, str]:
@@ -368,7 +382,7 @@ def plan(inp: PlanInputs) -> dict:
     t_start = time.perf_counter()
     shape, costs = inp.shape, inp.costs
     costs.check(shape)
-    ro = Rollouts(costs, inp.lengths, inp.prompt_len)
+    ro = Rollouts(costs, inp.lengths, inp.prompt_len, inp.length_error)
     windows = WINDOWS + ((shape.fgd_window,) if shape.fgd_window not in WINDOWS else ())
     runs = simulate_shape(shape, ro, inp.seeds, windows=windows)
     means = {k: _mean(v) for k, v in runs.items()}

@@ -25,7 +25,7 @@ from verl.experimental.agent_loop.agent_loop import (AgentLoopWorker, DictConfig
                                                      _agent_loop_registry)
 from verl.utils.rollout_trace import rollout_trace_attr
 
-from verl_pipe.rollout.group_scores import DEFERRED_ROW, CaptureHandle
+from verl_pipe.rollout.group_scores import DEFERRED_ROW, REWARD_ERROR, CaptureHandle, bounded
 
 # sha256 of inspect.getsource(verl 0.9.1's AgentLoopWorker._run_agent_loop)
 VERL_RUN_AGENT_LOOP_SHA256 = "32c3d607c5d4c9fa124c9d53a476689b63aeb2662f28c9cc1933fc6ec3e9e989"
@@ -36,15 +36,28 @@ class PipeAgentLoopWorker(AgentLoopWorker):
     # rolloutpipe.reward.score_by_group: keep each response's reward row for one call per group
     # (verl_pipe/rollout/group_scores.py); the driver scores the group when it completes
     score_by_group = False
+    # The streaming driver's reward failures (group_scores.py): verl's own call bounded by reward_timeout_s (None: no
+    # limit) and, with catch_reward_errors, its error kept on the response (REWARD_ERROR) for the driver to decide
+    # on (RolloutCore.reward_failed) instead of failing the request. Off: verl's behaviour (its validation workers).
+    reward_timeout_s: float | None = None
+    catch_reward_errors = False
 
     async def _compute_score(self, outputs: list, kwargs: dict) -> None:
         """verl's method; with ``score_by_group``, the reward row it builds is kept on the response
         (``DEFERRED_ROW``) instead of being sent: verl's own code builds it, against a ``CaptureHandle`` in place
         of the reward workers' handles (swapped and restored with no await between: nothing else runs meanwhile).
-        A trajectory of several outputs (one score for all its rows) is sent as verl sends it."""
+        A trajectory of several outputs (one score for all its rows) is sent as verl sends it, bounded by
+        ``reward_timeout_s``; with ``catch_reward_errors`` a failure is kept on the last output (``REWARD_ERROR``)."""
         handles = self.reward_loop_worker_handles
         if not self.score_by_group or handles is None or len(outputs) != 1:
-            return await super()._compute_score(outputs, kwargs)
+            if not self.catch_reward_errors:
+                return await super()._compute_score(outputs, kwargs)
+            try:
+                await bounded(super()._compute_score(outputs, kwargs), self.reward_timeout_s, "the response's reward")
+            except Exception as e:  # noqa: BLE001 -- any reward error is the core's to decide on
+                outputs[-1].reward_score = None
+                outputs[-1].extra_fields[REWARD_ERROR] = f"{type(e).__name__}: {_last_line(e)}"
+            return
         capture = CaptureHandle()
         self.reward_loop_worker_handles = [capture]
         try:
@@ -106,6 +119,12 @@ class PipeAgentLoopWorker(AgentLoopWorker):
             agent_loop = self._agent_loop(_agent_loop_registry[agent_name])
             output = await agent_loop.run(sampling_params, **kwargs)
             return await self._agent_loop_postprocess(output, trajectory["validate"], **kwargs)
+
+
+def _last_line(exc: BaseException) -> str:
+    """A Ray task error's text is the remote traceback: its last line is the error."""
+    lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else ""
 
 
 def without_detokenization(sampling_params: dict[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,12 @@ row is verl's, built by verl's code), and when the group completes its rows go t
 through verl's batch seam, ``RewardLoopWorker.compute_score_batch``, which scores each row with the same
 ``compute_score`` as the single call: the same reward function on the same row, one Ray call per group instead of n.
 
+Either way a reward call is bounded (``rolloutpipe.reward.timeout_s``, per group here, per response on verl's path) and
+a reward that raises or times out is a reward failure the rollout core decides on (``rolloutpipe.reward.on_failure``:
+fail the step naming the record, score the responses 0, or drop the group; ``RolloutCore.reward_failed``): on verl's
+per-response path ``PipeAgentLoopWorker._compute_score`` keeps the error on the response (``REWARD_ERROR``) for the
+driver, instead of failing the request, which would be retried and regenerate a response that was fine.
+
 The rows are padded on the right to the group's longest (as verl's own multi-row construction does); the scores
 do not depend on it (verl's reward managers read a response's length from its attention mask). Rows whose prompts
 differ in width would move a right-padded prompt's end, so such a group is scored row by row, as verl does.
@@ -23,7 +29,44 @@ import torch.nn.functional as F
 from verl import DataProto
 
 DEFERRED_ROW = "__verl_pipe_reward_row__"  # extra_fields key: the row verl built, until the group is scored
+REWARD_ERROR = "__verl_pipe_reward_error__"  # extra_fields key: why the response's own reward call failed
 NO_SCORE = {"reward_score": None, "reward_extra_info": {}}
+
+
+class RewardTimeout(TimeoutError):
+    """A reward call took longer than rolloutpipe.reward.timeout_s."""
+
+
+async def bounded(awaitable, timeout_s: float | None, what: str):
+    """``awaitable`` within ``timeout_s`` seconds (None: no limit); a timeout raises RewardTimeout naming the setting.
+    The reward worker's call itself is not stopped (a Ray call cannot be interrupted there): its thread runs on."""
+    if not timeout_s:
+        return await awaitable
+    try:
+        return await asyncio.wait_for(awaitable, timeout=timeout_s)
+    except asyncio.TimeoutError:
+        raise RewardTimeout(f"{what} took longer than rolloutpipe.reward.timeout_s={timeout_s:g}") from None
+
+
+def extra_keys(outputs: list[Any]) -> tuple[str, ...] | None:
+    """The reward's extra-info keys (``reward_extra_info``) of the first scored response, None if none is scored."""
+    for o in outputs:
+        if o.reward_score is not None and isinstance(o.extra_fields.get("reward_extra_info"), dict):
+            return tuple(o.extra_fields["reward_extra_info"])
+    return None
+
+
+def zero_scores(outputs: list[Any], keys: tuple[str, ...]) -> int:
+    """rolloutpipe.reward.on_failure=zero_reward: every response without a score gets 0, with the reward's extra-info
+    ``keys`` at 0 (verl's post-processing and the batch's concatenation need the same keys on every row); returns how
+    many."""
+    zeroed = 0
+    for o in outputs:
+        if o.reward_score is None:
+            o.reward_score = 0.0
+            o.extra_fields["reward_extra_info"] = {k: 0.0 for k in keys}
+            zeroed += 1
+    return zeroed
 
 
 class CaptureHandle:
@@ -62,19 +105,21 @@ def same_prompt_width(rows: list[DataProto]) -> bool:
     return len({int(r.batch["prompts"].shape[-1]) for r in rows}) == 1
 
 
-async def score_group(outputs: list[Any], handles: list) -> None:
+async def score_group(outputs: list[Any], handles: list, timeout_s: float | None = None) -> None:
     """Scores the responses of one group whose rows were kept (``DEFERRED_ROW``), in one
     ``compute_score_batch`` call, and sets each response's ``reward_score`` and ``reward_extra_info`` as verl's
-    ``_compute_score`` would have. Responses scored otherwise (an agent loop that set its own score) are left."""
+    ``_compute_score`` would have. Responses scored otherwise (an agent loop that set its own score) are left.
+    ``timeout_s``: the group's bound (RewardTimeout past it); an error leaves every response of the group unscored."""
     pending = [(o, o.extra_fields.pop(DEFERRED_ROW)) for o in outputs if DEFERRED_ROW in o.extra_fields]
     if not pending:
         return
     rows = [row for _, row in pending]
     handle = random.choice(handles)
     if same_prompt_width(rows):
-        results = await handle.compute_score_batch.remote(pad_rows(rows))
+        call = handle.compute_score_batch.remote(pad_rows(rows))
     else:
-        results = await asyncio.gather(*(handle.compute_score.remote(row) for row in rows))
+        call = asyncio.gather(*(handle.compute_score.remote(row) for row in rows))
+    results = await bounded(call, timeout_s, f"scoring the group's {len(rows)} responses")
     for (out, _), res in zip(pending, results):
         out.reward_score = res["reward_score"]
         out.extra_fields["reward_extra_info"] = res["reward_extra_info"]

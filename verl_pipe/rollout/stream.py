@@ -35,12 +35,12 @@ from verl import DataProto
 
 from verl_pipe.core.frontier import Admission, AdmissionPolicy, Request
 from verl_pipe.core.rollout_core import (Cancel, FailStep, GiveUp, GroupEnded, HandOver, NextTurn, Restart, Retire,
-                                         Retry, RolloutCore, Submit, Take)
+                                         Retry, RolloutCore, Submit, Take, ZeroReward)
 from verl_pipe.core.timeline import StepTimeline
 from verl_pipe.rollout.agent_worker import PipeAgentLoopWorker
 from verl_pipe.rollout.client import CURRENT_ADMISSION, AdmissionRoutedClient
 from verl_pipe.rollout.completions import Completions
-from verl_pipe.rollout.group_scores import score_group
+from verl_pipe.rollout.group_scores import REWARD_ERROR, extra_keys, score_group, zero_scores
 from verl_pipe.rollout.replicas import ReplicaLostError, is_replica_death  # noqa: F401 (re-exported)
 from verl_pipe.rollout.turns import CURRENT_TURN_GATE, TurnGate
 
@@ -68,6 +68,10 @@ class StepRequest:
     # Called in the rollout thread with (group index, how it ended: rollout_core.GROUP_ENDS) once the rollout has
     # settled a group, after on_group for a handed-over one (the dispatch-order unit fill, verl_pipe/core/release.py).
     on_group_ended: Callable[[int, str], None] | None = None
+    # A reward call's bound (per group with rolloutpipe.reward.score_by_group, else per response; None: no limit) and
+    # what a reward that raised or timed out does: "fail" the step naming the record, "zero_reward", "drop_group".
+    reward_timeout_s: float | None = None
+    on_reward_failure: str = "fail"
 
 
 @dataclass
@@ -78,7 +82,8 @@ class StepResult:
     groups_done: int = 0
     untrainable: int = 0
     late_groups: int = 0  # completed after the batch was full: dropped, never trained
-    dropped_groups: int = 0  # a request failed past max_retries (on_request_failure=drop_group)
+    dropped_groups: int = 0  # a request failed past max_retries, or its reward failed (on_*_failure=drop_group)
+    reward_failures: int = 0  # a response's or a group's reward raised or timed out
     replica_failures: int = 0  # replicas found dead during the step
     replica_restarts: int = 0
     requeued_requests: int = 0  # in flight on a dead replica, resubmitted
@@ -88,15 +93,19 @@ class StepResult:
 
 
 class StreamingRollout:
+    reward_keys: tuple[str, ...] | None = None  # the reward's extra-info keys, once a response is scored
+
     def __init__(self, config, servers: list[tuple[str, Any]], reward_loop_worker_handles=None,
                  load_balancer_handle=None, supervisor=None):
         self.config = config
         self.supervisor = supervisor  # ReplicaSupervisor (restarts or retires dead replicas), or None
         self._tasks: dict = {}  # the running step's request tasks
+        self._scoring: dict = {}  # ... and its groups' reward calls
         self.client = AdmissionRoutedClient(config, load_balancer_handle=load_balancer_handle, servers=servers)
         self.worker = PipeAgentLoopWorker(config, self.client, None, reward_loop_worker_handles)
         reward_cfg = config.rolloutpipe.get("reward") or {}
         self.worker.score_by_group = bool(reward_cfg.get("score_by_group", False))
+        self.worker.catch_reward_errors = True  # a reward failure is the rollout core's to decide on
         rollout_cfg = config.actor_rollout_ref.rollout
         self.sampling_params = dict(
             temperature=rollout_cfg.temperature,
@@ -128,10 +137,11 @@ class StreamingRollout:
         except BaseException:
             # The step failed: none of its requests may outlive it (their results would go nowhere). The
             # ones still inside vLLM are aborted by the next weight sync, like a full batch's leftovers.
-            for task in self._tasks:
+            tasks = [*self._tasks, *self._scoring]  # requests and groups' reward calls
+            for task in tasks:
                 task.cancel()
-            if self._tasks:
-                await asyncio.gather(*self._tasks, return_exceptions=True)
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
             raise
 
     def shutdown(self) -> None:
@@ -163,7 +173,8 @@ class StreamingRollout:
     async def _run_step(self, req: StepRequest) -> StepResult:
         """One step: the step's ``RolloutCore`` decides, ``_StepRun`` awaits and carries its actions out."""
         run = _StepRun(self, req)
-        self._tasks = run.tasks  # for the clean-up of a failed step
+        self.worker.reward_timeout_s = req.reward_timeout_s
+        self._tasks, self._scoring = run.tasks, run.scoring  # for the clean-up of a failed step
         return await run.run()
 
 
@@ -178,7 +189,8 @@ class _StepRun:
 
     def __init__(self, rollout: StreamingRollout, req: StepRequest):
         self.rollout, self.req, self.timeline = rollout, req, req.timeline
-        self.core = RolloutCore(req.policy, max_retries=req.max_retries, on_request_failure=req.on_request_failure)
+        self.core = RolloutCore(req.policy, max_retries=req.max_retries, on_request_failure=req.on_request_failure,
+                                on_reward_failure=req.on_reward_failure)
         self.tasks: dict[asyncio.Task, Admission] = {}
         self.task_of: dict[Request, asyncio.Task] = {}
         self.restarting: dict[asyncio.Task, tuple[int, float]] = {}  # restart task -> (replica, when death noticed)
@@ -193,6 +205,29 @@ class _StepRun:
 
     def rid(self, r: Request) -> str:
         return f"s{self.req.step}-g{r.group}-r{r.index}"
+
+    def record(self, group: int) -> str:
+        """The dataset record of ``group`` as a user finds it: its index (verl's ``extra_info.index``) and source."""
+        nt = self.req.gen_batch.non_tensor_batch
+        parts = [f"group {group}"]
+        for key, name in (("index", "record index"), ("data_source", "data_source")):
+            if nt.get(key) is not None and group < len(nt[key]):
+                parts.append(f"{name} {nt[key][group]}")
+        return ", ".join(parts)
+
+    def reward_failed(self, group: int, error: str, request: Request | None = None,
+                      replica: int | None = None) -> tuple[list, str]:
+        """A reward that raised or timed out: the core's decision and the log line naming the record."""
+        what = f"response {self.rid(request)}" if request is not None else "group"
+        msg = (f"step {self.req.step}: the reward of the {what} of {self.record(group)} failed "
+               f"(rolloutpipe.reward.on_failure={self.req.on_reward_failure}): {error}")
+        logger.warning(msg)
+        keys = self.rollout.reward_keys
+        return self.core.reward_failed(group, request, replica, can_zero=keys is not None), msg
+
+    def learn_reward_keys(self, outs: list) -> None:
+        if self.rollout.reward_keys is None:
+            self.rollout.reward_keys = extra_keys(outs)
 
     async def run(self) -> StepResult:
         start = time.perf_counter()
@@ -227,6 +262,8 @@ class _StepRun:
             return
         adm = self.tasks.pop(task, None)
         if adm is None:  # cancelled in this wake-up (its replica died or its group was dropped)
+            if not task.cancelled():
+                task.exception()  # it had already failed (its replica's death): retrieved, not logged at exit
             return
         del self.task_of[adm.request]
         try:
@@ -238,17 +275,27 @@ class _StepRun:
                 await self.request_failed(adm, e)
             return
         r = adm.request
-        for act in self.core.response_done(r, adm.replica):
+        error = out.extra_fields.pop(REWARD_ERROR, None)  # its own reward call failed (verl's per-response path)
+        if error is not None:
+            actions, msg = self.reward_failed(r.group, error, r, adm.replica)
+            if not (actions and isinstance(actions[0], ZeroReward)):
+                await self.do(actions, RuntimeError(error), msg)
+                return
+            zero_scores([out], self.rollout.reward_keys)
+        else:
+            self.learn_reward_keys([out])
+        tokens = int(out.response_mask.sum().item())
+        for act in self.core.response_done(r, adm.replica, tokens):
             if isinstance(act, Take):
-                self.timeline.response_done(self.rid(r), r.group, int(out.response_mask.sum().item()))
+                self.timeline.response_done(self.rid(r), r.group, tokens)
                 self.outputs.setdefault(r.group, {})[r.index] = out
             elif isinstance(act, HandOver):
                 outs = self.outputs.pop(r.group)
                 group_outs = [outs[i] for i in range(self.core.n)]
                 worker = self.rollout.worker
                 if worker.score_by_group:  # one reward call for the group, while the loop goes on admitting
-                    scoring = self.completions.add(
-                        asyncio.create_task(score_group(group_outs, worker.reward_loop_worker_handles)))
+                    scoring = self.completions.add(asyncio.create_task(
+                        score_group(group_outs, worker.reward_loop_worker_handles, self.req.reward_timeout_s)))
                     self.scoring[scoring] = r.group
                     self.handing[r.group] = (group_outs, scoring)
                 else:
@@ -259,17 +306,25 @@ class _StepRun:
     async def scored(self, task: asyncio.Task) -> None:
         """A group's rewards came back (``rolloutpipe.reward.score_by_group``). Groups are handed over in the order
         they completed, as without it (the first trainable groups to complete fill the batch): this one and the
-        scored ones after it, up to the first still scoring. A reward call that raised fails the step, naming the
-        group (verl's per-response call would fail its request)."""
+        scored ones after it, up to the first still scoring. A reward call that raised or timed out is a reward
+        failure (``RolloutCore.reward_failed``): the step fails naming the record, the group scores 0, or it is
+        dropped."""
         group = self.scoring.pop(task)
+        outs = self.handing[group][0]  # still there: a group is handed over only once its call is processed here
         try:
             task.result()
         except Exception as e:
-            raise RuntimeError(f"step {self.req.step}: scoring group {group}'s responses failed "
-                               f"(rolloutpipe.reward.score_by_group=true): {_brief(e)}") from e
+            actions, msg = self.reward_failed(group, _brief(e))
+            if not (actions and isinstance(actions[0], ZeroReward)):
+                del self.handing[group]
+                await self.do(actions, e, msg)
+            else:
+                zero_scores(outs, self.rollout.reward_keys)
+        else:
+            self.learn_reward_keys(outs)
         while self.handing and not self.core.batch_full:
             first, (group_outs, scoring) = next(iter(self.handing.items()))
-            if not scoring.done():
+            if scoring in self.scoring:  # its call still runs, or it is done but its outcome not yet seen here
                 break
             del self.handing[first]
             await self.hand_over(first, group_outs)
@@ -279,6 +334,8 @@ class _StepRun:
         late, as a group completing after the batch filled does."""
         actions = []
         for group, (_, scoring) in list(self.handing.items()):
+            if scoring.done() and not scoring.cancelled():
+                scoring.exception()  # a reward that already failed: the group ends late all the same
             scoring.cancel()
             self.scoring.pop(scoring, None)
             actions += self.core.too_late(group)
@@ -400,6 +457,10 @@ class _StepRun:
             await asyncio.gather(*cancelled, return_exceptions=True)
 
     def failure(self, act: FailStep, error: BaseException | None, msg: str) -> Exception:
+        if act.why == "reward_failed":
+            return RewardFailedError(
+                f"{msg}. Not retried: re-running the step (trainer.resume_mode=auto) scores the same record again; "
+                "fix the reward, or set rolloutpipe.reward.on_failure=drop_group (or zero_reward) to go on without it")
         if act.why == "request_failed":
             return RuntimeError(f"{msg}; giving up after rolloutpipe.fault.max_request_retries="
                                 f"{self.req.max_retries} (rolloutpipe.fault.on_request_failure=fail)")
@@ -408,6 +469,10 @@ class _StepRun:
                                     f"left (rolloutpipe.fault.replica_restart=false): {_brief(error)}")
         return ReplicaLostError(f"rollout replica {act.replica} died and could not be restarted "
                                 f"({type(error).__name__}: {error}); no replica is left")
+
+
+class RewardFailedError(RuntimeError):
+    """A reward raised or timed out with rolloutpipe.reward.on_failure=fail; the message names the record."""
 
 
 def _brief(exc: BaseException) -> str:

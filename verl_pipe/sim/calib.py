@@ -509,9 +509,11 @@ def with_own_speeds(cal: Calibration, steps: list[dict], shape: StepShape, borro
 
 
 def simulate_like(step: dict, mode: str, granularity: str, engine: EngineParams, trainer: TrainerParams,
-                  shape: StepShape, client_s_per_request: float = 0.0) -> dict:
+                  shape: StepShape, client_s_per_request: float = 0.0, predictions=None,
+                  rest_order: str = "rank") -> dict:
     """Simulated metrics of one measured step's workload in ``mode`` (any simulator mode); ``client_s_per_request``:
-    a driver that costs that much per request (``sim.simulate.simulate_rollout``; 0: instantaneous)."""
+    a driver that costs that much per request (``sim.simulate.simulate_rollout``; 0: instantaneous); ``predictions``:
+    the step's length predictions (verl_pipe/sim/tail.py) and FGD's order beyond the frontier with them."""
     from verl_pipe.sim.simulate import simulate_step
 
     lengths = step["lengths"]
@@ -521,10 +523,25 @@ def simulate_like(step: dict, mode: str, granularity: str, engine: EngineParams,
     # the step's own FGD window when its setting set one (bench setting key fgd_window), else the stack's
     fgd_window = step.get("fgd_window") or shape.fgd_window or shape.max_num_seqs
     window = fgd_window if variant(mode).fgd else shape.baseline_window
+    if predictions is None and variant(mode).fgd and step.get("fgd_lengths", "off") != "off":
+        # a measured FGD step that ordered by its length predictions: replayed with them (verl_pipe/sim/tail.py)
+        from verl_pipe.sim.tail import recorded_lengths
+
+        predictions = recorded_lengths(step.get("length_predictions"), shape.n)
+        rest_order = (step.get("admission") or {}).get("rest_order") or rest_order
+    measured_fgd = variant(mode).fgd and variant(step.get("mode", mode)).fgd
+    policy = (step.get("admission") or {}).get("policy") if measured_fgd else None
+    if policy:  # the plug-in the measured FGD step ran with (rolloutpipe.fgd.policy)
+        from verl_pipe.core.admission import load_policy
+
+        kwargs = {"fgd_policy": load_policy(policy)}
+    else:
+        kwargs = {}
     tl = simulate_step(wl, engine, trainer, mode, shape.num_replicas, window=window,
                        groups_per_unit=shape.groups_per_unit, order=shape.baseline_order, granularity=granularity,
                        weight_sync_s=float(step.get("weight_sync_s", 0.0)), client_s_per_request=client_s_per_request,
-                       unit_fill=step.get("unit_fill", "completion"))  # steps recorded before the knob: completion
+                       unit_fill=step.get("unit_fill", "completion"),  # steps recorded before the knob: completion
+                       lengths=predictions, rest_order=rest_order, **kwargs)
     return tl.metrics()
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from verl_pipe.core.admission import StepAdmission
 from verl_pipe.core.frontier import AdaptiveWindow, FCFSPolicy, FrontierPolicy, Request, resolve_window
 from verl_pipe.core.release import check_fill, dispatch_release_times
 from verl_pipe.core.rollout_core import Cancel, GroupEnded, HandOver, NextTurn, RolloutCore, Take
@@ -261,7 +262,7 @@ class _SimRollout:
 
     def respond(self, s: Seq, r: int, t: float) -> None:
         """The driver takes a generated response (stale once aborted in the same driver cycle: then dropped)."""
-        self.do(self.core.response_done(Request(s.group, s.index), r), t)
+        self.do(self.core.response_done(Request(s.group, s.index), r, self.workload.lengths[s.group][s.index]), t)
 
     def do(self, actions: list, t: float) -> None:
         """Carries out the core's actions at t. This driver closes the step the moment the batch is full."""
@@ -318,33 +319,42 @@ class _SimRollout:
         return RolloutResult(self.log, completions, rollout_end, stats)
 
 
-def make_policy(kind: str, workload: Workload, num_replicas: int, groups_per_unit: int,
-                window: int | AdaptiveWindow | None, target_groups: int | None = None, order: str = "group_major",
-                frontier: dict | None = None):
-    """``kind``: "fcfs" (stock dispatch in ``order``) or "fgd" (FrontierPolicy with ``frontier`` kwargs)."""
-    args = (workload.num_groups, workload.n, groups_per_unit, target_groups or workload.num_groups,
-            list(range(num_replicas)), window)
-    if kind == "fcfs":
-        return FCFSPolicy(*args, order=order)
-    if kind == "fgd":
-        return FrontierPolicy(*args, **(frontier or {}))
-    raise ValueError(f"unknown policy kind {kind!r}")
+def step_admission(workload: Workload, num_replicas: int, groups_per_unit: int, window, target_groups: int | None = None,
+                   order: str = "group_major", frontier: dict | None = None, unit_fill: str = "completion",
+                   lengths=None, baseline_window: int | None = None, rest_order: str = "rank") -> StepAdmission:
+    """What a simulated step tells its admission policy (``AdmissionPolicy.for_step``), as the trainer does:
+    ``window`` is FGD's (resolved), ``baseline_window`` and ``order`` the stock dispatch's; ``frontier``:
+    ``frontier_groups`` / ``slack``, and any other FrontierPolicy argument (``affinity``) as the policy's extra."""
+    frontier = dict(frontier or {})
+    return StepAdmission(workload.num_groups, workload.n, groups_per_unit, target_groups or workload.num_groups,
+                         list(range(num_replicas)), fgd_window=window,
+                         frontier_groups=frontier.pop("frontier_groups", "auto"), slack=frontier.pop("slack", 0),
+                         baseline_window=baseline_window, baseline_order=order, unit_fill=unit_fill,
+                         lengths=lengths, rest_order=rest_order, extra=frontier)
 
 
 def rollout_for_mode(mode: str, workload: Workload, engine: EngineParams, num_replicas: int, groups_per_unit: int,
                      window: int | str | AdaptiveWindow | None, order: str = "group_major",
                      frontier: dict | None = None, target_groups: int | None = None,
                      trainable: list[bool] | None = None, client_s_per_request: float = 0.0,
-                     episodes: Episodes | None = None) -> RolloutResult:
-    """FGD modes use the FrontierPolicy and vLLM's priority scheduling (its priorities are group ranks);
-    every other mode uses the stock FCFS dispatch with the engine as configured (verl default: fcfs).
-    A window given as ``rolloutpipe.fgd.window`` spells it ("adaptive", "auto") is resolved as the trainer
-    resolves it (``frontier.resolve_window``), against the engine's ``max_num_seqs``."""
+                     episodes: Episodes | None = None, fgd_policy: type = FrontierPolicy,
+                     baseline_policy: type = FCFSPolicy, lengths=None, unit_fill: str = "completion",
+                     rest_order: str = "rank") -> RolloutResult:
+    """FGD modes use ``fgd_policy`` (``rolloutpipe.fgd.policy``; FrontierPolicy by default) and vLLM's priority
+    scheduling; every other mode uses ``baseline_policy`` (the stock FCFS dispatch, ``window`` its window) with the
+    engine as configured (verl default: fcfs). A window given as ``rolloutpipe.fgd.window`` spells it ("adaptive",
+    "auto") is resolved as the trainer resolves it (``frontier.resolve_window``), against the engine's
+    ``max_num_seqs``. ``lengths``: the step's length predictions (``verl_pipe.core.lengths.StepLengths``, a fresh one
+    per rollout: it learns from the responses; ``sim.tail.step_lengths`` builds them), which FrontierPolicy orders by;
+    ``unit_fill``: which groups the next unit takes (FGD's frontier with predictions); ``rest_order``: FGD's order
+    beyond the frontier with predictions (``verl_pipe.core.admission.rest_order``)."""
     fgd = variant(mode).fgd
     if isinstance(window, str):
         window = resolve_window(window, groups_per_unit, workload.n, engine.max_num_seqs)
-    policy = make_policy("fgd" if fgd else "fcfs", workload, num_replicas, groups_per_unit, window,
-                         target_groups, order, frontier)
+    step = step_admission(workload, num_replicas, groups_per_unit, window if fgd else None, target_groups, order,
+                          frontier if fgd else None, unit_fill, lengths, baseline_window=None if fgd else window,
+                          rest_order=rest_order)
+    policy = (fgd_policy if fgd else baseline_policy).for_step(step)
     if fgd:
         engine = engine.with_(scheduling_policy="priority")
     return simulate_rollout(workload, engine, policy, num_replicas, trainable, client_s_per_request, episodes)
@@ -373,7 +383,8 @@ def simulate_step(workload: Workload, engine_params: EngineParams, trainer_param
                   *, groups_per_unit: int = 32, order: str = "group_major", granularity: str = "minibatch",
                   weight_sync_s: float = 0.5, target_groups: int | None = None,
                   trainable_prob: float = 1.0, client_s_per_request: float = 0.0,
-                  unit_fill: str = "completion", episodes: Episodes | None = None) -> StepTimeline:
+                  unit_fill: str = "completion", episodes: Episodes | None = None, lengths=None,
+                  rest_order: str = "rank", fgd_policy: type = FrontierPolicy) -> StepTimeline:
     """One step in ``mode`` (sync, cgp, cgp_group, cgp_fgd, verl_separate_async) -> its StepTimeline.
 
     ``window``: per-replica client admission window (None: submit everything at once; for cgp_fgd also
@@ -382,7 +393,9 @@ def simulate_step(workload: Workload, engine_params: EngineParams, trainer_param
     FrontierPolicy kwargs for cgp_fgd; ``granularity`` ("minibatch" | "group") is its trainer granularity.
     ``seed`` draws which groups are trainable when ``trainable_prob`` < 1 (DAPO-style filtering). ``unit_fill``:
     rolloutpipe.cgp.unit_fill (the simulator's default is the paper's completion fill). ``episodes``: multi-turn
-    trajectories (``simulate_rollout``); ``workload`` must then be ``episodes.workload(prompt_len)``.
+    trajectories (``simulate_rollout``); ``workload`` must then be ``episodes.workload(prompt_len)``. ``lengths``,
+    ``rest_order``: the step's length predictions and FGD's order beyond the frontier, ``fgd_policy`` FGD's policy
+    class (``rollout_for_mode``).
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
@@ -391,6 +404,7 @@ def simulate_step(workload: Workload, engine_params: EngineParams, trainer_param
         target_groups = workload.num_groups
     rollout = rollout_for_mode(mode, workload, engine_params, num_replicas, groups_per_unit, window, order,
                                frontier, target_groups or workload.num_groups, trainable, client_s_per_request,
-                               episodes)
+                               episodes, lengths=lengths, unit_fill=unit_fill, rest_order=rest_order,
+                               fgd_policy=fgd_policy)
     return timeline_for(rollout, workload, trainer_params, mode, groups_per_unit, weight_sync_s, granularity,
                         unit_fill=unit_fill)

@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from verl_pipe.core.admission import DEFAULT_FGD_POLICY, FGD_LENGTHS, load_policy
 from verl_pipe.core.frontier import AdaptiveWindow, resolve_window
 from verl_pipe.core.release import check_fill
 from verl_pipe.core.variants import GRANULARITIES, TRAINER_MODES, name_of, resolve_fgd
@@ -27,6 +28,13 @@ class StepKnobs:
     # FGD's per-replica admission window, resolved (frontier.resolve_window: an int, or an AdaptiveWindow); the
     # window FGD would use, recorded with FGD off too
     fgd_window: int | AdaptiveWindow | None = None
+    fgd_policy: str = DEFAULT_FGD_POLICY  # rolloutpipe.fgd.policy: the FGD admission policy's class path
+    # rolloutpipe.fgd.lengths: predicted (FGD orders by the groups' length predictions), shuffled (the control: each
+    # group gets another prompt's history), off (rank order only); predictions are recorded in every case
+    fgd_lengths: str = "predicted"
+    # (prompt, epoch) per group for the length predictor's history, instead of the batch's dataset index and the
+    # trainer's epoch (the bench's forced-length workloads draw lengths by their own prompts)
+    length_keys: tuple | None = None
     coalesce_log_probs: bool = True  # rolloutpipe.cgp.coalesce_log_probs
     # rolloutpipe.cgp.unit_fill: the order groups reach the trainer's FIFO (verl_pipe/core/release.py): completion (the
     # paper's) or dispatch (units are sync's mini-batches)
@@ -46,6 +54,8 @@ class StepKnobs:
         if self.granularity not in GRANULARITIES:
             raise ValueError(f"granularity: got {self.granularity!r}; allowed: {', '.join(GRANULARITIES)}")
         check_fill(self.unit_fill)
+        if self.fgd_lengths not in FGD_LENGTHS:
+            raise ValueError(f"fgd_lengths: got {self.fgd_lengths!r}; allowed: {', '.join(FGD_LENGTHS)}")
         if self.workload is not None:  # the knobs' own copy: a caller's later edit does not reach a step
             object.__setattr__(self, "workload", copy.deepcopy(dict(self.workload)))
 
@@ -56,6 +66,8 @@ class StepKnobs:
         """The knobs as the step's record keeps them (JSON): functions as whether one was given."""
         return {"variant": name_of(self.mode, self.granularity, self.fgd), "mode": self.mode,
                 "granularity": self.granularity, "fgd": self.fgd, "fgd_window": window_label(self.fgd_window),
+                "fgd_policy": self.fgd_policy, "fgd_lengths": self.fgd_lengths,
+                "length_keys": self.length_keys is not None,
                 "coalesce_log_probs": self.coalesce_log_probs, "unit_fill": self.unit_fill,
                 "baseline_order": self.baseline_order,
                 "baseline_window": self.baseline_window, "workload": copy.deepcopy(self.workload),
@@ -85,7 +97,9 @@ def configured(config) -> dict:
     rp = config.rolloutpipe
     workload = rp.get("workload")
     return dict(mode=str(rp.mode), granularity=str(rp.cgp.granularity), fgd=rp.fgd.enable,
-                fgd_window=rp.fgd.window, coalesce_log_probs=bool(rp.cgp.coalesce_log_probs),
+                fgd_window=rp.fgd.window, fgd_policy=str(rp.fgd.get("policy") or DEFAULT_FGD_POLICY),
+                fgd_lengths=str(rp.fgd.get("lengths") or "predicted"),
+                coalesce_log_probs=bool(rp.cgp.coalesce_log_probs),
                 unit_fill=str(rp.cgp.get("unit_fill", "completion")),
                 baseline_order=rp.dispatch.order or verl_dispatch_order(config), baseline_window=rp.dispatch.window,
                 workload=OmegaConf.to_container(workload, resolve=True) if workload else None)
@@ -100,6 +114,7 @@ def step_knobs(config, **changes) -> StepKnobs:
     if unknown:
         raise TypeError(f"unknown step knobs {unknown}; allowed: {', '.join(KNOB_NAMES)}")
     spec = dict(configured(config), **changes)
+    load_policy(spec["fgd_policy"])  # refuses a class path that is not an admission policy, naming the key
     spec["fgd"] = resolve_fgd(spec["fgd"], spec["mode"])  # the config's auto follows the step's mode
     window = spec["fgd_window"]
     if not isinstance(window, AdaptiveWindow):

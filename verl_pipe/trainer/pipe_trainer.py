@@ -35,7 +35,10 @@ from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrain
 
 from verl_pipe.trainer.actor_backend import ActorBackend, StepOutcome, train_step
 from verl_pipe.config import ConfigError, cgp_estimator_problem, groups_per_unit
-from verl_pipe.core.frontier import FCFSPolicy, FrontierPolicy
+from verl_pipe.core.admission import StepAdmission, TrainerRatio, load_policy, rest_order
+from verl_pipe.core.frontier import FCFSPolicy
+from verl_pipe.core.lengths import LengthHistory, StepLengths
+from verl_pipe.data_check import bad_record_metrics
 from verl_pipe.core.group_filter import GroupFilters
 from verl_pipe.core.group_queue import Group, GroupQueue
 from verl_pipe.core.release import DispatchOrderRelease
@@ -57,17 +60,16 @@ __all__ = ["RolloutPipeTrainer", "StepFailedError"]  # StepFailedError lives in 
 
 class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
     backend_cls = ActorBackend  # executes the step's schedule on verl's worker group (fit_step can be given another)
-    # Extension hooks: the admission policy classes a step is built with (verl_pipe.core.frontier), their extra
-    # constructor arguments from ``admission_kwargs`` (docs/extending.md).
-    fgd_policy_cls = FrontierPolicy
+    # Extension hooks: the admission policy class of a step without FGD (verl_pipe.core.frontier; FGD's is
+    # rolloutpipe.fgd.policy), the policies' extra constructor arguments from ``admission_kwargs`` (docs/extending.md).
     baseline_policy_cls = FCFSPolicy
     # The per-row non-tensor columns verl's actor worker is sent (trainer_seam.for_actor_worker): verl's engine reads
     # only these; a subclass whose loss reads another (e.g. "uid") adds it here.
     actor_non_tensor_keys: tuple[str, ...] = ("multi_modal_inputs",)
 
-    def __init__(self, *args, stop_file: str | None = None, stop_key: str | None = None, **kwargs):
+    def __init__(self, *args, stop_check=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.stop_file, self.stop_key = stop_file, stop_key  # the launcher's stop request (RunLoop.stop_requested)
+        self.stop_check = stop_check  # () -> bool: the launcher asked the run to stop (RunLoop.stop_requested)
         self.n = int(self.config.actor_rollout_ref.rollout.n)
         self.groups_per_unit = groups_per_unit(self.config)
         self.filter_zero_variance = bool(self.config.rolloutpipe.filter_zero_variance)
@@ -75,6 +77,13 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
         self.actor_seam = TrainerSeam(self)  # what the executor, the rollback and the record use of the trainer
         self.history = StepHistory()
         self.last_outcome = StepOutcome()
+        # per prompt, its groups' lengths in earlier epochs: the length predictions FGD orders by (not checkpointed:
+        # a resumed run starts from the prior)
+        self.length_history = LengthHistory()
+        self.last_lengths: StepLengths | None = None  # the latest step's predictions, observed lengths and record
+        self._step_keys: list[tuple] = []  # the latest step's (prompt, epoch) per group
+        self.trainer_ratio = TrainerRatio()  # trainer work over rollout duration: FGD's order beyond the frontier
+        self.last_admission: dict = {}  # the latest step's policy class, order beyond the frontier and its ratio
 
     @property
     def timelines(self):
@@ -131,7 +140,8 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
             problem = cgp_estimator_problem(str(self.config.algorithm.adv_estimator), knobs.granularity)
             if problem:
                 raise ConfigError(f"algorithm.adv_estimator: {problem}")
-        self.metrics = {"training/global_step": self.global_steps, "training/epoch": self.epoch}
+        self.metrics = {"training/global_step": self.global_steps, "training/epoch": self.epoch,
+                        **bad_record_metrics(self.train_dataset)}  # records of this batch skipped (on_bad_record)
         self.timing_raw = {}
         self.reward_extra_infos_dict = {}  # verl's _fit_dump_data reads it
         self._fit_prepare_step()
@@ -152,6 +162,9 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
             outcome = self.train(queue, timeline, knobs, backend_cls=backend_cls)  # the mode's schedule
             self.metrics.update(outcome.metrics)
             rollout_result = rollout.result()
+            self._learn_lengths()
+            tm = timeline.metrics()
+            self.trainer_ratio.update(tm.get("trainer_busy_s"), tm.get("rollout_end_s"))
             sync_start = time.perf_counter()
             self.metrics.update(self.weights.sync(supervisor, self.global_steps))  # θ_{k+1} → rollout pool
             timeline.weight_sync(sync_start, time.perf_counter())
@@ -166,9 +179,11 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
         self._fit_save_checkpoint()
         self._fit_stop_profile()
         self._data_state = self.train_dataloader.state_dict()
-        record_step(self.actor_seam, self.history, step=self.global_steps, knobs=knobs, outcome=outcome,
-                    timeline=timeline, rollout_result=rollout_result, data_index=data_index,
-                    step_s=self.timing_raw["step"], health=supervisor.health)
+        record = record_step(self.actor_seam, self.history, step=self.global_steps, knobs=knobs, outcome=outcome,
+                             timeline=timeline, rollout_result=rollout_result, data_index=data_index,
+                             step_s=self.timing_raw["step"], health=supervisor.health,
+                             lengths=self.last_lengths.record() if self.last_lengths is not None else None)
+        record["admission"] = self.last_admission  # the order beyond FGD's frontier and why (the simulator replays it)
         self._fit_postprocess_step()
 
     def train(self, queue: GroupQueue, timeline: StepTimeline, knobs: StepKnobs | None = None, backend_cls=None,
@@ -186,20 +201,65 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
     # ------------------------------------------------------------------ rollout side
 
     def admission_kwargs(self, batch: DataProto | None, knobs: StepKnobs) -> dict:
-        """Extra keyword arguments for the step's admission policy class (``fgd_policy_cls`` when ``knobs.fgd``,
-        else ``baseline_policy_cls``), from the step's batch (group g is row g, with verl's non-tensor keys such as
-        ``extra_info``). Default: none."""
+        """Extra keyword arguments for the step's admission policy class (``rolloutpipe.fgd.policy`` when
+        ``knobs.fgd``, else ``baseline_policy_cls``), from the step's batch (group g is row g, with verl's non-tensor
+        keys such as ``extra_info``). Default: none."""
         return {}
 
     def _make_policy(self, num_groups: int, batch: DataProto | None, knobs: StepKnobs):
-        common = dict(num_groups=num_groups, n=self.n, groups_per_unit=self.groups_per_unit,
-                      target_groups=int(self.config.data.train_batch_size), replicas=self.rollout.live_replicas(),
-                      **self.admission_kwargs(batch, knobs))
-        if knobs.fgd:
-            fgd = self.config.rolloutpipe.fgd
-            return self.fgd_policy_cls(**common, window=knobs.fgd_window, frontier_groups=fgd.frontier_groups,
-                                       slack=int(fgd.slack))
-        return self.baseline_policy_cls(**common, window=knobs.baseline_window, order=knobs.baseline_order)
+        """The step's admission policy: ``rolloutpipe.fgd.policy`` (``knobs.fgd_policy``) with FGD on, else
+        ``baseline_policy_cls``, built by its ``for_step`` from the step's ``StepAdmission``
+        (verl_pipe/core/admission.py), with the groups' length predictions (``_step_lengths``). Its class, whether it
+        orders by the predictions and its order beyond the frontier go into the step record's ``admission``."""
+        fgd = self.config.rolloutpipe.fgd
+        self.last_lengths = self._step_lengths(num_groups, batch, knobs)
+        step = StepAdmission(num_groups=num_groups, n=self.n, groups_per_unit=self.groups_per_unit,
+                             target_groups=int(self.config.data.train_batch_size),
+                             replicas=self.rollout.live_replicas(), fgd_window=knobs.fgd_window,
+                             frontier_groups=fgd.frontier_groups, slack=int(fgd.slack),
+                             baseline_window=knobs.baseline_window, baseline_order=knobs.baseline_order,
+                             unit_fill=knobs.unit_fill, lengths=self.last_lengths,
+                             order_by_length=knobs.fgd_lengths != "off", extra=self.admission_kwargs(batch, knobs),
+                             rest_order=rest_order(knobs.unit_fill, self.trainer_ratio.value))
+        cls = load_policy(knobs.fgd_policy) if knobs.fgd else self.baseline_policy_cls
+        by_length = bool(knobs.fgd and step.order_by_length)  # what the step asks of FGD's policy
+        self.last_admission = {"policy": f"{cls.__module__}:{cls.__qualname__}", "order_by_length": by_length,
+                               "rest_order": step.rest_order if by_length else None,
+                               "trainer_to_rollout": self.trainer_ratio.value}
+        return cls.for_step(step)
+
+    def _length_keys(self, num_groups: int, batch: DataProto | None, knobs: StepKnobs) -> list[tuple]:
+        """(prompt, epoch) per group: the knobs' (a forced-length workload's own prompts), else the batch's dataset
+        index and this epoch ((None, epoch) where the batch has no index: no history)."""
+        keys = knobs.length_keys
+        if keys is None and knobs.sampling_overrides is None and knobs.workload and knobs.workload.get("prompts"):
+            from verl_pipe.core.workload import length_keys
+
+            keys = length_keys(self._workload(num_groups, knobs))  # its lengths follow its own prompts
+        if keys is not None:
+            if len(keys) != num_groups:
+                raise ValueError(f"length_keys name {len(keys)} groups, the step has {num_groups}")
+            return [tuple(k) for k in keys]
+        index = batch.non_tensor_batch.get("index") if batch is not None else None
+        keys = [int(i) for i in index] if index is not None else [None] * num_groups
+        return [(k, int(self.epoch)) for k in keys]
+
+    def _step_lengths(self, num_groups: int, batch: DataProto | None, knobs: StepKnobs) -> StepLengths:
+        """The step's length predictions from the run's history (verl_pipe/core/lengths.py); ``fgd_lengths=shuffled``
+        gives each group another prompt's (the control)."""
+        self._step_keys = self._length_keys(num_groups, batch, knobs)
+        shuffle = self.global_steps if knobs.fgd_lengths == "shuffled" else None
+        return StepLengths(self.length_history.predict_step(self._step_keys, shuffle_seed=shuffle), self.n)
+
+    def _learn_lengths(self) -> None:
+        """After the rollout: every group whose n responses finished goes into the length history."""
+        lengths = self.last_lengths
+        if lengths is None:
+            return
+        for g, (key, epoch) in enumerate(self._step_keys):
+            got = lengths.lengths(g)
+            if got is not None:
+                self.length_history.record(key, epoch, got)
 
     def _start_rollout(self, batch: DataProto, timeline: StepTimeline, queue: GroupQueue, version: int,
                        knobs: StepKnobs | None = None) -> Future:
@@ -227,6 +287,8 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
                               request_timeout_s=float(rp.request_timeout_s) if rp.request_timeout_s else None,
                               max_retries=int(rp.fault.max_request_retries),
                               on_request_failure=str(rp.fault.on_request_failure), weight_version=version,
+                              reward_timeout_s=rp.reward.get("timeout_s"),
+                              on_reward_failure=str(rp.reward.get("on_failure", "fail")),
                               on_group_ended=None if release is None else lambda g, how: release.ended(g))
         future = self.rollout.start(request)
         if release is not None:  # before the queue closes: done-callbacks run in the order they were added
@@ -247,10 +309,19 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
         """Per-request sampling overrides: the knobs' own, else a controlled workload's lengths (knobs.workload)."""
         if knobs.sampling_overrides is not None or not knobs.workload:
             return knobs.sampling_overrides
-        from verl_pipe.core.workload import exact_lengths, from_spec
+        from verl_pipe.core.workload import exact_lengths
 
-        seed = int(knobs.workload.get("seed", 0)) + self.global_steps
-        return exact_lengths(from_spec(knobs.workload, num_groups, self.n, prompt_len=0, seed=seed))
+        return exact_lengths(self._workload(num_groups, knobs))
+
+    def _workload(self, num_groups: int, knobs: StepKnobs):
+        """This step's controlled workload (``knobs.workload``): over repeated prompts (its ``prompts``) the run's step
+        of that pool, else fresh lengths seeded by the step."""
+        from verl_pipe.core.workload import from_spec
+
+        seed = int(knobs.workload.get("seed", 0))
+        if knobs.workload.get("prompts") is not None:
+            return from_spec(knobs.workload, num_groups, self.n, prompt_len=0, seed=seed, step=self.global_steps)
+        return from_spec(knobs.workload, num_groups, self.n, prompt_len=0, seed=seed + self.global_steps)
 
     def _push_weights(self, replica, version: int) -> None:
         """Weights ``version`` into one restarted replica (the supervisor's push_weights): θ_k during the step."""

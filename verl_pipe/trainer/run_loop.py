@@ -3,26 +3,30 @@
 One job: what verl's ``SeparateRayPPOTrainer.fit`` does before, between and after its steps, on the trainer it is
 mixed into: ``begin`` (logger, checkpoint, θ_0 into the rollout pool, the validation before training, verl's
 profiler state), ``restore`` / ``replay`` (a live run back to a saved step; a recorded step trained again), the epochs (a resumed run goes on in its checkpoint's epoch; ``trainer.val_only`` stops after the
-validation), a stop request from the launcher, and ``end``. verl seams (verl 0.9.1, RayPPOTrainer /
-SeparateRayPPOTrainer): ``_load_checkpoint``, ``_validate``, ``_init_dump_executor`` / ``_shutdown_dump_executor``,
+validation), a stop request from the launcher, a record that fails in the data loader mid-run, the checkpoints'
+completeness (verl_pipe/trainer/checkpoints.py: ``_save_checkpoint`` records a completed save, ``_load_checkpoint``
+resumes from the newest complete one), and ``end``. verl seams (verl 0.9.1, RayPPOTrainer /
+SeparateRayPPOTrainer): ``_save_checkpoint``, ``_load_checkpoint``, ``_validate``, ``_init_dump_executor`` / ``_shutdown_dump_executor``,
 ``checkpoint_manager.update_weights``, ``total_training_steps``, ``is_last_step`` and the profiler attributes
 (``prev_step_profile``, ``curr_step_profile``, ``next_step_profile``) its ``_fit_*`` pieces read.
 """
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
+
+from verl_pipe.data_check import BadRecordError
+from verl_pipe.trainer import checkpoints
 
 
 class RunLoop:
-    # The launcher touches this file when it is signalled (verl_pipe/main_grpo.py): Ray's workers run in process
-    # groups of their own, so a signal to the launcher's group does not reach this loop, which would otherwise go on
-    # with new steps until the teardown ends it. The file is on the launcher's node; ``stop_key`` carries the same
-    # request through the Ray cluster to a loop on any node (verl_pipe/launch/stop_request.py).
-    stop_file: str | None = None
-    stop_key: str | None = None  # the launcher's run id: the same request through the cluster's GCS (any node)
+    # Whether the launcher asked the run to stop (given by whoever builds the trainer: the launch layer's TaskRunner
+    # checks the launcher's stop file and the run's key in the Ray cluster, verl_pipe/launch/stop_request.py). Ray's
+    # workers run in process groups of their own, so a signal to the launcher's group does not reach this loop, which
+    # would otherwise go on with new steps until the teardown ends it.
+    stop_check: Callable[[], bool] | None = None
     progress_bar = None
 
     def fit(self):
@@ -33,7 +37,7 @@ class RunLoop:
         # On resume, go on in the epoch the checkpoint is in (verl's fit: global_steps // len(dataloader)).
         first_epoch = (self.global_steps - 1) // max(1, len(self.train_dataloader))
         for epoch in range(first_epoch, self.config.trainer.total_epochs):
-            for batch_dict in self.train_dataloader:
+            for batch_dict in self.epoch_batches():
                 if self.stop_requested():
                     print(f"[verl_pipe] stop requested: no step after {self.global_steps - 1}", flush=True)
                     self.end()
@@ -78,14 +82,69 @@ class RunLoop:
         self.next_step_profile = False
 
     def stop_requested(self) -> bool:
-        from verl_pipe.launch import stop_request
+        return bool(self.stop_check is not None and self.stop_check())
 
-        if bool(self.stop_file) and os.path.exists(self.stop_file):
-            return True
-        if stop_request.requested(self.stop_key):
-            stop_request.clear(self.stop_key)
-            return True
-        return False
+    def epoch_batches(self):
+        """The data loader's batches of one epoch. A record that fails in verl's dataset (``GuardedDataset``:
+        rolloutpipe.fault.on_bad_record=fail) stops the run naming the record, after the last completed step is
+        checkpointed with the data loader as it was before this batch, so nothing is lost: fixed, the run resumes
+        at this batch. With ``skip`` a batch whose every record was skipped is passed over."""
+        batches = iter(self.train_dataloader)
+        while True:
+            try:
+                batch_dict = next(batches)
+            except StopIteration:
+                return
+            except BadRecordError as e:
+                raise BadRecordError(f"{e}; {self._checkpoint_before_bad_batch()}") from e
+            if batch_dict is not None:
+                yield batch_dict
+
+    def _checkpoint_before_bad_batch(self) -> str:
+        last = self.global_steps - 1
+        where = self.config.trainer.default_local_dir
+        resume = ("fix or remove the record (or set rolloutpipe.fault.on_bad_record=skip) and run again with "
+                  "trainer.resume_mode=auto")
+        if last < 1 or not self.config.rolloutpipe.fault.get("checkpoint_on_failure", True):
+            return resume
+        folder = checkpoints.step_dir(where, last)
+        if checkpoints.problem(folder) is None:
+            return f"{folder} is the latest complete checkpoint; {resume}"
+        try:
+            self.actor_seam.save_checkpoint(last, self._data_state)
+        except Exception as e:  # noqa: BLE001 -- reported with the record's error
+            return f"saving step {last} failed too ({type(e).__name__}: {e}); {resume}"
+        return f"saved {folder} (the data loader before this batch); {resume}"
+
+    def _save_checkpoint(self):
+        """verl's save (``RayPPOTrainer._save_checkpoint``, on the trainer or a ``seam._VerlView`` of it), recorded
+        complete when it returns; a failed save (a full disk) raises CheckpointSaveError naming the folder and the
+        latest complete checkpoint left."""
+        from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+        checkpoints.guarded_save(lambda: RayPPOTrainer._save_checkpoint(self), self.config.trainer.default_local_dir,
+                                 self.global_steps)
+
+    def _load_checkpoint(self):
+        """verl's resume, from the newest complete checkpoint (resume_mode=auto): a newer folder whose save did not
+        finish or whose files were truncated since is named and passed over; with none complete the run stops
+        naming them (verl_pipe/trainer/checkpoints.py)."""
+        trainer = self.config.trainer
+        if trainer.get("resume_mode") != "auto" or trainer.get("default_hdfs_dir") is not None:
+            return super()._load_checkpoint()
+        folder, skipped = checkpoints.resume_folder(trainer.default_local_dir)
+        for f, why in skipped:
+            print(f"[verl_pipe] checkpoint {f} is not complete ({why}): resuming from an earlier one", flush=True)
+        if folder is None or not skipped:
+            return super()._load_checkpoint()
+        before = trainer.get("resume_from_path")
+        with open_dict(trainer):
+            trainer.resume_mode, trainer.resume_from_path = "resume_path", folder
+        try:
+            return super()._load_checkpoint()
+        finally:
+            with open_dict(trainer):
+                trainer.resume_mode, trainer.resume_from_path = "auto", before
 
     def restore(self, checkpoint_dir: str, global_steps: int) -> None:
         """A live run back to a saved step: the actor and its optimizer from ``checkpoint_dir`` (written by

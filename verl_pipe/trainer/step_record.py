@@ -48,6 +48,7 @@ def rollout_metrics(tm: dict, rollout_result, trained_groups: int, health=None) 
     m["rolloutpipe/untrainable_groups"] = rollout_result.untrainable
     m["rolloutpipe/late_groups_dropped"] = rollout_result.late_groups
     m["rolloutpipe/failed_groups_dropped"] = rollout_result.dropped_groups
+    m["rolloutpipe/reward_failures"] = rollout_result.reward_failures
     found = sum(health.found.values()) if health is not None else 0
     recovery = list(rollout_result.recovery_s) + (list(health.recovery_s) if health is not None else [])
     m["rolloutpipe/replica_failures"] = rollout_result.replica_failures + found
@@ -94,10 +95,12 @@ def summary_line(step: int, mode: str, m: dict, tm: dict) -> str:
 
 
 def record_step(seam, history: StepHistory, *, step: int, knobs: StepKnobs, outcome, timeline: StepTimeline,
-                rollout_result, data_index: list, step_s: float, health=None) -> dict:
+                rollout_result, data_index: list, step_s: float, health=None, lengths: list | None = None) -> dict:
     """Completes the step's metrics (``seam.metrics``, verl's), adds the step to ``history``, writes the trace (if
     ``rolloutpipe.trace_dir``), prints the summary line; returns the step's record. ``health``: the replica
-    supervisor's (verl_pipe.rollout.replicas.Health), if any; ``step_s``: the step's wall time."""
+    supervisor's (verl_pipe.rollout.replicas.Health), if any; ``step_s``: the step's wall time; ``lengths``: each
+    group's predicted and actual response lengths (verl_pipe.core.lengths.StepLengths.record), kept as the record's
+    ``lengths``."""
     metrics, tm = seam.metrics, timeline.metrics()
     tm_run = dict(tm, trainer_busy_in_rollout_s=timeline.trainer_busy_in_rollout_s())
     metrics.update(rollout_metrics(tm, rollout_result, len(outcome.trained), health))
@@ -114,6 +117,8 @@ def record_step(seam, history: StepHistory, *, step: int, knobs: StepKnobs, outc
             metrics.update(multiturn[0])
     metrics["timing_s/step"] = step_s
     record = step_record(step, data_index, [g.index for g in outcome.trained], tm, knobs.record())
+    if lengths is not None:
+        record["lengths"] = lengths
     from verl_pipe.platform.node_roles import pool_nodes
 
     nodes = pool_nodes(getattr(seam, "_trainer", None))  # {"trainer": [...], "rollout": [...]}: Ray node ids

@@ -49,7 +49,9 @@ def _print_step(r: dict) -> None:
 
 
 def _train(config, spec: dict, t_start: float, t_ray: float) -> tuple[list[dict], float, float]:
-    """What verl's TaskRunnerV1.run does (tq.init, trainer, agent-loop manager, fit), with our subclasses."""
+    """What verl's TaskRunnerV1.run does (tq.init, trainer, agent-loop manager, fit), with our subclasses (the
+    spec's ``trainer_cls``, "module:Class", a subclass of PeerSeparateAsyncTrainer in its place: the learning
+    bench's, verl_pipe/bench/peer/learn_hooks.py; imported here, after start_ray, like the hooks)."""
     import transfer_queue as tq
     from omegaconf import OmegaConf, open_dict
 
@@ -72,7 +74,13 @@ def _train(config, spec: dict, t_start: float, t_ray: float) -> tuple[list[dict]
         seed = int(spec.get("seed", 0))
         lengths_fn = _lengths_fn(spec.get("workload"), seed, warmup)
         seed_fn = (lambda k: workload_seed(k, seed, warmup)) if spec.get("multiturn") else None
-        trainer = PeerSeparateAsyncTrainer(config, lengths_fn, on_record, episode_seed_fn=seed_fn)
+        trainer_cls = PeerSeparateAsyncTrainer
+        if spec.get("trainer_cls"):
+            import importlib
+
+            module, _, name = spec["trainer_cls"].partition(":")
+            trainer_cls = getattr(importlib.import_module(module), name)
+        trainer = trainer_cls(config, lengths_fn, on_record, episode_seed_fn=seed_fn)
         trainer.init()
         manager = PeerAgentLoopManager.create(config=config, llm_client=trainer.get_llm_client(),
                                               teacher_client=trainer.get_teacher_client(),
@@ -86,14 +94,16 @@ def _train(config, spec: dict, t_start: float, t_ray: float) -> tuple[list[dict]
 
 
 def compose_spec(spec: dict):
-    """The peer's config: the spec's recipe (default: rolloutpipe_trainer) with the peer's overrides and, for a
-    multi-turn setting, its ``rolloutpipe.multiturn`` node (as the multi-turn bench composes our modes')."""
+    """The peer's config: the spec's recipe (default: rolloutpipe_trainer) with the peer's overrides, then the
+    spec's ``post_overrides`` (they win: e.g. the learning bench's validation cadence) and, for a multi-turn
+    setting, its ``rolloutpipe.multiturn`` node (as the multi-turn bench composes our modes')."""
     from omegaconf import OmegaConf, open_dict
 
     from verl_pipe.bench.peer.configs import peer_overrides
     from verl_pipe.launch.session import compose
 
     overrides = peer_overrides(spec["config"], list(spec.get("overrides", [])), int(spec["steps"]))
+    overrides += list(spec.get("post_overrides", []))
     config = compose(overrides, config_name=spec.get("config_name") or "rolloutpipe_trainer")
     if spec.get("multiturn"):
         with open_dict(config):
@@ -121,7 +131,8 @@ def run(spec: dict) -> dict:
     return {"mode": MODE_NAMES[spec["config"]], "config": spec["config"], "steps": records,
             "warmup_steps": int(spec.get("warmup_steps", 0)), "startup_s": t_ready - t_start,
             "ray_start_s": t_ray - t_start, "run_s": t_end - t_ready,
-            "overrides": peer_overrides(spec["config"], list(spec.get("overrides", [])), int(spec["steps"])),
+            "overrides": peer_overrides(spec["config"], list(spec.get("overrides", [])), int(spec["steps"]))
+            + list(spec.get("post_overrides", [])),
             "workload": spec.get("workload")}
 
 
