@@ -31,7 +31,36 @@ def test_default_config_is_verls_one_batch_ahead():
     o = peer_overrides("default", QUICK, steps=2)
     assert _value(o, "trainer.v1.separate_async.num_warmup_batches") == "1"
     assert _value(o, "trainer.v1.sampler.max_off_policy_threshold") == "8"
-    assert MODE_NAMES == {"onpolicy": "verl_separate_async", "default": "verl_separate_async_1off"}
+    assert MODE_NAMES == {"onpolicy": "verl_separate_async", "default": "verl_separate_async_1off",
+                          "tuned": "verl_separate_async_tuned", "separate_sync": "verl_separate_sync",
+                          "colocated": "verl_colocated"}
+
+
+def test_tuned_and_sync_configs_run_verls_other_trainers_with_their_knobs():
+    from verl_pipe.bench.peer.configs import TUNED, VERL_STORAGE_UNITS, knobs_of
+
+    t = peer_overrides("tuned", QUICK, steps=2)
+    assert _value(t, "trainer.v1.trainer_mode") == "separate_async"
+    assert _value(t, "trainer.v1.separate_async.num_warmup_batches") == "0"  # still exactly on-policy
+    assert _value(t, "transfer_queue.backend.SimpleStorage.num_data_storage_units") == str(TUNED["storage_units"])
+    assert _value(t, "actor_rollout_ref.rollout.agent.num_workers") == str(TUNED["agent_workers"])
+    c = peer_overrides("colocated", QUICK, steps=2)
+    from verl_pipe.bench.peer.configs import AFTER_VALIDATION
+
+    assert _value(c, "trainer.v1.trainer_mode") == "sync"
+    assert AFTER_VALIDATION["sync_colocated"] == {"actor_rollout_ref.hybrid_engine": True}  # after our validation
+    s = peer_overrides("separate_sync", QUICK, steps=2)
+    assert _value(s, "trainer.use_v1") == "false" and _value(s, "actor_rollout_ref.hybrid_engine") == "false"
+    assert _value(s, "+actor_rollout_ref.rollout.agent.agent_loop_manager_class").endswith("PeerLegacyAgentLoopManager")
+    # a tuning A/B's knobs win over the configuration's; verl's storage default when a configuration sets none
+    o = peer_overrides("onpolicy", QUICK, steps=1, knobs={"storage_units": 8, "agent_workers": 2})
+    assert _value(o, "transfer_queue.backend.SimpleStorage.num_data_storage_units") == "8"
+    assert _value(o, "actor_rollout_ref.rollout.agent.num_workers") == "2"
+    assert knobs_of("onpolicy")["poll_interval_s"] is None and VERL_STORAGE_UNITS == 8
+    with pytest.raises(ValueError, match="poll_interval_s=0"):
+        knobs_of("tuned", {"poll_interval_s": 0})
+    with pytest.raises(ValueError, match="nope"):
+        knobs_of("tuned", {"nope": 1})
 
 
 def test_bad_settings_name_the_setting():

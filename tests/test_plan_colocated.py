@@ -330,7 +330,7 @@ def _peer_colocated_files():
 
     bench = Path(__file__).resolve().parents[1] / "docs" / "bench"
     out = []
-    for f in sorted(bench.glob("*.json*")):
+    for f in sorted(bench.glob("*.json*")) + sorted(bench.glob("peer/*.json*")):  # peer/: the peer CLI's outputs
         try:
             if CC.colocated_records(f):
                 out.append(f)

@@ -63,7 +63,9 @@ def _ran(setting: dict, modes) -> list[tuple[str, dict]]:
 
 
 PEER_LABELS = {"verl_separate_async": "verl separate_async, on-policy",
-               "verl_separate_async_1off": "verl separate_async, 1 batch ahead"}
+               "verl_separate_async_1off": "verl separate_async, 1 batch ahead",
+               "verl_separate_async_tuned": "verl separate_async, on-policy, tuned",
+               "verl_separate_sync": "verl separate sync", "verl_colocated": "verl colocated sync (V1, main_ppo)"}
 
 
 def _labels(fgd: str, cgp: str = "cgp") -> dict[str, str]:
@@ -201,7 +203,9 @@ def fgd_vs_cgp(result: dict) -> list[str]:
                    "rollout end: cgp / fgd", "preemptions per step: cgp / fgd"], rows)
 
 
-KINDS = {"fgd_vs_cgp": fgd_vs_cgp, "balanced": balanced, "paper": paper, "paper_vs_peer": paper_vs_peer, "trainer_costs": trainer_costs,
+from verl_pipe.bench.peer.split import aa_table, split_table  # noqa: E402 -- docs/peer.md's gain split (bench/peer/split.py)
+
+KINDS = {"gain_split": split_table, "gain_split_aa": aa_table, "fgd_vs_cgp": fgd_vs_cgp, "balanced": balanced, "paper": paper, "paper_vs_peer": paper_vs_peer, "trainer_costs": trainer_costs,
          "trainer_gap": trainer_gap, "trainer_spans": trainer_spans}
 
 

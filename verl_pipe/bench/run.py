@@ -122,10 +122,24 @@ class BenchRunner:
         return stack_overrides(self.cfg, stack)
 
     def run(self, settings: list[dict]) -> None:
+        # ``peers_first`` (bench YAML): verl's trainers before our stacks instead of after, so that across runs the
+        # place of each block (the host's drift over a run) does not always favour the same side
+        if self.cfg.get("peers_first"):
+            self._run_peers(settings)
         stacks = sorted({stack_of(s, self.cfg) for s in settings})
         for stack in stacks:
             self._run_size(stack, [s for s in settings if stack_of(s, self.cfg) == stack])
-        self._run_peers(settings)
+        if self.cfg.get("peers_first"):
+            self._peer_prompt_len()
+        else:
+            self._run_peers(settings)
+
+    def _peer_prompt_len(self) -> None:
+        """The peers' prompt length: our sync's mean on the setting (what _run_peers sets when ours ran first)."""
+        for st in self.steps:
+            if st.get("peer") and not st.get("prompt_len"):
+                ours = [o for o in self.steps if o["setting"] == st["setting"] and o["mode"] == BASE]
+                st["prompt_len"] = sum(o["prompt_len"] for o in ours) / len(ours) if ours else 0.0
 
     def _run_peers(self, settings: list[dict]) -> None:
         """verl's V1 separate_async trainer on the settings that name it (``peers: [onpolicy, default]``), for real:
@@ -163,7 +177,9 @@ class BenchRunner:
                                        "unavailable": st.get("unavailable", {}), "peer": True,
                                        # what verl timed, and its trainer calls from t0 (for span-by-span A/Bs)
                                        "verl_timing_s": st.get("verl_timing_s", {}),
-                                       "train_spans": st.get("train_spans", [])})
+                                       "train_spans": st.get("train_spans", []),
+                                       # colocated: the replicas' sleep and the weight reload, from t0
+                                       "phases": st.get("phases", [])})
                     self.log(f"[bench] {s['name']} round {r} {mode} rollout→train_end "
                              f"{m['rollout_to_train_end_s']:6.2f}s wait {m['trainer_wait_ratio']:.3f} "
                              f"weight versions {st.get('weight_versions', {}).get('min_global_steps')}.."

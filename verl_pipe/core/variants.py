@@ -1,7 +1,8 @@
 """The variants a step can run as, by name: the one place mode names are decoded.
 
 Pure Python (no verl, Ray or torch). A variant name (``sync``, ``cgp``, ``cgp_group``, ``cgp_fgd``, and verl's own
-trainer as a peer: ``verl_separate_async``, ``verl_separate_async_1off``, ``verl_colocated``) stands for a trainer mode
+trainer as a peer: ``verl_separate_async``, ``verl_separate_async_1off``, ``verl_separate_async_tuned``,
+``verl_separate_sync``, ``verl_colocated``) stands for a trainer mode
 (``rolloutpipe.mode``), a granularity (``rolloutpipe.cgp.granularity``) and whether FGD admits the rollout
 (``rolloutpipe.fgd.enable``). The config's validation, the trainer, the simulator, the benchmark, the planner and the
 peer's configurations read names through this table; none of them decodes a name by itself.
@@ -31,6 +32,9 @@ class Variant:
     # two-pool step (simulated=False); verl_pipe/sim/colocated.py models it, its trainer on ``schedule_as``'s schedule
     colocated: bool = False
     schedule_as: str | None = None  # a variant of ours whose trainer schedule this one's trainer follows
+    # a peer the two-pool simulator models as another (simulated) variant: the planner's validation predicts it as
+    # that one, with verl's trainer costs (verl_pipe/plan/validate.py)
+    simulate_as: str | None = None
 
     @property
     def ours(self) -> bool:
@@ -83,18 +87,31 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     # verl's default (one batch ahead, which the simulator does not model)
     Variant("verl_separate_async", None, "minibatch", peer_config="onpolicy"),
     Variant("verl_separate_async_1off", None, "minibatch", peer_config="default", simulated=False),
-    # verl 0.9.1's default (main_ppo: V1 PPOTrainerSync, hybrid engine): rollout on every device, the engines
-    # put to sleep, old log-prob and update on every device (sync's schedule), the weights reloaded into the
-    # sleeping engines; modelled in verl_pipe/sim/colocated.py
-    Variant("verl_colocated", None, "minibatch", simulated=False, colocated=True, schedule_as="sync"),
+    # verl's trainers at their best (docs/peer.md): separate_async on-policy tuned for this work; verl's own
+    # synchronous trainers, on separate pools (the experimental SeparateRayPPOTrainer) and colocated (V1 sync, verl's
+    # main_ppo default: rollout and training take turns on every core). Not in the two-pool simulator; the colocated one
+    # (rollout on every device, engines put to sleep, old log-prob and update on sync's schedule, weights reloaded
+    # into the sleeping engines) is modelled in verl_pipe/sim/colocated.py.
+    Variant("verl_separate_async_tuned", None, "minibatch", peer_config="tuned", simulated=False,
+            simulate_as="verl_separate_async"),
+    Variant("verl_separate_sync", None, "minibatch", peer_config="separate_sync", simulated=False,
+            simulate_as="sync"),
+    Variant("verl_colocated", None, "minibatch", peer_config="colocated", simulated=False, colocated=True,
+            schedule_as="sync"),
 )}
 
 OURS = tuple(k for k, v in VARIANTS.items() if v.ours)  # the bench's modes of RolloutPipeTrainer
-# verl's own trainer, in the configurations the bench runs (verl_colocated, until the bench gives it one, is the
-# planner's model only)
+# verl's own trainer, in the configurations the bench runs (verl_pipe/bench/peer/configs.py)
 PEERS = tuple(k for k, v in VARIANTS.items() if not v.ours and v.peer_config)
 SIMULATED = tuple(k for k, v in VARIANTS.items() if v.simulated)  # the simulator's modes
 PEER_MODE_NAMES = {v.peer_config: k for k, v in VARIANTS.items() if v.peer_config}  # peer configuration -> name
+
+
+def modelled_as(name: str) -> Variant:
+    """The variant the two-pool simulator models ``name`` as: itself, or its ``simulate_as`` (a tuned or synchronous
+    peer as the simulated schedule it follows)."""
+    v = variant(name)
+    return variant(v.simulate_as) if v.simulate_as else v
 
 
 FGD_AUTO = "auto"  # rolloutpipe.fgd.enable's default: frontier-group dispatch wherever the mode pipelines

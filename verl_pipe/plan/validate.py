@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from verl_pipe.core.variants import OURS, PEERS, variant
+from verl_pipe.core.variants import OURS, PEERS, modelled_as, variant
 from verl_pipe.core.workload import from_spec
 from verl_pipe.plan.calibrate import calibrate_steps, fit_verl_trainer, steps_file
 from verl_pipe.plan.predict import one_step_off
@@ -103,7 +103,7 @@ def _predict(run: dict, s: dict, mode: str, entry: dict, cal: dict, verl_scale: 
     for r in range(int(entry.get("runs", 1))):
         wl = from_spec(dict(s["workload"]), num_groups, shape.n, prompt_len=0, seed=r)
         step = {"lengths": wl.lengths, "prompt_len": s["prompt_len_mean"], "weight_sync_s": 0.0, "fgd_window": window}
-        v = variant(mode)
+        v = modelled_as(mode)  # a tuned / synchronous peer as the simulated schedule it follows
         if not v.simulated:  # verl's one-batch-ahead peer: the planner's steady-state model of it
             pw = PaddedWorkload(num_groups, shape.n, wl.lengths, int(round(s["prompt_len_mean"])))
             ro = rollout_for_mode("sync", pw, over, shape.num_replicas, shape.groups_per_unit, shape.baseline_window,
@@ -111,7 +111,7 @@ def _predict(run: dict, s: dict, mode: str, entry: dict, cal: dict, verl_scale: 
             out.append(one_step_off(ro, pw, trainer, shape.groups_per_unit, 0.0)["rollout_to_train_end_s"])
             continue
         gran = entry.get("granularity") or v.granularity
-        m = simulate_like(step, mode, gran, over if v.overlapped else alone, trainer, shape)
+        m = simulate_like(step, v.name, gran, over if v.overlapped else alone, trainer, shape)
         out.append(m["rollout_to_train_end_s"])
     return float(np.mean(out))
 

@@ -27,12 +27,16 @@ from verl_pipe.bench.peer.configs import CONFIGS, MODE_NAMES
 
 
 def bench_spec(config: str, steps: int, bench_cfg: dict, setting: str | None = None,
-               warmup_steps: int | None = None) -> dict:
+               warmup_steps: int | None = None, knobs: dict | None = None) -> dict:
     """The runner's spec for one configuration with a bench YAML's sizing (conf/bench/*.yaml):
     its overrides, model size, seed and the workload of ``setting`` (default: the first longtail- setting).
-    ``warmup_steps`` (default: the bench's ``warmup_steps``) run first and come back marked ``warmup``."""
+    ``warmup_steps`` (default: the bench's ``warmup_steps``) run first and come back marked ``warmup``.
+    ``knobs``: tuning knobs on top of the configuration's (configs.KNOBS; a tuning A/B)."""
+    from verl_pipe.bench.peer.configs import knobs_of
+
     if config not in CONFIGS:
         raise ValueError(f"--config {config!r}: expected one of {sorted(CONFIGS)}")
+    knobs_of(config, knobs)  # unknown or bad knobs fail here, before a stack starts
     if steps < 1:
         raise ValueError(f"--steps {steps}: expected >= 1")
     warmup = int(bench_cfg.get("warmup_steps", 0) if warmup_steps is None else warmup_steps)
@@ -53,7 +57,7 @@ def bench_spec(config: str, steps: int, bench_cfg: dict, setting: str | None = N
     return {"config": config, "steps": int(steps) + warmup, "warmup_steps": warmup,
             "overrides": stack_overrides(bench_cfg, stack), "seed": int(bench_cfg.get("seed", 0)),
             "workload": dict(chosen["workload"]) if chosen else None, "setting": chosen["name"] if chosen else None,
-            "model_size": stack}
+            "model_size": stack, **({"knobs": dict(knobs)} if knobs else {})}
 
 
 def stop_runner(proc: subprocess.Popen, grace_s: float = 60) -> None:
@@ -96,7 +100,7 @@ def run_peer(spec: dict, timeout_s: float | None = 1800, log=None, log_path: str
             if full is not None:
                 full.close()
         if rc != 0 or not out_path.exists():
-            raise RuntimeError(f"verl separate_async peer ({spec['config']}) failed with exit code {rc}:\n"
+            raise RuntimeError(f"verl peer ({spec['config']}) failed with exit code {rc}:\n"
                                + "".join(tail))
         result = json.loads(out_path.read_text())
     result.update(setting=spec.get("setting"), model_size=spec.get("model_size"))

@@ -49,13 +49,29 @@ def main(argv=None) -> None:
                     help="the bench setting whose workload to use (default: the first longtail- one)")
     ap.add_argument("--warmup-steps", type=int, default=None,
                     help="steps run first and marked warmup (default: the bench config's warmup_steps)")
+    ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
+                    help="a tuning knob on top of the configuration's (poll_interval_s, storage_units, agent_workers)")
+    ap.add_argument("--workload-cycle", type=int, default=1,
+                    help="consecutive measured steps that share a workload (an A/B whose arms cycle over the steps)")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--log", default=None, help="write the runner's whole output here")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, _stop_on)  # run_peer then stops the runner and its Ray cluster
     path = CONF_DIR / f"{args.bench}.yaml" if not args.bench.endswith(".yaml") else args.bench
-    spec = bench_spec(args.config, args.steps, load_config(path), args.setting, args.warmup_steps)
+    knobs = {}
+    for kv in args.knob:
+        k, sep, v = kv.partition("=")
+        if not sep:
+            ap.error(f"--knob {kv!r}: expected NAME=VALUE")
+        # poll_interval_s=2,0.1: a list, cycled over the steps (warm-up included): a within-stack A/B
+        knobs[k] = ([float(x) for x in v.split(",")] if "," in v else float(v)) if k == "poll_interval_s" else int(v)
+    try:
+        spec = bench_spec(args.config, args.steps, load_config(path), args.setting, args.warmup_steps, knobs or None)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.workload_cycle > 1:
+        spec["workload_cycle"] = args.workload_cycle
     try:
         result = run_peer(spec, timeout_s=args.timeout, log=print, log_path=args.log)
     except KeyboardInterrupt as e:  # run_peer has stopped the runner and its Ray cluster

@@ -22,6 +22,8 @@ import torch
 
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.workers.engine_workers import ActorRolloutRefWorker
 from verl.trainer.ppo.utils import Role
 
 from verl_pipe.bench.peer.metrics import SPAN_KINDS, step_record
@@ -34,6 +36,22 @@ LENGTHS_KEY = "verl_pipe_response_lengths"
 # Per-prompt multi-turn episode seed (the bench round's), carried the same way; the worker pops it (it never reaches
 # TransferQueue) and sets it in the prompt's asyncio task context for verl_pipe's multi-turn agent loop.
 EPISODE_SEED_KEY = "verl_pipe_episode_seed"
+
+
+class PinnedActorRolloutRefWorker(ActorRolloutRefWorker):
+    """verl's hybrid actor-rollout worker (colocated: the trainer's side of it), pinned to VERL_PIPE_TRAINER_CORES
+    with one intra-op thread per core, as our PipeActorWorker pins the trainer (verl_pipe/trainer/workers.py)."""
+
+    def __init__(self, *args, **kwargs):
+        import os
+
+        from verl_pipe.platform.env import pin_current_process
+
+        cores = pin_current_process("VERL_PIPE_TRAINER_CORES")
+        if cores:
+            torch.set_num_threads(len(cores))
+            os.environ["OMP_NUM_THREADS"] = str(len(cores))
+        super().__init__(*args, **kwargs)
 
 
 class PeerAgentLoopWorkerImpl(AgentLoopWorkerTQ.__ray_actor_class__):
@@ -107,14 +125,18 @@ class PeerAgentLoopManager(AgentLoopManagerTQ):
         return out
 
 
-class PeerSeparateAsyncTrainer(PPOTrainerSeparateAsync):
-    """verl's separate_async trainer, pinned like our modes, with imposed lengths and recorded events."""
+class PeerTrainerMixin:
+    """What the peers of verl's V1 trainers record (mixed in before verl's class): imposed lengths, the trainer's
+    calls, the weight sync and the step's record; ``poll_interval_s``: the replay buffer's poll (None: verl's)."""
 
-    def __init__(self, config, lengths_fn=None, on_record=None, episode_seed_fn=None):
+    def __init__(self, config, lengths_fn=None, on_record=None, episode_seed_fn=None, poll_interval_s=None):
         """lengths_fn(submission_index, num_prompts, n) -> lengths[prompt][session] or None (model decides);
         on_record(record): called with each step's record (metrics.step_record) as it completes;
         episode_seed_fn(submission_index) -> the multi-turn episode seed of that batch's prompts (None: the config's
-        ``rolloutpipe.multiturn.seed``)."""
+        ``rolloutpipe.multiturn.seed``); poll_interval_s: ReplayBuffer.poll_interval (verl: 2.0 s, a constructor
+        argument; a verl user sets it through ``trainer.v1.sampler.custom_sampler``, a ReplayBuffer subclass)."""
+        self._poll_interval_s = poll_interval_s  # read by _build_replay_buffer, which verl's __init__ calls
+        self._phases: list[dict] = []
         super().__init__(config)
         self._lengths_fn = lengths_fn
         self._episode_seed_fn = episode_seed_fn
@@ -128,6 +150,21 @@ class PeerSeparateAsyncTrainer(PPOTrainerSeparateAsync):
         self._step_t0 = None
         self.groups_per_unit = int(config.actor_rollout_ref.actor.ppo_mini_batch_size)
 
+    def _poll_for(self, step_index: int) -> float | None:
+        """The poll interval of the step_index-th step (0-based, warm-up included): a list cycles over the steps (a
+        within-stack A/B of the poll interval, docs/peer.md), a number is every step's, None verl's."""
+        p = self._poll_interval_s
+        if isinstance(p, (list, tuple)):
+            return float(p[step_index % len(p)])
+        return None if p is None else float(p)
+
+    def _build_replay_buffer(self):
+        rb = super()._build_replay_buffer()
+        poll = self._poll_for(0)
+        if poll is not None:
+            rb.poll_interval = poll
+        return rb
+
     def _init_resource_pool_mgr(self):
         super()._init_resource_pool_mgr()
         from verl_pipe.trainer.workers import PipeActorWorker
@@ -135,6 +172,12 @@ class PeerSeparateAsyncTrainer(PPOTrainerSeparateAsync):
         for role in (Role.Actor, Role.RefPolicy):
             if role in self.role_worker_mapping:
                 self.role_worker_mapping[role] = ray.remote(PipeActorWorker)
+        for role in (Role.ActorRollout, Role.ActorRolloutRef):  # colocated (hybrid engine): verl's worker, pinned
+            if role in self.role_worker_mapping:
+                self.role_worker_mapping[role] = ray.remote(PinnedActorRolloutRefWorker)
+
+    def _phase(self, name: str, start: float) -> None:
+        self._phases.append({"phase": name, "start": start, "end": time.time()})
 
     def _submit_batch_to_rollout(self, batch):
         n = int(self.config.actor_rollout_ref.rollout.n)
@@ -173,7 +216,10 @@ class PeerSeparateAsyncTrainer(PPOTrainerSeparateAsync):
     def on_step_begin(self):
         self._step_start = time.time()
         self._step_t0 = None
-        self._spans, self._sync = [], None
+        self._spans, self._sync, self._phases = [], None, []
+        poll = self._poll_for(len(self.peer_records))
+        if poll is not None:
+            self.replay_buffer.poll_interval = poll
         return super().on_step_begin()
 
     def on_step_end(self):
@@ -196,9 +242,37 @@ class PeerSeparateAsyncTrainer(PPOTrainerSeparateAsync):
         record = step_record(int(global_steps), self.groups_per_unit, groups, list(self._spans), self._sync,
                              self._step_start, step_end, dict(timing_raw), list(batch.tags), self._step_t0)
         record["tasks"] = [g.get("task") for g in sorted(groups.values(), key=lambda g: g["group"])]
+        t0 = self._step_t0 or self._step_start
+        record["phases"] = [{"phase": p["phase"], "start": p["start"] - t0, "end": p["end"] - t0}
+                            for p in self._phases]
+        record["poll_interval_s"] = float(self.replay_buffer.poll_interval)
         record["verl_metrics"] = {k: float(v) for k, v in metrics.items()
                                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
         self.peer_records.append(record)
         if self._on_record is not None:
             self._on_record(record)
         return out
+
+
+class PeerSeparateAsyncTrainer(PeerTrainerMixin, PPOTrainerSeparateAsync):
+    """verl's separate_async trainer, pinned like our modes, with imposed lengths and recorded events."""
+
+
+class PeerColocatedSyncTrainer(PeerTrainerMixin, PPOTrainerSync):
+    """verl's V1 sync trainer (main_ppo's default), colocated: actor and vLLM share one pool that holds every core and
+    take turns; records, besides the mixin's, the replicas' sleep after the rollout (``on_sample_end``) and the
+    in-process weight reload with its wake-up (``on_step_end``: CheckpointEngineManager.update_weights, naive)."""
+
+    def on_sample_end(self):
+        start = time.time()
+        try:
+            return super().on_sample_end()
+        finally:
+            self._phase("sleep", start)
+
+    def on_step_end(self):
+        start = time.time()
+        try:
+            return super().on_step_end()
+        finally:
+            self._phase("weight_reload", start)

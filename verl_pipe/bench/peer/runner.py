@@ -21,20 +21,21 @@ def _stop_on(signum, frame):
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def workload_seed(submission: int, seed: int, warmup_steps: int) -> int:
+def workload_seed(submission: int, seed: int, warmup_steps: int, cycle: int = 1) -> int:
     """The workload seed of the trainer's submission-th batch, as the bench seeds its steps: warm-up steps
-    10_000 + i, measured round r seed + r (so the measured steps get the bench rounds' workloads)."""
-    return 10_000 + submission if submission < warmup_steps else seed + submission - warmup_steps
+    10_000 + i, measured round r seed + r (so the measured steps get the bench rounds' workloads). ``cycle`` > 1:
+    that many consecutive measured steps share a workload (a within-stack A/B whose arms cycle over the steps)."""
+    return 10_000 + submission if submission < warmup_steps else seed + (submission - warmup_steps) // cycle
 
 
-def _lengths_fn(workload: dict | None, seed: int, warmup_steps: int):
+def _lengths_fn(workload: dict | None, seed: int, warmup_steps: int, cycle: int = 1):
     if not workload:
         return None
     from verl_pipe.core.workload import from_spec
 
     def lengths(submission: int, num_prompts: int, n: int):
         wl = from_spec(dict(workload), num_prompts, n, prompt_len=0,
-                       seed=workload_seed(submission, seed, warmup_steps))
+                       seed=workload_seed(submission, seed, warmup_steps, cycle))
         return wl.lengths
 
     return lengths
@@ -45,18 +46,29 @@ def _print_step(r: dict) -> None:
     print(f"[peer] step {r['step']}{' (warm-up)' if r['warmup'] else ''}: step_wall {m['step_wall_s']:.2f}s "
           f"rollout→train_end {m['rollout_to_train_end_s']:.2f}s wait {m['trainer_wait_ratio']:.3f} "
           f"rollout_end {m['rollout_end_s']:.2f}s train {m['trainer_busy_s']:.2f}s sync {m['weight_sync_s']:.2f}s "
-          f"versions {wv.get('min_global_steps')}..{wv.get('max_global_steps')}", flush=True)
+          f"versions {wv.get('min_global_steps')}..{wv.get('max_global_steps')}"
+          + (f" poll {r['poll_interval_s']:g}s" if r.get("poll_interval_s") is not None else "")
+          + "".join(f" {p['phase']} {p['end'] - p['start']:.2f}s" for p in r.get("phases", [])), flush=True)
 
 
 def _train(config, spec: dict, t_start: float, t_ray: float) -> tuple[list[dict], float, float]:
     """What verl's TaskRunnerV1.run does (tq.init, trainer, agent-loop manager, fit), with our subclasses (the
     spec's ``trainer_cls``, "module:Class", a subclass of PeerSeparateAsyncTrainer in its place: the learning
-    bench's, verl_pipe/bench/peer/learn_hooks.py; imported here, after start_ray, like the hooks)."""
+    bench's, verl_pipe/bench/peer/learn_hooks.py; imported here, after start_ray, like the hooks); verl's legacy
+    separate sync trainer in ``_train_separate_sync``."""
+    from verl_pipe.bench.peer.configs import CONFIGS, knobs_of
+
+    if CONFIGS[spec["config"]]["trainer"] == "separate_sync":
+        return _train_separate_sync(config, spec, t_start, t_ray)
     import transfer_queue as tq
     from omegaconf import OmegaConf, open_dict
 
     # After start_ray: it activates the CPU platform (and our verl patches) in this process.
-    from verl_pipe.bench.peer.hooks import PeerAgentLoopManager, PeerSeparateAsyncTrainer
+    from verl_pipe.bench.peer.hooks import PeerAgentLoopManager, PeerColocatedSyncTrainer, PeerSeparateAsyncTrainer
+
+    trainer_cls = (PeerColocatedSyncTrainer if CONFIGS[spec["config"]]["trainer"] == "sync_colocated"
+                   else PeerSeparateAsyncTrainer)
+    poll = knobs_of(spec["config"], spec.get("knobs"))["poll_interval_s"]
 
     with open_dict(config):
         config.transfer_queue.enable = True
@@ -72,15 +84,15 @@ def _train(config, spec: dict, t_start: float, t_ray: float) -> tuple[list[dict]
     tq.init(config.transfer_queue)
     try:
         seed = int(spec.get("seed", 0))
-        lengths_fn = _lengths_fn(spec.get("workload"), seed, warmup)
+        lengths_fn = _lengths_fn(spec.get("workload"), seed, warmup, int(spec.get("workload_cycle", 1)))
         seed_fn = (lambda k: workload_seed(k, seed, warmup)) if spec.get("multiturn") else None
-        trainer_cls = PeerSeparateAsyncTrainer
         if spec.get("trainer_cls"):
             import importlib
 
             module, _, name = spec["trainer_cls"].partition(":")
             trainer_cls = getattr(importlib.import_module(module), name)
-        trainer = trainer_cls(config, lengths_fn, on_record, episode_seed_fn=seed_fn)
+        extra = {"poll_interval_s": poll} if poll is not None else {}
+        trainer = trainer_cls(config, lengths_fn, on_record, episode_seed_fn=seed_fn, **extra)
         trainer.init()
         manager = PeerAgentLoopManager.create(config=config, llm_client=trainer.get_llm_client(),
                                               teacher_client=trainer.get_teacher_client(),
@@ -93,6 +105,59 @@ def _train(config, spec: dict, t_start: float, t_ray: float) -> tuple[list[dict]
         tq.close()
 
 
+def _records(warmup: int):
+    records: list[dict] = []
+
+    def on_record(r):
+        r["warmup"] = len(records) < warmup  # discarded by the bench, like its own warm-up step
+        records.append(r)
+        _print_step(r)
+
+    return records, on_record
+
+
+def _train_separate_sync(config, spec: dict, t_start: float, t_ray: float) -> tuple[list[dict], float, float]:
+    """verl's legacy separate-pool synchronous trainer (hooks_sync.PeerSeparateSyncTrainer), built as verl's one-step-off
+    recipe and our task runner build it (verl.experimental.separation.utils: role -> worker, pools), with our actor
+    worker pinned to the trainer cores (as in our modes and the separate_async peer)."""
+    import ray
+    from omegaconf import OmegaConf
+
+    from verl.experimental.separation.utils import create_resource_pool_manager, create_role_worker_mapping
+    from verl.trainer.ppo.utils import Role, create_rl_dataset, create_rl_sampler, need_critic, need_reference_policy
+    from verl.utils import hf_processor, hf_tokenizer
+    from verl.utils.config import validate_config
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    from verl_pipe.bench.peer.hooks_sync import PeerSeparateSyncTrainer
+    from verl_pipe.trainer.workers import PipeActorWorker
+
+    OmegaConf.resolve(config)
+    warmup = int(spec.get("warmup_steps", 0))
+    records, on_record = _records(warmup)
+    role_worker_mapping, ray_worker_group_cls = create_role_worker_mapping(config)
+    for role in (Role.Actor, Role.RefPolicy):
+        if role in role_worker_mapping:
+            role_worker_mapping[role] = ray.remote(PipeActorWorker)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    path = config.actor_rollout_ref.model.path
+    tokenizer = hf_tokenizer(path, trust_remote_code=False)
+    processor = hf_processor(path, trust_remote_code=False, use_fast=True)
+    train = create_rl_dataset(config.data.train_files, config.data, tokenizer, processor)
+    val = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor)
+    trainer = PeerSeparateSyncTrainer(
+        config=config, tokenizer=tokenizer, processor=processor, role_worker_mapping=role_worker_mapping,
+        resource_pool_manager=create_resource_pool_manager(config, role_worker_mapping.keys()),
+        ray_worker_group_cls=ray_worker_group_cls, train_dataset=train, val_dataset=val, collate_fn=collate_fn,
+        train_sampler=create_rl_sampler(config.data, train), device_name=config.trainer.device,
+        lengths_fn=_lengths_fn(spec.get("workload"), int(spec.get("seed", 0)), warmup), on_record=on_record)
+    trainer.init_workers()
+    t_ready = time.time()
+    print(f"[peer] stack up in {t_ready - t_start:.1f}s (ray {t_ray - t_start:.1f}s)", flush=True)
+    trainer.fit()
+    return records, t_ready, time.time()
+
+
 def compose_spec(spec: dict):
     """The peer's config: the spec's recipe (default: rolloutpipe_trainer) with the peer's overrides, then the
     spec's ``post_overrides`` (they win: e.g. the learning bench's validation cadence) and, for a multi-turn
@@ -102,7 +167,8 @@ def compose_spec(spec: dict):
     from verl_pipe.bench.peer.configs import peer_overrides
     from verl_pipe.launch.session import compose
 
-    overrides = peer_overrides(spec["config"], list(spec.get("overrides", [])), int(spec["steps"]))
+    overrides = peer_overrides(spec["config"], list(spec.get("overrides", [])), int(spec["steps"]),
+                               knobs=spec.get("knobs"))
     overrides += list(spec.get("post_overrides", []))
     config = compose(overrides, config_name=spec.get("config_name") or "rolloutpipe_trainer")
     if spec.get("multiturn"):
@@ -113,10 +179,27 @@ def compose_spec(spec: dict):
 
 def run(spec: dict) -> dict:
     t_start = time.time()
-    from verl_pipe.bench.peer.configs import MODE_NAMES, peer_overrides
+    from verl_pipe.bench.peer.configs import AFTER_VALIDATION, CONFIGS, MODE_NAMES, knobs_of, peer_overrides
     from verl_pipe.main_grpo import prepare_config, start_ray
 
     config = prepare_config(compose_spec(spec))
+    kind = CONFIGS[spec["config"]]["trainer"]
+    if kind in AFTER_VALIDATION:
+        from omegaconf import OmegaConf, open_dict
+
+        with open_dict(config):
+            for key, value in AFTER_VALIDATION[kind].items():
+                OmegaConf.update(config, key, value, merge=False)
+    if kind == "sync_colocated":
+        # verl's default layout: one pool of every core, actor and vLLM on it taking turns (their pools' cores are the
+        # run's cores; rolloutpipe.cpu's validation, which keeps our two pools disjoint, ran above on our layout)
+        from omegaconf import open_dict
+
+        from verl_pipe.platform.env import run_cores
+
+        cores = ",".join(str(c) for c in sorted(run_cores()))
+        with open_dict(config):
+            config.rolloutpipe.cpu.rollout_cores = config.rolloutpipe.cpu.trainer_cores = cores
     start_ray(config)
     t_ray = time.time()
     import ray
@@ -131,8 +214,9 @@ def run(spec: dict) -> dict:
     return {"mode": MODE_NAMES[spec["config"]], "config": spec["config"], "steps": records,
             "warmup_steps": int(spec.get("warmup_steps", 0)), "startup_s": t_ready - t_start,
             "ray_start_s": t_ray - t_start, "run_s": t_end - t_ready,
-            "overrides": peer_overrides(spec["config"], list(spec.get("overrides", [])), int(spec["steps"]))
-            + list(spec.get("post_overrides", [])),
+            "overrides": peer_overrides(spec["config"], list(spec.get("overrides", [])), int(spec["steps"]),
+                                        knobs=spec.get("knobs")) + list(spec.get("post_overrides", [])),
+            "knobs": knobs_of(spec["config"], spec.get("knobs")),
             "workload": spec.get("workload")}
 
 
