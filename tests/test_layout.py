@@ -150,7 +150,9 @@ def test_core_is_pure():
 
 
 # The declared layers, lowest first: a module may import its own layer and those below it, never one above.
-# Within a layer, no circles (test_no_import_circles). Entry points (python -m ...) sit in the layer of their package.
+# Within a layer, no circles (test_no_import_circles). Entry points (``pkg/__main__.py``, run as python -m pkg) sit in
+# their package's layer or, when that is below the launcher's, in the launcher's: like main_grpo they compose a run's
+# config, and nothing imports them (test_nothing_imports_an_entry_point), so they are roots, not a layer's library.
 LAYERS = (
     ("verl_pipe.core",),
     ("verl_pipe.platform", "verl_pipe.assets"),
@@ -161,19 +163,19 @@ LAYERS = (
     ("verl_pipe.bench",),
 )
 # Imports against the layers still being mended, each with where it goes: (importer, imported). Only shrinks.
-PENDING = {
-    # the asset build composes and fills the config without the launcher, after the new default task lands (issue 39)
-    ("verl_pipe.assets.__main__", "verl_pipe.main_grpo"), ("verl_pipe.assets.__main__", "verl_pipe.launch.session"),
-}
+PENDING: set[tuple[str, str]] = set()
 # The package root holds only these modules; everything else lives in a subpackage with one job.
 # config_keys is the config's check of unknown keys against verl's schema (its own job, beside config).
 LOOSE = {"__init__", "main_grpo", "config", "config_keys", "estimators", "data_check"}
 
 
+LAUNCH_LAYER = next(i for i, layer in enumerate(LAYERS) if "verl_pipe.main_grpo" in layer)
+
+
 def _layer(module: str) -> int | None:
     for i, layer in enumerate(LAYERS):
         if any(module == p or module.startswith(p + ".") for p in layer):
-            return i
+            return max(i, LAUNCH_LAYER) if module.endswith(".__main__") else i
     return None
 
 
@@ -217,3 +219,15 @@ def test_imports_only_go_down_the_layers():
                     m == a and (name == b or name.startswith(b + ".") or b.startswith(name + ".")) for a, b in PENDING):
                 bad.append(f"{f.relative_to(ROOT)}:{line} ({m}, layer {mine}) imports {name} (layer {theirs})")
     assert not bad, "imports against the layers:\n" + "\n".join(sorted(set(bad)))
+
+
+def test_nothing_imports_an_entry_point():
+    """An entry point (``__main__``) may sit above its package's layer (``_layer``) only because it is a root: no
+    module imports one that is lifted so (the planner's own modules share plan/__main__'s run_plan, in one layer)."""
+    lifted = {m for m in _modules() if m.endswith(".__main__") and _layer(m) != _layer(m.rpartition(".")[0])}
+    assert "verl_pipe.assets.__main__" in lifted
+    bad = [f"{f.relative_to(ROOT)}:{line} imports {name}" for m, f in _modules().items()
+           for line, name in _imports(f, m) if any(name == e or name.startswith(e + ".") for e in lifted)]
+    assert not bad, bad
+    assert _layer("verl_pipe.assets.__main__") == LAUNCH_LAYER and _layer("verl_pipe.assets") < LAUNCH_LAYER
+    assert _layer("verl_pipe.bench.__main__") == _layer("verl_pipe.bench")
