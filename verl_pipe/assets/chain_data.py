@@ -32,10 +32,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from verl_pipe.assets.math_data import DATA_SOURCE, INSTRUCTION, OPERATIONS, worked_answer
+from verl_pipe.assets.math_data import DATA_SOURCE, INSTRUCTION, OPERATIONS, worked_answer, write_splits
 
 # The chain length k: P(k) proportional to k ** -K_ALPHA for K_MIN <= k <= K_MAX (median 4, 95th percentile 25).
 K_ALPHA = 1.5
@@ -152,19 +150,11 @@ def build_dataset(out_dir: Path, n_train: int = N_TRAIN, n_val: int = N_VAL, n_s
     out_dir.mkdir(parents=True, exist_ok=True)
     problems = _problems(n_train + n_val + n_sft, seed)
     train, val, sft = problems[:n_train], problems[n_train:n_train + n_val], problems[n_train + n_val:]
-    paths = []
-    # pyarrow, not pandas: pandas 3 would store large_string, unlike verl's own (datasets-written) files.
-    for name, split, chunk in (("train", "train", train), ("val", "test", val)):
-        path = out_dir / f"{name}.parquet"
-        pq.write_table(pa.Table.from_pylist([_record(split, i, *p) for i, p in enumerate(chunk)]), path)
-        paths.append(path)
     teacher = random.Random(seed + 2)
     rows = []
     for start, ops in sft:
         steps, ans = solve(start, ops, sloppy=teacher.random() < sloppy)
         rows.append({"messages": [{"role": "user", "content": f"{question(start, ops)} {INSTRUCTION}"},
                                   {"role": "assistant", "content": worked_answer("\n".join(steps), ans)}]})
-    path = out_dir / "sft.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), path)
-    paths.append(path)
-    return tuple(paths)
+    return write_splits(out_dir, [_record("train", i, *p) for i, p in enumerate(train)],
+                        [_record("test", i, *p) for i, p in enumerate(val)], rows)

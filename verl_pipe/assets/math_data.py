@@ -90,19 +90,22 @@ def build_dataset(out_dir: Path, n_train: int = 1024, n_val: int = 128, n_sft: i
     out_dir.mkdir(parents=True, exist_ok=True)
     problems = _problems(n_train + n_val + n_sft, seed)
     train, val, sft = problems[:n_train], problems[n_train:n_train + n_val], problems[n_train + n_val:]
-    paths = []
-    # pyarrow, not pandas: pandas 3 would store large_string, unlike verl's own (datasets-written) files.
-    for name, split, chunk in (("train", "train", train), ("val", "test", val)):
-        path = out_dir / f"{name}.parquet"
-        pq.write_table(pa.Table.from_pylist([_record(split, i, *p[:3]) for i, p in enumerate(chunk)]), path)
-        paths.append(path)
     teacher = random.Random(seed + 2)
     rows = []
     for question, solution, ans, sloppy_solution, sloppy_ans in sft:
         if teacher.random() < sloppy:
             solution, ans = sloppy_solution, sloppy_ans
         rows.append(_sft_record(question, solution, ans))
-    path = out_dir / "sft.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), path)
-    paths.append(path)
+    return write_splits(out_dir, [_record("train", i, *p[:3]) for i, p in enumerate(train)],
+                        [_record("test", i, *p[:3]) for i, p in enumerate(val)], rows)
+
+
+def write_splits(out_dir: Path, train: list[dict], val: list[dict], sft: list[dict]) -> tuple[Path, Path, Path]:
+    """A task's train.parquet, val.parquet and sft.parquet under ``out_dir`` from their records; their paths.
+    pyarrow, not pandas: pandas 3 would store large_string, unlike verl's own (datasets-written) files."""
+    paths = []
+    for name, rows in (("train", train), ("val", val), ("sft", sft)):
+        path = Path(out_dir) / f"{name}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), path)
+        paths.append(path)
     return tuple(paths)
