@@ -18,11 +18,10 @@ per-step paired differences' standard error, and the predictor's rank correlatio
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 
-from verl_pipe.bench.sim_windows import load_calibrations, stack_shape
+from verl_pipe.bench.sim_windows import load_calibrations, stack_shape, write_rows
 from verl_pipe.core.admission import TrainerRatio, rest_order
 from verl_pipe.core.lengths import prediction_quality
 from verl_pipe.sim.calib import simulate_like
@@ -142,10 +141,7 @@ def main(argv=None) -> int:
                  args.trainer_scale)
     print(format_rows(rows))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"config": args.config, "calibrations": args.calibration, "prompt_len": prompt_len,
-                       "rows": rows}, f, indent=1, default=lambda x: None if isinstance(x, float) and math.isnan(x)
-                       else str(x))
+        write_rows(args.out, args.config, args.calibration, prompt_len, rows)
     return 0
 
 

@@ -150,11 +150,15 @@ def main(argv=None) -> int:
                  [float(x) for x in args.client_s.split(",")], prompt_len, per_gib)
     print(format_rows(rows))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"config": args.config, "calibrations": args.calibration, "prompt_len": prompt_len,
-                       "rows": rows}, f, indent=1, default=lambda x: None if isinstance(x, float) and math.isnan(x)
-                       else str(x))
+        write_rows(args.out, args.config, args.calibration, prompt_len, rows)
     return 0
+
+
+def write_rows(path: str, config: str, calibrations: list[str], prompt_len: float, rows: list[dict]) -> None:
+    """A study's rows as JSON with the config and calibrations they came from (NaN as null)."""
+    with open(path, "w") as f:
+        json.dump({"config": config, "calibrations": calibrations, "prompt_len": prompt_len, "rows": rows}, f,
+                  indent=1, default=lambda x: None if isinstance(x, float) and math.isnan(x) else str(x))
 
 
 if __name__ == "__main__":
