@@ -299,8 +299,9 @@ def test_a_reward_that_raises_or_hangs(stack, reward_control):
     """The user's reward function raises on one record: with rolloutpipe.reward.on_failure=fail the step fails naming
     the record and is not retried; re-run on the same prompts (what trainer.resume_mode=auto does after that failure)
     with drop_group, the record's group is dropped and an oversampled one takes its place. Then it hangs on one record
-    (one response's call): with timeout_s=3 the step goes on, on both the group call (score_by_group) and verl's
-    per-response call, the failure counted, the group trained with reward 0 (zero_reward)."""
+    (one response's call) in each of oversample + 1 groups: with timeout_s=3 the step goes on, on both the group call
+    (score_by_group) and verl's per-response call, each trained hung group's failure counted and the group trained
+    with reward 0 (zero_reward)."""
     from verl_pipe.trainer import StepFailedError
 
     trainer = stack.trainer
@@ -326,12 +327,16 @@ def test_a_reward_that_raises_or_hangs(stack, reward_control):
         assert m["rolloutpipe/failed_groups_dropped"] == 1 and 1 not in rec["trained_groups"]
         assert len(rec["trained_groups"]) == GROUPS, "an oversampled group took the dropped group's place"
 
+        # The reward hangs on one record in each of OVERSAMPLE + 1 groups: the batch cannot fill without one of them,
+        # so at least one hung group is trained after its timeout, however fast the other groups finish (the ones
+        # still hung when the batch fills end late, never counted).
+        hung = list(range(1, OVERSAMPLE + 2))
         for by_group in (True, False):
             batch_dict = next(stack._batches)
-            victim = int(batch_dict["index"][2])
+            victims = {g: int(batch_dict["index"][g]) for g in hung}
             where = reward_control()
-            marker = where / f"hang-{victim}-{by_group}"
-            reward_control(hang={str(victim): str(marker)}, hang_s=30)
+            markers = {g: where / f"hang-{v}-{by_group}" for g, v in victims.items()}
+            reward_control(hang={str(victims[g]): str(markers[g]) for g in hung}, hang_s=30)
             with open_dict(reward):
                 reward.on_failure, reward.timeout_s = "zero_reward", 3
             trainer.rollout.worker.score_by_group = by_group
@@ -341,17 +346,21 @@ def test_a_reward_that_raises_or_hangs(stack, reward_control):
             finally:
                 trainer.rollout.worker.score_by_group = True
             took, m = time.perf_counter() - t0, rec["metrics"]
-            print(f"[fault] reward hung on record {victim} ({'group call' if by_group else 'per response'}): "
-                  f"step {took:.1f}s, reward_failures {m['rolloutpipe/reward_failures']}")
-            assert marker.exists(), "the reward did hang"
-            assert m["rolloutpipe/reward_failures"] == 1 and m["rolloutpipe/failed_groups_dropped"] == 0
-            assert 2 in rec["trained_groups"] and len(rec["trained_groups"]) == GROUPS
+            trained_hung = [g for g in hung if g in rec["trained_groups"]]
+            print(f"[fault] reward hung on records {sorted(victims.values())} "
+                  f"({'group call' if by_group else 'per response'}): step {took:.1f}s, "
+                  f"reward_failures {m['rolloutpipe/reward_failures']}, hung groups trained {trained_hung}")
+            assert trained_hung, "the batch could not fill without a hung group"
+            assert all(markers[g].exists() for g in trained_hung), "the reward did hang"
+            assert len(trained_hung) <= m["rolloutpipe/reward_failures"] <= len(hung)
+            assert m["rolloutpipe/failed_groups_dropped"] == 0 and len(rec["trained_groups"]) == GROUPS
             assert took < 30, "the hang did not hold the step"
             batch = trainer.last_outcome.batch
-            rows = [i for i, e in enumerate(batch.non_tensor_batch["extra_info"]) if e.get("index") == victim]
-            assert len(rows) == N
-            if by_group:  # the group's one call timed out: each of its responses scores 0
-                assert float(batch.batch["token_level_scores"][rows].abs().sum()) == 0.0
+            for g in trained_hung:
+                rows = [i for i, e in enumerate(batch.non_tensor_batch["extra_info"]) if e.get("index") == victims[g]]
+                assert len(rows) == N
+                if by_group:  # the group's one call timed out: each of its responses scores 0
+                    assert float(batch.batch["token_level_scores"][rows].abs().sum()) == 0.0
     finally:
         reward_control()
         with open_dict(reward):
