@@ -345,6 +345,7 @@ def test_a_reward_that_raises_or_hangs(stack, reward_control):
                 rec = stack.step(batch_dict=batch_dict, sampling_overrides=_lengths)
             finally:
                 trainer.rollout.worker.score_by_group = True
+                reward_control()  # disarmed: the hung calls still sleeping return, freeing the reward's threads
             took, m = time.perf_counter() - t0, rec["metrics"]
             trained_hung = [g for g in hung if g in rec["trained_groups"]]
             print(f"[fault] reward hung on records {sorted(victims.values())} "

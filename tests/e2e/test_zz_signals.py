@@ -128,7 +128,7 @@ def test_group_signals_stop_the_run_and_resume_goes_on(tmp_path):
     from verl_pipe.assets import ensure_assets
 
     ckpt, trace = tmp_path / "ckpt", tmp_path / "trace"
-    common = ["trainer.test_freq=-1", "trainer.save_freq=1", f"trainer.default_local_dir={ckpt}",
+    common = ["trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=1", f"trainer.default_local_dir={ckpt}",
               f"rolloutpipe.trace_dir={trace}", "rolloutpipe.mode=cgp", f"data.train_batch_size={BATCH}"]
     run = _launch(common + ["trainer.total_training_steps=50"])
     seen, _ = _run_until_step(run, 1)
