@@ -115,13 +115,16 @@ def fit(records: list[dict], *, replicas: int = 1, groups_per_unit: int | None =
 
 def check(records: list[dict], **kw) -> dict:
     """Each step predicted by a fit on the others of its setting (held out by ``round`` where the records carry
-    rounds, else one step at a time): measured vs predicted step time, per step and the largest relative error."""
+    rounds, else one step at a time): measured vs predicted step time, per step and the largest relative error, and
+    the run's step time (the mean over its steps, what the planner predicts) as ``run_rel_error`` per setting
+    (the largest)."""
     settings = sorted({str(r.get("setting")) for r in records})
     if len(settings) > 1:
         parts = [check([r for r in records if str(r.get("setting")) == k], **kw) for k in settings]
         rows = [x for p in parts for x in p["rows"]]
         errs = [abs(x["rel_error"]) for x in rows]
         return {"rows": rows, "max_abs_rel_error": max(errs), "mean_abs_rel_error": float(np.mean(errs)),
+                "run_rel_error": max((p["run_rel_error"] for p in parts), key=abs),
                 "held_out": ", ".join(sorted({p["held_out"] for p in parts})) + " (per setting)"}
     rounds = sorted({r.get("round") for r in records if r.get("round") is not None})
     groups = ([[r for r in records if r.get("round") == k] for k in rounds] if len(rounds) > 1
@@ -137,8 +140,9 @@ def check(records: list[dict], **kw) -> dict:
                          "measured_s": meas, "predicted_s": pred, "rel_error": pred / meas - 1})
     errs = [abs(x["rel_error"]) for x in rows]
     how = "round" if len(rounds) > 1 else "step" if len(records) > 1 else "in-sample (one step: fitted on itself)"
+    run = sum(x["predicted_s"] for x in rows) / sum(x["measured_s"] for x in rows) - 1
     return {"rows": rows, "max_abs_rel_error": max(errs), "mean_abs_rel_error": float(np.mean(errs)),
-            "held_out": how}
+            "run_rel_error": run, "held_out": how}
 
 
 def main(argv=None) -> int:
