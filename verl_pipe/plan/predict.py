@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from verl_pipe.sim.calib import PaddedWorkload
 from verl_pipe.core.admission import rest_order
 from verl_pipe.core.frontier import AdaptiveWindow, resolve_window
-from verl_pipe.core.variants import BASE, of_row, pipelines, variant
+from verl_pipe.core.variants import BASE, FGD_VARIANT, of_row, pipelines, variant
 from verl_pipe.core.workload import Workload
 from verl_pipe.plan.calibrate import KV_UNBOUNDED, RunCalibration
 from verl_pipe.plan.hardware import Hardware, ModelShape, weight_sync_s
@@ -393,7 +393,7 @@ def plan(inp: PlanInputs) -> dict:
     coloc = colocated_baseline(shape, ro, inp.seeds)
     means["verl_colocated"] = {k: coloc[k] for k in FIGURES}
     sync = means["sync"]
-    fgd_keys = [k for k in means if k.startswith("cgp_fgd[")]
+    fgd_keys = [k for k in means if k.startswith(f"{FGD_VARIANT}[")]
     pipelined = [k for k in ("cgp", "cgp_group") if k in means] + fgd_keys
     best = min(pipelined, key=lambda k: means[k]["rollout_to_train_end_s"])
     modes = _mode_rows(means, shape, _label_for(shape, shape.fgd_window, windows), inp.expected_error or {})
@@ -447,7 +447,7 @@ def _mode_rows(means: dict[str, dict], shape: Shape, configured_window: str, err
     the cgp + fgd row is the configured window (``configured_window``, rolloutpipe.fgd.window's label) at its
     better granularity; a mode the estimator cannot train says why it was skipped."""
     sync = means["sync"]
-    fgd_row = min((k for k in means if k.startswith(f"cgp_fgd[{configured_window}]")),
+    fgd_row = min((k for k in means if k.startswith(f"{FGD_VARIANT}[{configured_window}]")),
                   key=lambda k: means[k]["rollout_to_train_end_s"])
     modes = {}
     for row in ROWS:
