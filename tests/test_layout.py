@@ -231,3 +231,64 @@ def test_nothing_imports_an_entry_point():
     assert not bad, bad
     assert _layer("verl_pipe.assets.__main__") == LAUNCH_LAYER and _layer("verl_pipe.assets") < LAUNCH_LAYER
     assert _layer("verl_pipe.bench.__main__") == _layer("verl_pipe.bench")
+
+
+def _name_literals(node: ast.AST, names: set[str]) -> list[str]:
+    """The mode names ``node`` spells out: a str constant, or a tuple / list / set of them."""
+    elts = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    return [e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str) and e.value in names]
+
+
+def _dict_dispatch(node: ast.AST, names: set[str]) -> list[str]:
+    """A dict literal keyed by mode names looked up at once (``{...}[x]``, ``{...}.get(x)``): its name keys."""
+    if isinstance(node, ast.Subscript):
+        d = node.value
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+        d = node.func.value
+    else:
+        return []
+    return [k.value for k in d.keys if isinstance(k, ast.Constant) and k.value in names] if isinstance(d, ast.Dict) \
+        else []
+
+
+def _branched_names(node: ast.AST, names: set[str]) -> list[str]:
+    """The mode names ``node`` branches on: a comparison with one, or a dict literal keyed by them looked up."""
+    if isinstance(node, ast.Compare):
+        return [n for x in (node.left, *node.comparators) for n in _name_literals(x, names)]
+    return _dict_dispatch(node, names)
+
+
+def test_no_branch_on_a_mode_name_outside_variants():
+    """One vocabulary: every branch on a mode or variant name (``==``, ``!=``, ``in``, a dict literal keyed by names
+    and looked up at once) happens in verl_pipe/core/variants.py; elsewhere code asks the variant table
+    (``pipelines(mode)``, ``Variant.fgd``, ``of_row(row).colocated``, ``BASE``, ...). Names as JSON keys, as
+    arguments, or in a tuple of rows to lay out are not branches."""
+    from verl_pipe.core.variants import PLAN_ROWS, TRAINER_MODES, VARIANTS
+
+    names = set(VARIANTS) | set(TRAINER_MODES) | set(PLAN_ROWS)
+    assert "verl_one_step_off" in names  # the planner's own row name for verl_separate_async_1off
+    table = ROOT / "verl_pipe" / "core" / "variants.py"
+    bad = []
+    for f in sorted((ROOT / "verl_pipe").rglob("*.py")):
+        if f == table:
+            continue
+        for node in ast.walk(ast.parse(f.read_text())):
+            found = _branched_names(node, names)
+            if found:
+                bad.append(f"{f.relative_to(ROOT)}:{node.lineno} branches on {sorted(set(found))}")
+    assert not bad, "mode names decoded outside verl_pipe/core/variants.py:\n" + "\n".join(bad)
+
+
+def test_the_name_scan_sees_each_kind_of_branch():
+    """The scan above flags what it should (so an empty result means something)."""
+    names = {"sync", "cgp"}
+
+    def hits(src: str) -> list[str]:
+        return _branched_names(ast.parse(src, mode="eval").body, names)
+
+    for src, want in (('m == "sync"', ["sync"]), ('m != "cgp"', ["cgp"]), ('"cgp" in modes', ["cgp"]),
+                      ('m in ("sync", "x")', ["sync"]), ('{"sync": 1, "y": 2}[m]', ["sync"]),
+                      ('{"cgp": 1}.get(m)', ["cgp"])):
+        assert hits(src) == want, src
+    for src in ('m == BASE', 'f(m, "sync")', 'rows["sync"]', '{"sync": 1}', 'm == "other"'):
+        assert not hits(src), src

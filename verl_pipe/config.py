@@ -30,7 +30,7 @@ from verl_pipe.core.admission import FGD_LENGTHS
 from verl_pipe.core.micro_batches import ORDERS as MICRO_BATCH_ORDERS
 from verl_pipe.core.release import UNIT_FILLS
 from verl_pipe.core.rollout_core import ON_REWARD_FAILURE
-from verl_pipe.core.variants import FGD_AUTO, GRANULARITIES, resolve_fgd
+from verl_pipe.core.variants import FGD_AUTO, GRANULARITIES, pipelines, resolve_fgd
 from verl_pipe.core.variants import TRAINER_MODES as MODES
 from verl_pipe.data_check import ON_BAD_RECORD
 PLATFORMS = ("cpu", "gpu")
@@ -408,7 +408,7 @@ def _validate_batching(config: DictConfig) -> None:
                    "(a training unit is one PPO mini-batch of whole groups)")
     n = _int_at_least(config, "actor_rollout_ref.rollout.n", 1)
     epochs = _int_at_least(config, "actor_rollout_ref.actor.ppo_epochs", 1)
-    if epochs != 1 and rp.mode == "cgp":
+    if epochs != 1 and pipelines(rp.mode):
         raise _err("actor_rollout_ref.actor.ppo_epochs",
                    f"got {epochs}; CGP streams each unit once: only ppo_epochs=1 (or rolloutpipe.mode=sync)")
     prompt = _int_at_least(config, "data.max_prompt_length", 1)
@@ -419,7 +419,7 @@ def _validate_batching(config: DictConfig) -> None:
                    f"got {max_model_len}; must be null or >= data.max_prompt_length + data.max_response_length "
                    f"= {prompt + response}")
 
-    if rp.mode == "cgp" and rp.cgp.granularity == "group":
+    if pipelines(rp.mode) and rp.cgp.granularity == "group":
         loss_agg = actor.get("loss_agg_mode", "token-mean")
         if loss_agg not in LOSS_AGG_MODES:
             raise _err("actor_rollout_ref.actor.loss_agg_mode",
@@ -458,7 +458,7 @@ def _validate_algorithm(config: DictConfig) -> None:
     if n < 2:
         raise _err("actor_rollout_ref.rollout.n",
                    f"the group-based estimator {est!r} needs at least 2 responses per prompt, got n={n}")
-    if rp.mode == "cgp":
+    if pipelines(rp.mode):
         _validate_batch_normalized_in_cgp(config, est)
     if algo.get("use_kl_in_reward", False):
         raise _err("algorithm.use_kl_in_reward",
@@ -520,7 +520,7 @@ def _validate_trainer_pool(config: DictConfig) -> None:
         raise _err("actor_rollout_ref.hybrid_engine",
                    "must be false: verl_pipe runs rollout and training on separate pools")
     units = int(config.data.train_batch_size) // groups_per_unit(config)
-    if rp.mode != "cgp" or units < 2:
+    if not pipelines(rp.mode) or units < 2:
         return
     # CGP with several units per step keeps θ_k in the worker's store (verl_pipe/trainer/theta_store.py) for later
     # units' old log-probs: persistent buffers beside this rank's FSDP2 shards, swapped in by rebinding the
@@ -557,7 +557,7 @@ def _validate_rollout(config: DictConfig) -> None:
                    "use nccl between GPU pools, or set rolloutpipe.allow_ray_store_on_gpu=true to ask for it")
     _validate_weight_sync_faults(config, backend)
     _validate_nccl_engine(config, backend)
-    if rp.fgd.enable is True and rp.mode != "cgp":
+    if rp.fgd.enable is True and not pipelines(rp.mode):
         raise _err("rolloutpipe.fgd.enable", "true: frontier-group dispatch feeds the CGP pipeline; set "
                    "rolloutpipe.mode=cgp, or rolloutpipe.fgd.enable=auto (on with cgp, off with sync) or false")
     fgd = resolve_fgd(rp.fgd.enable, str(rp.mode))
@@ -580,7 +580,7 @@ def _validate_verl_hooks(config: DictConfig) -> None:
     if trainer.get("val_only", False) and not trainer.get("val_before_train", True):
         raise _err("trainer.val_only", "needs trainer.val_before_train=true (as in verl, val_only stops the run after "
                                        "the validation before training)")
-    if trainer.get("balance_batch", False) and rp.mode == "cgp" and rp.cgp.granularity == "group":
+    if trainer.get("balance_batch", False) and pipelines(rp.mode) and rp.cgp.granularity == "group":
         raise _err("trainer.balance_batch",
                    "is applied per training unit (verl's _balance_batch over one PPO mini-batch); at "
                    "rolloutpipe.cgp.granularity=group each group is trained as it arrives and nothing is balanced: "

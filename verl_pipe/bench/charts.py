@@ -9,6 +9,7 @@ from pathlib import Path
 
 from verl_pipe.sim.calib import engine_intervals
 from verl_pipe.core.timeline import StepTimeline, _assign_lanes
+from verl_pipe.core.variants import PIPELINED_BASE
 
 _KIND_COLORS = {"old_log_prob": "#4c72b0", "update": "#dd8452", "forward_backward": "#dd8452",
                 "snapshot_theta_k": "#937860",
@@ -198,8 +199,8 @@ def sweep_chart(result: dict, out_dir: Path) -> Path | None:
                 ax.plot([x for x, _ in pts], [y for _, y in pts], linestyle="--", marker=".",
                         label=f"{mode} (sim)", color=f"C{i}", alpha=0.6)
     for s in rows:  # which stack each measured point comes from
-        ax.annotate(s.get("model_size", ""), (s["sync_train_to_rollout_ratio"], s["modes"]["cgp"].get(
-            "reduction_vs_sync_pct", 0.0) if "cgp" in s["modes"] else 0.0), fontsize=6, alpha=0.6,
+        ax.annotate(s.get("model_size", ""), (s["sync_train_to_rollout_ratio"], s["modes"].get(PIPELINED_BASE, {}).get(
+            "reduction_vs_sync_pct", 0.0)), fontsize=6, alpha=0.6,
             textcoords="offset points", xytext=(3, -8))
     ax.set_title("measured: one point per setting (model size noted); sim: the balanced setting's workloads "
                  "with the trainer's cost scaled", fontsize=7)

@@ -35,6 +35,7 @@ from pathlib import Path
 import yaml
 
 from verl_pipe.conf import ROOT as _CONF_ROOT
+from verl_pipe.core.variants import BASE
 
 CONFIG = _CONF_ROOT / "bench" / "multiturn.yaml"
 MODES = ("sync", "cgp", "cgp_fgd")
@@ -58,7 +59,7 @@ def load(path: str | Path = CONFIG) -> dict:
     bad = set(cfg.get("modes") or []) - set(MODES)
     if bad or not cfg.get("modes"):
         raise ValueError(f"{path}: modes must be a non-empty subset of {list(MODES)}, got {cfg.get('modes')}")
-    if "sync" not in cfg["modes"]:
+    if BASE not in cfg["modes"]:
         raise ValueError(f"{path}: modes must include sync (the baseline every figure is compared with)")
     if set(cfg.get("peers") or []) - {"onpolicy"}:
         raise ValueError(f"{path}: peers {cfg['peers']}: only onpolicy (verl's separate_async with nothing generated "
@@ -258,7 +259,7 @@ def with_peer_inputs(steps: list[dict]) -> list[dict]:
     inputs; the peer's trained batch is not read back)."""
     from verl_pipe.bench.multiturn_sim import PEER_MODE
 
-    sync = {st["round"]: st for st in steps if st["mode"] == "sync"}
+    sync = {st["round"]: st for st in steps if st["mode"] == BASE}
     return [dict(st, prompt_len=sync[st["round"]]["prompt_len"], tool_tokens=sync[st["round"]]["tool_tokens"])
             if st["mode"] == PEER_MODE and st["round"] in sync else st for st in steps]
 

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import re
 
+from verl_pipe.core.variants import BASE, FGD_VARIANT, ON_POLICY_PEER, PIPELINED_BASE, variant
+
 METRICS = ("first_unit_ready_s", "rollout_end_s", "rollout_to_train_end_s")
-PEER_MODE = "verl_separate_async"
+PEER_MODE = ON_POLICY_PEER
 
 
 def _episodes(cfg: dict, shape: dict, rnd: dict, step: dict):
@@ -99,7 +101,7 @@ def simulate_one(cfg: dict, shape: dict, rnd: dict, step: dict, engine, trainer=
     # the trainer pads each micro-batch (one group of n rows here) to its longest row
     wl = PaddedWorkload(wl.num_groups, wl.n, wl.lengths, wl.prompt_len, wl.name)
     mode, gpu = step["mode"], shape["groups_per_unit"]
-    fgd = mode == "cgp_fgd"
+    fgd = variant(mode).fgd
     window = shape.get("fgd_window") if fgd else (None if mode == PEER_MODE else shape.get("baseline_window"))
     res = rollout_for_mode(mode, wl, engine.with_(max_num_seqs=shape["max_num_seqs"]), shape["replicas"], gpu, window,
                            order=shape.get("baseline_order") or "group_major", episodes=eps)
@@ -180,12 +182,12 @@ def summarize(steps: list[dict], figures: tuple[str, ...], sims: list[dict] | No
 
     keys = ("first_unit_ready_s", "rollout_to_train_end_s", "rollout_end_s")
     out = {"modes": per_mode,
-           "vs_sync": {m: {k: change(m, "sync", k) for k in ("rollout_to_train_end_s", "first_unit_ready_s",
-                                                               "trainer_wait_ratio")} for m in modes if m != "sync"}}
-    if "cgp" in modes and "cgp_fgd" in modes:
-        out["fgd_vs_cgp"] = {k: change("cgp_fgd", "cgp", k) for k in keys}
+           "vs_sync": {m: {k: change(m, BASE, k) for k in ("rollout_to_train_end_s", "first_unit_ready_s",
+                                                             "trainer_wait_ratio")} for m in modes if m != BASE}}
+    if PIPELINED_BASE in modes and FGD_VARIANT in modes:
+        out["fgd_vs_cgp"] = {k: change(FGD_VARIANT, PIPELINED_BASE, k) for k in keys}
     if PEER_MODE in modes:
-        for m in ("cgp", "cgp_fgd"):
+        for m in (PIPELINED_BASE, FGD_VARIANT):
             if m in modes:
                 out[f"{m}_vs_peer"] = {k: change(m, PEER_MODE, k) for k in keys}
     if sims:

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from verl_pipe.bench.report import MODES
+from verl_pipe.core.variants import BASE, ON_POLICY_PEER
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_FILES = ("README.md", "docs/*.md")
@@ -87,7 +88,7 @@ def balanced(result: dict) -> list[str]:
     labels = _labels(f"cgp + fgd ({fgd.get('granularity', 'minibatch')})", cgp="cgp (mini-batch units)")
     rows = []
     for m, e in _ran(s, MODES):
-        base = m == "sync"
+        base = m == BASE
         rows.append([labels[m], seconds(e["rollout_to_train_end_s"]),
                      BASELINE if base else change(e["reduction_vs_sync_pct"]), f"{e['trainer_wait_ratio']:.3f}",
                      BASELINE if base else change(e["wait_reduction_vs_sync_pct"]), f"{e['pipeline_efficiency']:.2f}"])
@@ -101,7 +102,7 @@ def paper(result: dict) -> list[str]:
     rows = []
     for m, e in _ran(s, MODES + tuple(PEER_LABELS)):
         rows.append([labels[m], seconds(e["rollout_to_train_end_s"]),
-                     BASELINE if m == "sync" else change(e["reduction_vs_sync_pct"]), f"{e['trainer_wait_ratio']:.3f}",
+                     BASELINE if m == BASE else change(e["reduction_vs_sync_pct"]), f"{e['trainer_wait_ratio']:.3f}",
                      f"{e['pipeline_efficiency']:.2f}", seconds(e["trainer_busy_s"], 1)])
     return _table(["mode", "rollout→train end", "vs sync", "trainer wait", "efficiency", "trainer busy"], rows)
 
@@ -111,10 +112,10 @@ def paper_vs_peer(result: dict) -> list[str]:
     s = setting_with_role(result, "paper")
     labels = _labels("cgp + fgd (window auto)")
     rows = []
-    for m, e in _ran(s, MODES + ("verl_separate_async",)):
+    for m, e in _ran(s, MODES + (ON_POLICY_PEER,)):
         rows.append([labels[m], seconds(e["rollout_to_train_end_s"]),
-                     BASELINE if m == "sync" else change(e["reduction_vs_sync_pct"]),
-                     BASELINE if m == "verl_separate_async" else change(e["reduction_vs_verl_separate_async_pct"]),
+                     BASELINE if m == BASE else change(e["reduction_vs_sync_pct"]),
+                     BASELINE if m == ON_POLICY_PEER else change(e["reduction_vs_verl_separate_async_pct"]),
                      f"{e['trainer_wait_ratio']:.3f}", f"{e['pipeline_efficiency']:.2f}"])
     return _table(["mode", "rollout→train end", "vs sync", "vs verl on-policy", "trainer wait", "efficiency"], rows)
 
@@ -137,10 +138,10 @@ def trainer_gap(result: dict) -> list[str]:
     ``trainer-gap``, conf/bench/trainer_gap.yaml): each setting's modes, the peer's figures taken from the
     setting that ran it, with the update's row order (``rolloutpipe.micro_batch_order``) of each."""
     settings = [s for s in result["settings"] if s.get("role") == "trainer-gap"]
-    peer = next((s["modes"]["verl_separate_async"] for s in settings
-                 if "skipped" not in s["modes"].get("verl_separate_async", {"skipped": 1})), None)
+    peer = next((s["modes"][ON_POLICY_PEER] for s in settings
+                 if "skipped" not in s["modes"].get(ON_POLICY_PEER, {"skipped": 1})), None)
     if peer is None:
-        raise ValueError("no trainer-gap setting ran verl_separate_async")
+        raise ValueError(f"no trainer-gap setting ran {ON_POLICY_PEER}")
     labels = _labels("cgp + fgd")
     rows = []
     for s in settings:
@@ -149,7 +150,7 @@ def trainer_gap(result: dict) -> list[str]:
             vs_peer = 100.0 * (1.0 - e["rollout_to_train_end_s"] / peer["rollout_to_train_end_s"])
             rows.append([labels[m], order, seconds(e["rollout_to_train_end_s"]), change(vs_peer),
                          seconds(e["trainer_busy_s"]), f"{e['trainer_wait_ratio']:.3f}", _efficiencies(e)])
-    rows.append([PEER_LABELS["verl_separate_async"], "completion", seconds(peer["rollout_to_train_end_s"]), BASELINE,
+    rows.append([PEER_LABELS[ON_POLICY_PEER], "completion", seconds(peer["rollout_to_train_end_s"]), BASELINE,
                  seconds(peer["trainer_busy_s"]), f"{peer['trainer_wait_ratio']:.3f}", _efficiencies(peer)])
     return _table(["mode", "update rows", "rollout→train end", "vs verl on-policy", "trainer busy", "trainer wait",
                    "efficiency: own / uncontended"], rows)

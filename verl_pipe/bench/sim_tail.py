@@ -24,6 +24,7 @@ import statistics
 from verl_pipe.bench.sim_windows import load_calibrations, stack_shape, write_rows
 from verl_pipe.core.admission import TrainerRatio, rest_order
 from verl_pipe.core.lengths import prediction_quality
+from verl_pipe.core.variants import PIPELINED_BASE
 from verl_pipe.sim.calib import simulate_like
 from verl_pipe.sim.records import engine_from_summary, trainer_from_summary
 from verl_pipe.sim.tail import Knowledge, RunPredictor
@@ -103,7 +104,7 @@ def format_rows(rows: list[dict]) -> str:
                      f"tokens, unit_fill {r['unit_fill']}, {r['rounds']} steps, trainer x{r['trainer_scale']:g}: "
                      f"cgp's trainer work / rollout {r['cgp_trainer_to_rollout']:.2f}]")
         for m, e in r["modes"].items():
-            vs = "" if m == "cgp" else f"{e['vs_cgp_pct']:+6.1f}% ({e['paired_se_pct']:.1f})"
+            vs = "" if m == PIPELINED_BASE else f"{e['vs_cgp_pct']:+6.1f}% ({e['paired_se_pct']:.1f})"
             lines.append(f"  {m:<24} r2t {e['rollout_to_train_end_s']:7.2f} {vs:<16} rollout {e['rollout_end_s']:6.2f}"
                          f"  1st unit {e['first_unit_ready_s']:6.2f}")
         q = r.get("prediction_quality")

@@ -21,6 +21,7 @@ import math
 from pathlib import Path
 
 from verl_pipe.core.timeline import summarize
+from verl_pipe.core.variants import PIPELINED_BASE
 from verl_pipe.sim.calib import StepShape, simulate_like
 from verl_pipe.sim.records import CPU_BLOCK_TOKENS, engine_from_summary, kv_override_tokens, trainer_from_summary
 
@@ -112,7 +113,7 @@ def format_rows(rows: list[dict]) -> str:
                      f"KV {r['kv_capacity_tokens']} tokens, stock order {r['baseline_order']}; driver "
                      f"{1000 * r['client_s_per_request']:g} ms/request]")
         for m, e in r["modes"].items():
-            vs = "" if m in ("cgp",) else f" ({e['vs_cgp_pct']:+.1f}%)"
+            vs = "" if m == PIPELINED_BASE else f" ({e['vs_cgp_pct']:+.1f}%)"
             lines.append(f"  {m:<22} r2t {e['rollout_to_train_end_s']:7.2f}{vs:<10} rollout {e['rollout_end_s']:6.2f}"
                          f"  1st unit {e['first_unit_ready_s']:6.2f}")
     return "\n".join(lines)

@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
-from verl_pipe.core.variants import GRANULARITIES, TRAINER_MODES as MODES
+from verl_pipe.core.variants import GRANULARITIES, TRAINER_MODES as MODES, pipelines
 
 
 # ---------------------------------------------------------------------------------------------- actions
@@ -187,7 +187,7 @@ def train_schedule(mode: str, granularity: str, groups_per_unit: int, units_per_
     if groups_per_unit < 1 or units_per_step < 1:
         raise ValueError(f"groups_per_unit={groups_per_unit}, units_per_step={units_per_step}: both must be >= 1")
     order = order or _keep
-    if mode == "sync":
+    if not pipelines(mode):
         return sync_schedule(groups_per_unit, use_ref, batch_normalized, order)
     if granularity == "group":
         return group_schedule(groups_per_unit, units_per_step, use_ref, whiten, order)

@@ -5,7 +5,11 @@ trainer as a peer: ``verl_separate_async``, ``verl_separate_async_1off``, ``verl
 ``verl_separate_sync``, ``verl_colocated``) stands for a trainer mode
 (``rolloutpipe.mode``), a granularity (``rolloutpipe.cgp.granularity``) and whether FGD admits the rollout
 (``rolloutpipe.fgd.enable``). The config's validation, the trainer, the simulator, the benchmark, the planner and the
-peer's configurations read names through this table; none of them decodes a name by itself.
+peer's configurations read names through this table; none of them decodes a name by itself. They ask it instead:
+``pipelines(mode)`` of a trainer mode, a variant's attributes (``is_base``, ``fgd``, ``colocated``, ``staleness``,
+``row``), ``of_row`` of one of the planner's rows (``verl_one_step_off`` is its row of ``verl_separate_async_1off``),
+and the names of the roles some variants play (``BASE``, ``PIPELINED_BASE``, ``FGD_VARIANT``, ``ON_POLICY_PEER``).
+tests/test_layout.py fails on a comparison with a name literal anywhere else in verl_pipe.
 
 Old log-prob coalescing (``rolloutpipe.cgp.coalesce_log_probs``) is not part of a name: every variant runs it as
 the run's config sets it (a step's knobs, verl_pipe/trainer/knobs.py, record what it was).
@@ -18,6 +22,22 @@ from dataclasses import dataclass
 TRAINER_MODES = ("sync", "cgp")  # rolloutpipe.mode: the trainer's schedule (verl_pipe/core/schedule.py)
 GRANULARITIES = ("minibatch", "group")  # rolloutpipe.cgp.granularity: a unit trained at once, or group by group
 BASE = "sync"  # the variant every other is compared against
+# the pipelined variant without FGD (mini-batch units, verl's FCFS dispatch): what FGD's gain is measured against
+PIPELINED_BASE = "cgp"
+FGD_VARIANT = "cgp_fgd"  # FGD admitting a pipelined rollout at a free granularity (the bench's and planner's cgp + fgd)
+# verl's separate_async generating nothing ahead: the peer our modes are compared against
+# (reduction_vs_verl_separate_async_pct), and the one whose steps fit verl's own trainer for the planner (its per-step
+# trainer spans, else its trainer busy total; the other peers borrow that fit: verl_pipe/plan/calibrate.py, validate.py)
+ON_POLICY_PEER = "verl_separate_async"
+# verl's trainer.v1.trainer_mode of its synchronous (colocated) trainer, the peer verl_colocated runs
+# (verl_pipe/bench/peer/v1_sync.py): verl's own value, not a variant of ours
+V1_SYNC_TRAINER_MODE = "sync"
+
+
+def pipelines(mode: str) -> bool:
+    """Whether the trainer mode (``rolloutpipe.mode``) trains units while the rollout runs (cgp); sync trains the
+    whole batch after it."""
+    return mode == "cgp"
 
 
 @dataclass(frozen=True)
@@ -35,6 +55,21 @@ class Variant:
     # a peer the two-pool simulator models as another (simulated) variant: the planner's validation predicts it as
     # that one, with verl's trainer costs (verl_pipe/plan/validate.py)
     simulate_as: str | None = None
+    # versions the trained samples lag the weights that generated them (verl's default separate_async generates one
+    # batch ahead): 0 for on-policy
+    staleness: int = 0
+    plan_row: str | None = None  # the planner's row of it when that is not its name (verl_pipe/plan/predict.py ROWS)
+
+    @property
+    def is_base(self) -> bool:
+        """The variant every other is compared against (``BASE``)."""
+        return self.name == BASE
+
+    @property
+    def row(self) -> str:
+        """Its row in the planner's tables (verl_pipe/plan/predict.py ROWS) and expected errors
+        (verl_pipe/plan/validation.json)."""
+        return self.plan_row or self.name
 
     @property
     def ours(self) -> bool:
@@ -46,7 +81,7 @@ class Variant:
         """The rollout shares the machine with a busy trainer (every variant but sync and the colocated one, whose
         rollout runs while its trainer waits): the calibration fits its engine apart from sync's
         (verl_pipe/sim/calib.py)."""
-        return self.mode != "sync" and not self.colocated
+        return pipelines(self.mode) if self.ours else not self.colocated
 
     @property
     def granularities(self) -> tuple[str, ...]:
@@ -68,7 +103,7 @@ class Variant:
         """Hydra overrides that configure a run as this variant (a fixed granularity, FGD when on)."""
         self._require_ours()
         out = [f"rolloutpipe.mode={self.mode}"]
-        if self.mode == "cgp" and self.granularity:
+        if pipelines(self.mode) and self.granularity:
             out.append(f"rolloutpipe.cgp.granularity={self.granularity}")
         # explicit either way: the config's default (auto) turns FGD on wherever the mode pipelines
         return out + [f"rolloutpipe.fgd.enable={str(self.fgd).lower()}"]
@@ -86,7 +121,8 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     # verl 0.9.1's V1 separate_async trainer, run for real on our stack (verl_pipe/bench/peer): on-policy, and
     # verl's default (one batch ahead, which the simulator does not model)
     Variant("verl_separate_async", None, "minibatch", peer_config="onpolicy"),
-    Variant("verl_separate_async_1off", None, "minibatch", peer_config="default", simulated=False),
+    Variant("verl_separate_async_1off", None, "minibatch", peer_config="default", simulated=False, staleness=1,
+            plan_row="verl_one_step_off"),
     # verl's trainers at their best (docs/peer.md): separate_async on-policy tuned for this work; verl's own
     # synchronous trainers, on separate pools (the experimental SeparateRayPPOTrainer) and colocated (V1 sync, verl's
     # main_ppo default: rollout and training take turns on every core). Not in the two-pool simulator; the colocated one
@@ -105,6 +141,16 @@ OURS = tuple(k for k, v in VARIANTS.items() if v.ours)  # the bench's modes of R
 PEERS = tuple(k for k, v in VARIANTS.items() if not v.ours and v.peer_config)
 SIMULATED = tuple(k for k, v in VARIANTS.items() if v.simulated)  # the simulator's modes
 PEER_MODE_NAMES = {v.peer_config: k for k, v in VARIANTS.items() if v.peer_config}  # peer configuration -> name
+PLAN_ROWS = {v.row: v for v in VARIANTS.values()}  # the planner's row name -> its variant
+
+
+def of_row(row: str) -> Variant:
+    """The variant of one of the planner's rows (``Variant.row``: its name, or e.g. ``verl_one_step_off`` for
+    ``verl_separate_async_1off``)."""
+    try:
+        return PLAN_ROWS[row]
+    except KeyError:
+        raise ValueError(f"unknown planner row {row!r}; choose from {', '.join(PLAN_ROWS)}") from None
 
 
 def modelled_as(name: str) -> Variant:
@@ -121,7 +167,7 @@ def resolve_fgd(enable, mode: str) -> bool:
     """Whether FGD admits a step's rollout: ``rolloutpipe.fgd.enable`` as set (true / false), or for ``auto`` on in a
     pipelined mode (cgp) and off in sync, which takes no admission policy."""
     if enable == FGD_AUTO:
-        return mode == "cgp"
+        return pipelines(mode)
     if not isinstance(enable, bool):
         raise ValueError(f"rolloutpipe.fgd.enable: {enable!r}; allowed: true, false or {FGD_AUTO!r}")
     return enable
@@ -140,6 +186,6 @@ def name_of(mode: str, granularity: str, fgd: bool = False) -> str | None:
     if mode not in TRAINER_MODES or granularity not in GRANULARITIES:
         raise ValueError(f"mode {mode!r}, granularity {granularity!r}: allowed {TRAINER_MODES} x {GRANULARITIES}")
     for v in VARIANTS.values():
-        if v.mode == mode and v.fgd == fgd and (mode == "sync" or v.granularity in (None, granularity)):
+        if v.mode == mode and v.fgd == fgd and (not pipelines(mode) or v.granularity in (None, granularity)):
             return v.name
     return None

@@ -28,7 +28,7 @@ import numpy as np
 
 from verl_pipe.sim.calib import (Calibration, StepShape, TrainerFit, _validation_table, calibrate,
                                    calibration_summary, nonneg_lstsq, rel_error, simulate_like)
-from verl_pipe.core.variants import OURS, name_of
+from verl_pipe.core.variants import ON_POLICY_PEER, OURS, name_of
 from verl_pipe.sim.trainer import TrainerParams
 
 KV_UNBOUNDED = 1 << 40  # the fit assumes the run's KV cache never bound (the bench's assumption too)
@@ -195,14 +195,14 @@ def steps_file(path: Path, size: str | None = None, prompt_len: float | None = N
     ours, peer = [], []
     for i, r in enumerate(recs):
         where = f"--calibrate {path}: step record {i + 1} ({r.get('setting', '?')} {r.get('mode', '?')})"
-        mode = r.get("mode", "verl_separate_async" if "train_spans" in r else None)
+        mode = r.get("mode", ON_POLICY_PEER if "train_spans" in r else None)
         if mode in OURS and r.get("timeline") and r.get("lengths"):
             ours.append({"setting": r.get("setting", "run"), "mode": mode, "granularity": r.get("granularity") or
                          "minibatch", "timeline": r["timeline"], "lengths": r["lengths"],
                          "prompt_len": _prompt_len(r, where, prompt_len),
                          "weight_sync_s": float(r.get("weight_sync_s", 0.0)), "metrics": r["metrics"],
                          "fgd_window": r.get("fgd_window"), "step": r.get("round", i), "round": r.get("round", 0)})
-        elif mode == "verl_separate_async" and "train_spans" in r:
+        elif mode == ON_POLICY_PEER and "train_spans" in r:
             if not r.get("lengths"):
                 raise ValueError(f"{where}: verl's step has no lengths")
             peer.append({"setting": r.get("setting", "peer"), "mode": mode, "train_spans": r["train_spans"],

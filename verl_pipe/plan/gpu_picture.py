@@ -19,6 +19,7 @@ import argparse
 import shlex
 import time
 
+from verl_pipe.core.variants import of_row
 from verl_pipe.plan.validate import update_doc
 
 BEGIN, END = "<!-- plan-gpu:begin -->", "<!-- plan-gpu:end -->"
@@ -54,8 +55,8 @@ def render() -> str:
                               f"{c['update_weights_s']:.1f} s")]
     for k in ("verl_separate_async", "verl_one_step_off", "sync", "cgp", "cgp_group", "cgp_fgd"):
         row = m[k]
-        name = LABELS[k] + (f" [{row['fgd_window']}, {row['granularity']}]" if k == "cgp_fgd" else "")
-        note = "off-policy (every sample one version stale)" if k == "verl_one_step_off" else ""
+        name = LABELS[k] + (f" [{row['fgd_window']}, {row['granularity']}]" if of_row(k).fgd else "")
+        note = "off-policy (every sample one version stale)" if of_row(k).staleness else ""
         lines.append(_row(name, split, row["step_time_s"], base, note))
     sp = rec.get("split")
     if sp:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from verl_pipe.sim.calib import PaddedWorkload
 from verl_pipe.core.admission import rest_order
 from verl_pipe.core.frontier import AdaptiveWindow, resolve_window
-from verl_pipe.core.variants import variant
+from verl_pipe.core.variants import BASE, FGD_VARIANT, of_row, pipelines, variant
 from verl_pipe.core.workload import Workload
 from verl_pipe.plan.calibrate import KV_UNBOUNDED, RunCalibration
 from verl_pipe.plan.hardware import Hardware, ModelShape, weight_sync_s
@@ -254,6 +254,7 @@ def simulate_shape(shape: Shape, ro: Rollouts, seeds, *, windows=WINDOWS, placem
     verl = costs.verl_trainer(shape, placement or costs.default_placement(shape))
     ws = costs.weight_sync_s(shape)
     wins = resolved_windows(shape, windows)
+    picked = [(r, of_row(r)) for r in ROWS if r in rows]  # in ROWS' order (sync's ratio first), whatever rows' order
     for seed in seeds:
         wl = ro.workload(shape, seed)
 
@@ -261,25 +262,28 @@ def simulate_shape(shape: Shape, ro: Rollouts, seeds, *, windows=WINDOWS, placem
             out.setdefault(key, []).append(_pick(m))
 
         ratio = None  # sync's trainer work over its rollout: FGD's order beyond the frontier with predictions
-        if "sync" in rows:
-            m = timeline_for(ro.get(shape, seed, "alone"), wl, trainer, "sync", gpu, ws).metrics()
+        if any(v.is_base for _, v in picked):
+            m = timeline_for(ro.get(shape, seed, "alone"), wl, trainer, BASE, gpu, ws).metrics()
             ratio = m["trainer_busy_s"] / m["rollout_end_s"] if m["rollout_end_s"] else None
-            add("sync", m)
-        fc = ro.get(shape, seed, "stock") if set(rows) - {"sync", "cgp_fgd"} else None
-        for name in ("cgp", "cgp_group"):  # CGP at each granularity the estimator allows (verl_pipe/core/variants.py)
-            gran = variant(name).granularity
-            if name in rows and gran in shape.granularities:
-                add(name, timeline_for(fc, wl, trainer, name, gpu, ws, gran, unit_fill=shape.unit_fill).metrics())
-        if "cgp_fgd" in rows:
-            for label, w in wins.items():
-                fg = ro.get(shape, seed, "fgd", w, ratio)
-                for gran in shape.granularities:
-                    add(f"cgp_fgd[{label}][{gran}]",
-                        timeline_for(fg, wl, trainer, "cgp_fgd", gpu, ws, gran, unit_fill=shape.unit_fill).metrics())
-        if "verl_separate_async" in rows:
-            add("verl_separate_async", timeline_for(fc, wl, verl, "verl_separate_async", gpu, ws).metrics())
-        if "verl_one_step_off" in rows:
-            add("verl_one_step_off", one_step_off(fc, wl, verl, gpu, ws))
+            add(BASE, m)
+        fc = ro.get(shape, seed, "stock") if any(not (v.is_base or v.fgd) for _, v in picked) else None
+        for row, v in picked:
+            if v.is_base or v.colocated:  # sync above; the colocated baseline is colocated_baseline's
+                continue
+            if v.fgd:
+                for label, w in wins.items():
+                    fg = ro.get(shape, seed, "fgd", w, ratio)
+                    for gran in shape.granularities:
+                        add(f"{row}[{label}][{gran}]",
+                            timeline_for(fg, wl, trainer, row, gpu, ws, gran, unit_fill=shape.unit_fill).metrics())
+            elif v.ours:  # CGP at each granularity the estimator allows
+                if v.granularity in shape.granularities:
+                    add(row, timeline_for(fc, wl, trainer, row, gpu, ws, v.granularity,
+                                          unit_fill=shape.unit_fill).metrics())
+            elif v.staleness:
+                add(row, one_step_off(fc, wl, verl, gpu, ws))
+            else:
+                add(row, timeline_for(fc, wl, verl, row, gpu, ws).metrics())
     return out
 
 
@@ -389,7 +393,7 @@ def plan(inp: PlanInputs) -> dict:
     coloc = colocated_baseline(shape, ro, inp.seeds)
     means["verl_colocated"] = {k: coloc[k] for k in FIGURES}
     sync = means["sync"]
-    fgd_keys = [k for k in means if k.startswith("cgp_fgd[")]
+    fgd_keys = [k for k in means if k.startswith(f"{FGD_VARIANT}[")]
     pipelined = [k for k in ("cgp", "cgp_group") if k in means] + fgd_keys
     best = min(pipelined, key=lambda k: means[k]["rollout_to_train_end_s"])
     modes = _mode_rows(means, shape, _label_for(shape, shape.fgd_window, windows), inp.expected_error or {})
@@ -443,11 +447,11 @@ def _mode_rows(means: dict[str, dict], shape: Shape, configured_window: str, err
     the cgp + fgd row is the configured window (``configured_window``, rolloutpipe.fgd.window's label) at its
     better granularity; a mode the estimator cannot train says why it was skipped."""
     sync = means["sync"]
-    fgd_row = min((k for k in means if k.startswith(f"cgp_fgd[{configured_window}]")),
+    fgd_row = min((k for k in means if k.startswith(f"{FGD_VARIANT}[{configured_window}]")),
                   key=lambda k: means[k]["rollout_to_train_end_s"])
     modes = {}
     for row in ROWS:
-        key = fgd_row if row == "cgp_fgd" else row
+        key = fgd_row if of_row(row).fgd else row
         if key not in means:
             modes[row] = {"skipped": f"algorithm.adv_estimator={shape.estimator} trains only at "
                                      f"{', '.join(shape.granularities)} granularity"}
@@ -455,9 +459,9 @@ def _mode_rows(means: dict[str, dict], shape: Shape, configured_window: str, err
         m = dict(means[key])
         m["reduction_vs_sync_pct"] = 100 * (1 - m["rollout_to_train_end_s"] / sync["rollout_to_train_end_s"])
         m["step_reduction_vs_sync_pct"] = 100 * (1 - m["step_time_s"] / sync["step_time_s"])
-        if row == "cgp_fgd":
+        if of_row(row).fgd:
             m["fgd_window"], m["granularity"] = _fgd_label(key)
-        m["expected_error"] = err.get(row, {"note": "not validated" if row != "verl_colocated" else
+        m["expected_error"] = err.get(row, {"note": "not validated" if not of_row(row).colocated else
                                             "not validated on a run (docs/plan.md, The colocated baseline)"})
         modes[row] = m
     return modes
@@ -483,7 +487,7 @@ def _split_sweep(inp: PlanInputs, ro: Rollouts, best: str, best_window, rec: dic
         r = simulate_shape(s, ro, inp.seeds if r_gpus == shape.rollout_gpus else inp.sweep_seeds,
                            windows=(best_window,) if rec["fgd"] else (),
                            rows=("sync", "cgp_fgd") if rec["fgd"] else ("sync", "cgp", "cgp_group"))
-        k = best if best in r else next(k for k in r if k != "sync")
+        k = best if best in r else next(k for k in r if k != BASE)
         sm, pm = _mean(r["sync"]), _mean(r[k])
         splits.append({"rollout_gpus": r_gpus, "train_gpus": total - r_gpus,
                        "sync_step_s": sm["step_time_s"], "recommended_step_s": pm["step_time_s"],
@@ -503,7 +507,7 @@ def _split_sweep(inp: PlanInputs, ro: Rollouts, best: str, best_window, rec: dic
 def overrides_for(rec: dict, shape: Shape) -> list[str]:
     """The command-line overrides that launch the recommendation (beside the user's own)."""
     out = [f"rolloutpipe.mode={rec['mode']}"]
-    if rec["mode"] == "cgp":
+    if pipelines(rec["mode"]):
         out.append(f"rolloutpipe.cgp.granularity={rec['granularity']}")
         out.append(f"rolloutpipe.fgd.enable={str(rec['fgd']).lower()}")
         if rec["fgd"]:
@@ -511,7 +515,7 @@ def overrides_for(rec: dict, shape: Shape) -> list[str]:
             out.append(f"rolloutpipe.fgd.window={'null' if w == 'max_num_seqs' else w}")
         if rec.get("theta_k_store") in ("device", "pinned"):
             out.append(f"rolloutpipe.theta_k.store={rec['theta_k_store']}")
-    sp = rec.get("best_sync_split") if rec["mode"] == "sync" else rec.get("split")
+    sp = rec.get("split") if pipelines(rec["mode"]) else rec.get("best_sync_split")
     if sp and sp["rollout_gpus"] != shape.rollout_gpus:
         for key, gpus, nodes in (("actor_rollout_ref.rollout", sp["rollout_gpus"], shape.rollout_nnodes),
                                  ("trainer", sp["train_gpus"], shape.train_nnodes)):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import time
+from verl_pipe.core.variants import of_row
 from verl_pipe.plan.validate import update_doc
 
 BEGIN, END = "<!-- plan-public:begin -->", "<!-- plan-public:end -->"
@@ -98,7 +99,7 @@ def verl_v1() -> tuple[str, list[str]]:
         cells = []
         for (_, sep, _), b in zip(cols, bases):
             m = sep["plan"]["modes"][k]
-            extra = f" [{m['fgd_window']}, {m['granularity']}]" if k == "cgp_fgd" else ""
+            extra = f" [{m['fgd_window']}, {m['granularity']}]" if of_row(k).fgd else ""
             cells.append(cell(m, b) + extra)
         lines.append(f"| {LABELS[k]}, 16 + 16 | " + " | ".join(cells) + " | – |")
     cells = []

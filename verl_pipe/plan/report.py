@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+from verl_pipe.core.variants import of_row, pipelines
 from verl_pipe.plan.predict import LABELS, ROWS
 
 
@@ -56,8 +57,8 @@ def format_plan(result: dict) -> str:
         if "skipped" in m:
             rows.append([LABELS[k], "-", "-", "-", "-", m["skipped"]])
             continue
-        label = LABELS[k] + (f" [{m['fgd_window']}, {m['granularity']}]" if k == "cgp_fgd" else "")
-        if k == "verl_colocated" and "colocated" in p:
+        label = LABELS[k] + (f" [{m['fgd_window']}, {m['granularity']}]" if of_row(k).fgd else "")
+        if of_row(k).colocated and "colocated" in p:
             label = f"verl colocated ({p['colocated']['gpus']} GPUs take turns)"
         rows.append([label, f"{m['step_time_s']:.1f}", f"{m['rollout_to_train_end_s']:.1f}",
                      f"{m['reduction_vs_sync_pct']:+.1f}%", f"{m['trainer_wait_ratio']:.3f}",
@@ -78,7 +79,7 @@ def format_plan(result: dict) -> str:
     lines += ["", "Recommendation: " + (
         f"mode cgp, granularity {rec['granularity']}, FGD " + (f"on (window {rec['fgd_window']})" if rec["fgd"]
                                                                  else "off")
-        + f", theta_k store {rec['theta_k_store']}" if rec["mode"] == "cgp" else f"mode {rec['mode']}")
+        + f", theta_k store {rec['theta_k_store']}" if pipelines(rec["mode"]) else f"mode {rec['mode']}")
         + f": {rec['rollout_to_train_end_s']:.1f} s rollout→train end, {rec['saving_vs_sync_pct']:+.1f}% vs sync"]
     if "split" in rec:
         sp = rec["split"]

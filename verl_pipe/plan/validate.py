@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from verl_pipe.core.variants import OURS, PEERS, modelled_as, variant
+from verl_pipe.core.variants import BASE, ON_POLICY_PEER, OURS, PEERS, modelled_as, variant
 from verl_pipe.core.workload import from_spec
 from verl_pipe.plan.calibrate import calibrate_steps, fit_verl_trainer, steps_file
 from verl_pipe.plan.predict import one_step_off
@@ -121,12 +121,12 @@ def _peer_busy(run: dict, s: dict, cal: dict) -> float:
     size = s["model_size"]
     shape = StepShape(**run["data"]["config"]["shapes"][size])
     over, trainer = engine_from_summary(cal["engine_overlapped"], shape), trainer_from_summary(cal["trainer"])
-    num_groups = int(s["modes"]["sync"]["num_groups"])
+    num_groups = int(s["modes"][BASE]["num_groups"])
     busy = []
-    for r in range(int(s["modes"]["verl_separate_async"].get("runs", 1))):
+    for r in range(int(s["modes"][ON_POLICY_PEER].get("runs", 1))):
         wl = from_spec(dict(s["workload"]), num_groups, shape.n, prompt_len=0, seed=r)
         step = {"lengths": wl.lengths, "prompt_len": s["prompt_len_mean"], "weight_sync_s": 0.0}
-        busy.append(simulate_like(step, "verl_separate_async", "minibatch", over, trainer, shape)["trainer_busy_s"])
+        busy.append(simulate_like(step, ON_POLICY_PEER, "minibatch", over, trainer, shape)["trainer_busy_s"])
     return float(np.mean(busy))
 
 
@@ -135,7 +135,7 @@ def verl_scales(runs: list[dict]) -> dict[tuple[str, str], float]:
     out = {}
     for run in runs:
         for s in run["data"]["settings"]:
-            e = s["modes"].get("verl_separate_async", {})
+            e = s["modes"].get(ON_POLICY_PEER, {})
             if "skipped" in e or not e:
                 continue
             cal = run["data"]["sim_validation"]["calibration"][s["model_size"]]
@@ -147,10 +147,10 @@ def _reductions(rows: list[dict]) -> None:
     """The planner's headline is a mode's saving vs sync; a calibration from another day scales both alike, so
     the saving transfers where absolute seconds do not (this VM's speed varies ~1.8x from day to day, README).
     Per row: the measured saving and the error of the predicted one, in percentage points."""
-    sync = {(r["file"], r["setting"]): r for r in rows if r["mode"] == "sync"}
+    sync = {(r["file"], r["setting"]): r for r in rows if r["mode"] == BASE}
     for r in rows:
         base = sync.get((r["file"], r["setting"]))
-        if base is None or r["mode"] == "sync":
+        if base is None or r["mode"] == BASE:
             continue
         r["measured_vs_sync_pct"] = 100 * (1 - r["measured_s"] / base["measured_s"])
         r["in_run_vs_sync_err_pp"] = 100 * (1 - r["in_run_s"] / base["in_run_s"]) - r["measured_vs_sync_pct"]
@@ -338,7 +338,7 @@ def _run_rows(run: dict, runs: list[dict], scales: dict, steps: dict[str, dict])
             row = {"file": run["file"], "setting": s["name"], "model_size": size, "mode": mode,
                    "runs": int(entry.get("runs", 1)), "measured_s": meas}
             if mode in PEERS:
-                own = peer_fit.get((size, s["name"])) if mode == "verl_separate_async" else None
+                own = peer_fit.get((size, s["name"])) if mode == ON_POLICY_PEER else None
                 _peer_in_run(row, run, s, entry, cals[size], scales, own)
             else:
                 row["in_run_s"] = _predict(run, s, mode, entry, cals[size], own_speed=True)
@@ -372,7 +372,7 @@ def _peer_in_run(row: dict, run: dict, s: dict, entry: dict, cal: dict, scales: 
     elif (run["file"], size) in scales:  # scaled to its (or its on-policy sibling's) measured busy
         row["in_run_s"] = _predict(run, s, mode, entry, cal, scales[(run["file"], size)])
         row["in_run_err"] = row["in_run_s"] / meas - 1
-        row["basis"] = ("its own trainer busy total" if mode == "verl_separate_async"
+        row["basis"] = ("its own trainer busy total" if mode == ON_POLICY_PEER
                         else "the on-policy peer's trainer busy total, same run")
         row["verl_scale"] = scales[(run["file"], size)]
     else:
@@ -406,7 +406,7 @@ def _error_summary(rows: list[dict], xconf: list[dict]) -> tuple[dict, dict]:
     for mode, pm in per_mode.items():
         summary[mode] = {k: {"max": max(v), "mean": float(np.mean(v)), "n": len(v)} for k, v in pm.items() if v}
         held = pm["held_out"] + pm["cross_config"]
-        expected[mode.replace("verl_separate_async_1off", "verl_one_step_off")] = {
+        expected[variant(mode).row] = {
             "max_rel_error": max(pm["in_run"]), "basis": "CPU bench, in-run",
             "held_out_max_rel_error": max(held) if held else None,
             "held_out_basis": "CPU bench: a round or a config the calibration did not see",

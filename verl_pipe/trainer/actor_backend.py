@@ -22,6 +22,7 @@ from verl_pipe.core import schedule as S
 from verl_pipe.core.group_queue import Group, GroupQueue
 from verl_pipe.core.micro_batches import length_order
 from verl_pipe.core.timeline import StepTimeline
+from verl_pipe.core.variants import pipelines
 from verl_pipe.trainer.knobs import StepKnobs
 from verl_pipe.rollout.materialize import advantages
 from verl_pipe.trainer.seam import TrainerSeam
@@ -46,7 +47,7 @@ def train_step(seam: TrainerSeam, queue: GroupQueue, timeline: StepTimeline, kno
     how = estimators.streaming(str(seam.config.algorithm.adv_estimator))
     seam.begin_training()
     backend = (backend_cls or ActorBackend)(seam, queue, timeline, order=knobs.unit_order)
-    whiten = knobs.mode == "cgp" and knobs.granularity == "group" and how == estimators.AFFINE_BATCH
+    whiten = pipelines(knobs.mode) and knobs.granularity == "group" and how == estimators.AFFINE_BATCH
     steps = S.train_schedule(knobs.mode, knobs.granularity, groups_per_unit, units, use_ref=use_ref, whiten=whiten,
                              batch_normalized=how != estimators.GROUP,
                              order=backend.order_indices if knobs.unit_order is not None else None,
@@ -288,7 +289,7 @@ class ActorBackend:
         pieces = list(self.pieces.values())
         if not pieces:
             batch = None
-        elif mode == "sync":
+        elif not pipelines(mode):
             batch = pieces[0]  # the whole batch, as verl trains it
         else:
             batch = DataProto.concat([DataProto(batch=p.batch, non_tensor_batch=p.non_tensor_batch, meta_info={})

@@ -43,6 +43,7 @@ from verl_pipe.core.group_filter import GroupFilters
 from verl_pipe.core.group_queue import Group, GroupQueue
 from verl_pipe.core.release import DispatchOrderRelease
 from verl_pipe.core.timeline import StepTimeline
+from verl_pipe.core.variants import pipelines
 from verl_pipe.trainer.knobs import StepKnobs, step_knobs
 from verl_pipe.trainer.rollback import StepFailedError, drop_train_state_snapshot, fail_step
 from verl_pipe.rollout.materialize import is_trainable, materialize_group, weight_versions
@@ -136,7 +137,7 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
         """One step as ``knobs`` say (default: ``configured_knobs``); ``backend_cls``: the schedule's executor for
         this step (default: the class's ``backend_cls``)."""
         knobs = knobs or self.configured_knobs
-        if knobs.mode == "cgp":
+        if pipelines(knobs.mode):
             problem = cgp_estimator_problem(str(self.config.algorithm.adv_estimator), knobs.granularity)
             if problem:
                 raise ConfigError(f"algorithm.adv_estimator: {problem}")

