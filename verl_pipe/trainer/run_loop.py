@@ -71,6 +71,7 @@ class RunLoop:
         if self.config.trainer.get("val_before_train", True):
             val_metrics = self.initial_val_metrics = self._validate()
             self.logger.log(data=val_metrics, step=self.global_steps)
+        self._fit_steps_to_the_data()
         self.progress_bar = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training")
         self.global_steps += 1
         self.last_val_metrics = None
@@ -160,6 +161,20 @@ class RunLoop:
         self.global_steps = global_step
         self.metrics = {}
         return self.train(queue, timeline, **changes)
+
+    def _fit_steps_to_the_data(self) -> None:
+        """trainer.total_training_steps beyond what the data gives (batches per epoch x trainer.total_epochs) would
+        end the run when the epochs run out, before its "last step" (verl's seam: ``is_last_step`` from
+        ``total_training_steps``), so without the final validation and checkpoint: the run's last step is the data's
+        last, said at the start."""
+        per_epoch = len(self.train_dataloader)
+        epochs = int(self.config.trainer.total_epochs)
+        if per_epoch and self.total_training_steps > per_epoch * epochs:
+            print(f"[verl_pipe] trainer.total_training_steps={self.total_training_steps} is more than the data gives: "
+                  f"{per_epoch} batches per epoch x trainer.total_epochs={epochs}; the run ends at step "
+                  f"{per_epoch * epochs}, validated and checkpointed as its last (raise trainer.total_epochs or add "
+                  "prompts for more)", flush=True)
+            self.total_training_steps = per_epoch * epochs
 
     def end(self) -> None:
         if self.progress_bar is not None:
