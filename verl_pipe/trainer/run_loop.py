@@ -30,6 +30,7 @@ class RunLoop:
     progress_bar = None
 
     def fit(self):
+        self._fit_steps_to_the_data()  # the launcher's run ends with its epochs (a session steps on past them)
         self.begin()
         if self.config.trainer.get("val_only", False):  # verl's val_only: validate (in begin) and stop
             self.end()
@@ -71,7 +72,6 @@ class RunLoop:
         if self.config.trainer.get("val_before_train", True):
             val_metrics = self.initial_val_metrics = self._validate()
             self.logger.log(data=val_metrics, step=self.global_steps)
-        self._fit_steps_to_the_data()
         self.progress_bar = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training")
         self.global_steps += 1
         self.last_val_metrics = None
