@@ -392,7 +392,7 @@ def plan(inp: PlanInputs) -> dict:
     means = {k: _mean(v) for k, v in runs.items()}
     coloc = colocated_baseline(shape, ro, inp.seeds)
     means["verl_colocated"] = {k: coloc[k] for k in FIGURES}
-    sync = means["sync"]
+    sync = means[BASE]
     fgd_keys = [k for k in means if k.startswith(f"{FGD_VARIANT}[")]
     pipelined = [k for k in ("cgp", "cgp_group") if k in means] + fgd_keys
     best = min(pipelined, key=lambda k: means[k]["rollout_to_train_end_s"])
@@ -446,7 +446,7 @@ def _mode_rows(means: dict[str, dict], shape: Shape, configured_window: str, err
     """One row per mode of ROWS: its mean figures, its reductions vs sync and the expected error validated for it;
     the cgp + fgd row is the configured window (``configured_window``, rolloutpipe.fgd.window's label) at its
     better granularity; a mode the estimator cannot train says why it was skipped."""
-    sync = means["sync"]
+    sync = means[BASE]
     fgd_row = min((k for k in means if k.startswith(f"{FGD_VARIANT}[{configured_window}]")),
                   key=lambda k: means[k]["rollout_to_train_end_s"])
     modes = {}
@@ -488,7 +488,7 @@ def _split_sweep(inp: PlanInputs, ro: Rollouts, best: str, best_window, rec: dic
                            windows=(best_window,) if rec["fgd"] else (),
                            rows=("sync", "cgp_fgd") if rec["fgd"] else ("sync", "cgp", "cgp_group"))
         k = best if best in r else next(k for k in r if k != BASE)
-        sm, pm = _mean(r["sync"]), _mean(r[k])
+        sm, pm = _mean(r[BASE]), _mean(r[k])
         splits.append({"rollout_gpus": r_gpus, "train_gpus": total - r_gpus,
                        "sync_step_s": sm["step_time_s"], "recommended_step_s": pm["step_time_s"],
                        "recommended_r2t_end_s": pm["rollout_to_train_end_s"],
