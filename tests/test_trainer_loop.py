@@ -15,7 +15,7 @@ class _Loop(RolloutPipeTrainer):
         self.config = OmegaConf.create({"trainer": {"total_epochs": epochs, "val_only": val_only}})
         self.train_dataloader = [{"row": i} for i in range(batches_per_epoch)]
         self.global_steps = 0
-        self._resumed, self._total = resumed_step, total_steps
+        self._resumed, self.total_training_steps = resumed_step, total_steps  # verl's attribute (RunLoop fits it)
         self.stop_check = (lambda: os.path.exists(stop_file)) if stop_file else None
         self._after_step = after_step
         self.calls: list = []
@@ -26,7 +26,7 @@ class _Loop(RolloutPipeTrainer):
 
     def fit_step(self, batch_dict=None):
         self.calls.append((self.epoch, self.global_steps))
-        self.is_last_step = self.global_steps >= self._total
+        self.is_last_step = self.global_steps >= self.total_training_steps
         self.global_steps += 1
         self._after_step()
 
