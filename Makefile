@@ -54,8 +54,9 @@ test-fast: setup
 
 # Before every commit: the non-e2e suite, then the e2e modules the change touches (against origin/main, else main;
 # BASE=<ref> for another), each under the machine's Ray lock (tools/check.py; `python tools/check.py --dry-run`).
+# BURN=<n>: the non-e2e suite beside n processes that each keep a core busy (a loaded CI machine).
 check: assets
-	$(VPY) tools/check.py $(if $(BASE),--base $(BASE))
+	$(VPY) tools/check.py $(if $(BASE),--base $(BASE)) $(if $(BURN),--burn $(BURN))
 
 bench: setup
 	$(VPY) -m verl_pipe.bench --out bench.json

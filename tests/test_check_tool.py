@@ -40,3 +40,19 @@ def test_the_make_target_runs_the_tool_and_a_dry_run_lists_the_plan():
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "[check]" in out.stdout and '-m not e2e tests' in out.stdout
+
+
+def test_burn_runs_the_unit_suite_beside_busy_processes_and_stops_them():
+    import psutil
+
+    with check.burning(2) as procs:
+        assert len(procs) == 2 and all(psutil.Process(p.pid).is_running() for p in procs)
+        assert all(p.poll() is None for p in procs), "they burn until the block ends"
+    assert all(p.poll() is not None for p in procs), "gone when the block ends"
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "check.py"), "--dry-run", "--base", "HEAD", "--burn",
+                          "2"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "-m not e2e tests (beside 2 burning process(es))" in out.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "tools" / "check.py"), "--dry-run", "--burn", "-1"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert bad.returncode != 0 and "--burn -1" in bad.stderr

@@ -1,17 +1,22 @@
 """``make check``: what to run before a commit. The non-e2e suite, then the end-to-end modules the change touches.
 
-    python tools/check.py [--base REF] [--dry-run] [--no-unit]
+    python tools/check.py [--base REF] [--dry-run] [--no-unit] [--burn N]
 
 The change: the files that differ from the merge base with ``--base`` (default: origin/main if it exists, else main),
 committed or not, and untracked files git does not ignore. Each changed file is mapped to the e2e modules that run
 its code (``RULES``, first match wins; a test module under tests/e2e/ maps to itself, the e2e conftest to every module).
 e2e modules run one at a time, each under the machine's Ray lock when ``flock`` exists (COORDINATION.md:
 ``/tmp/verl_pipe_ray.lock``, or VERL_PIPE_RAY_LOCK). Exit status: the first failing run's.
+
+``--burn N``: the non-e2e suite runs beside N processes that each keep a core busy (a CI machine shared with
+other jobs): a test that only passes on an idle machine fails here, not on CI. The burners stop when the suite ends;
+the e2e modules after it run without them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import os
 import shutil
@@ -104,25 +109,46 @@ def _locked(cmd: list[str]) -> list[str]:
     return ["flock", lock, *cmd] if shutil.which("flock") else cmd
 
 
+BURN = "while True: pass"  # one busy core, as long as it lives
+
+
+@contextlib.contextmanager
+def burning(n: int):
+    """``n`` processes that each burn a core while the block runs; all gone when it ends, however it ends."""
+    procs = [subprocess.Popen([sys.executable, "-c", BURN]) for _ in range(n)]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base", default=None, help="the branch the change is against (default: origin/main, else main)")
     ap.add_argument("--dry-run", action="store_true", help="print what would run")
     ap.add_argument("--no-unit", action="store_true", help="skip the non-e2e suite")
+    ap.add_argument("--burn", type=int, default=0, metavar="N",
+                    help="run the non-e2e suite beside N processes that each burn a core (default 0)")
     args = ap.parse_args(argv)
+    if args.burn < 0:
+        ap.error(f"--burn {args.burn}: the number of burning processes must be >= 0")
     base = args.base or default_base()
     files = changed_files(base)
     todo = plan(files)
     print(f"[check] {len(files)} file(s) changed against {base}; e2e modules: "
           + (", ".join(f"{m} ({len(fs)} file(s), e.g. {fs[0]})" for m, fs in todo.items()) or "none"), flush=True)
     py = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-    runs = [] if args.no_unit else [py + ["-m", "not e2e", "tests"]]
-    runs += [_locked(py + [f"tests/e2e/{m}.py"]) for m in todo]
-    for cmd in runs:
-        print(f"[check] {' '.join(cmd)}", flush=True)
+    runs = [] if args.no_unit else [(py + ["-m", "not e2e", "tests"], args.burn)]
+    runs += [(_locked(py + [f"tests/e2e/{m}.py"]), 0) for m in todo]
+    for cmd, burn in runs:
+        print(f"[check] {' '.join(cmd)}" + (f" (beside {burn} burning process(es))" if burn else ""), flush=True)
         if args.dry_run:
             continue
-        rc = subprocess.run(cmd, cwd=ROOT).returncode
+        with burning(burn):
+            rc = subprocess.run(cmd, cwd=ROOT).returncode
         if rc != 0:
             print(f"[check] failed (exit {rc}): {' '.join(cmd)}", flush=True)
             return rc
