@@ -169,3 +169,13 @@ def test_every_relative_link_resolves(doc):
         if not dest.exists() or (anchor and dest.suffix == ".md" and anchor not in anchors(dest)):
             bad.append(target)
     assert bad == [], f"{doc}: links that do not resolve: {bad}"
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/results.md", "docs/layout.md"])
+def test_every_repository_path_named_exists(doc):
+    """A file or folder of the repository named in the manual or its pages (`recipes/...`, `tests/test_x.py`) exists."""
+    from tests.test_figures_doc import missing, named_paths
+
+    metric_names = {"verl_pipe/digit_math/acc/mean"}  # a validation metric's key (…/mean@1), not a path
+    named = [p for p in named_paths((ROOT / doc).read_text()) if p not in metric_names]
+    assert missing(named) == [], f"{doc} names paths that do not exist"
