@@ -1,4 +1,5 @@
-"""The README's and docs' prose figures quoted from a bench JSON in docs/bench match that JSON (the tables are
+"""The README's and docs' prose figures (docs/results.md holds the README's measurements since 2026-12-05) quoted from
+a bench JSON in docs/bench match that JSON (the tables are
 checked by tests/test_readme_tables.py). Each entry below is a short phrase of the document with its figures
 computed from the JSON it cites, rounded as the text rounds them; a figure that drifts from its JSON, or a phrase
 reworded without updating this list, fails here. Whitespace (line wrapping) is ignored."""
@@ -127,7 +128,7 @@ def _placement_spread(a: str, b: str) -> float:
 
 
 def _cluster_tr1() -> str:
-    """CGP+FGD's range at T/R = 1 over the grid's settings, as the README writes it."""
+    """CGP+FGD's range at T/R = 1 over the grid's settings, as docs/results.md writes it."""
     ss = bench(SIM)["settings"]
     notail = [_sim_at_tr1(s)["cgp_fgd"]["reduction_vs_sync_pct"] for s in ss if s["name"].startswith("notail")]
     tail = [_sim_at_tr1(s)["cgp_fgd"]["reduction_vs_sync_pct"] for s in ss if s["name"].startswith("longtail")]
@@ -137,107 +138,111 @@ def _cluster_tr1() -> str:
 
 
 FIGURES = {
-    # README: the paper regime's FGD window sweep and its targets (bench_2026-11-30.json)
-    "README window sweep": ("README.md", lambda: (
+    # docs/results.md: the paper regime's FGD window sweep and its targets (bench_2026-11-30.json)
+    "results window sweep": ("docs/results.md", lambda: (
         f"window 32 (one unit) {change(_fgd('-w32')['reduction_vs_sync_pct'])} vs its sync, 64 "
         f"(`auto`) {change(_fgd('')['reduction_vs_sync_pct'])}, 256 (everything) "
         f"{change(_fgd('-w256')['reduction_vs_sync_pct'])} (slower than its sync); the rollout takes "
         + " / ".join(f"{_fgd(x)['rollout_end_s']:.1f}" for x in ("-w32", "", "-w256")) + " s")),
-    "README window sweep, first unit": ("README.md", lambda: (
+    "results window sweep, first unit": ("docs/results.md", lambda: (
         "first unit ready " + " / ".join(f"{_fgd(x)['first_unit_ready_s']:.1f}" for x in ("-w32", "", "-w256")) + " s")),
-    "README no-tail control": ("README.md", lambda: (
+    "results no-tail control": ("docs/results.md", lambda: (
         "(`notail-paper-equal-L48`): " + " to ".join(
             change(r) for r in sorted(mode(B30, "notail-paper-equal-L48", m)["reduction_vs_sync_pct"]
                                       for m in ("cgp", "cgp_group", "cgp_fgd"))[::2]) + ", no cost")),
-    "README paper regime T/R": ("README.md", lambda: f"(sync T/R = {setting(PAPER, B30)['sync_train_to_rollout_ratio']:.1f}, "),
-    "README balanced T/R": ("README.md", lambda: (
+    "results paper regime T/R": ("docs/results.md", lambda: f"(sync T/R = {setting(PAPER, B30)['sync_train_to_rollout_ratio']:.1f}, "),
+    "results balanced T/R": ("docs/results.md", lambda: (
         f"sync T/R = {setting('longtail-lognormal-m160-s0.4-c256', B30)['sync_train_to_rollout_ratio']:.2f}")),
-    "README paper regime targets": ("README.md", lambda: (
+    "results paper regime targets": ("docs/results.md", lambda: (
         f"`targets`: {change(bench(B30)['targets']['reduction_vs_sync_pct']['value'])} vs the "
         f"{MINUS}{bench(B30)['targets']['reduction_vs_sync_pct']['target']}% target for cgp_fgd, wait "
         f"{pct0(bench(B30)['targets']['wait_reduction_vs_sync_pct']['value'])} vs "
         f"{MINUS}{bench(B30)['targets']['wait_reduction_vs_sync_pct']['target']:.0f}%")),
-    # README: the trainer gap on the quick long tail (trainer_gap_quick_2026-12-01.json)
-    "README trainer gap, quick": ("README.md", lambda: (
+    # docs/results.md: the trainer gap on the quick long tail (trainer_gap_quick_2026-12-01.json)
+    "results trainer gap, quick": ("docs/results.md", lambda: (
         f"the best mode is {max(_vs_verl_quick('longtail-quick', m) for m in ('cgp', 'cgp_group', 'cgp_fgd')):.1f}% "
         f"ahead of verl's on-policy trainer (cgp {_vs_verl_quick('longtail-quick', 'cgp'):.1f}%), where in the old "
         f"order cgp led by {_vs_verl_quick('longtail-quick-arrival', 'cgp'):.1f}% and sync trailed by "
         f"{-_vs_verl_quick('longtail-quick-arrival', 'sync'):.1f}%")),
-    # README: the trainer gap's padding on the paper shape (trainer_gap_paper_spans_2026-12-01.json: sync's arrival-order
+    # docs/results.md: the trainer gap's padding on the paper shape (trainer_gap_paper_spans_2026-12-01.json: sync's arrival-order
     # update against verl's peer, and the old log-probs, still in arrival order)
-    "README trainer gap, padding": ("README.md", lambda: (
+    "results trainer gap, padding": ("docs/results.md", lambda: (
         f"response (+{_padding('longtail-paper-arrival', 'sync', 'update'):.0f}% over the real tokens on the paper "
         f"shape), while verl's rows come out of TransferQueue in completion order, close to length order "
         f"(+{_padding('longtail-paper', 'verl_separate_async', 'update'):.0f}%)")),
-    "README trainer gap, old log-probs": ("README.md", lambda: (
+    "results trainer gap, old log-probs": ("docs/results.md", lambda: (
         f"(verl's pad {_less_padding('old_log_prob'):.0f}% less there)")),
-    # README: the quick shape's efficiencies, own bound against uncontended (trainer_gap_quick_2026-12-01.json)
-    "README uncontended efficiency": ("README.md", lambda: (
+    # docs/results.md: the quick shape's efficiencies, own bound against uncontended (trainer_gap_quick_2026-12-01.json)
+    "results uncontended efficiency": ("docs/results.md", lambda: (
         f"the pipelined modes' {_eff_range('pipeline_efficiency')} falls to {_eff_range('uncontended_efficiency')} "
         f"uncontended")),
-    # README: the span-by-span A/B (ab_paper_2026-12-01.json, per round)
-    "README A/B rounds": ("README.md", lambda: (
+    # docs/results.md: the span-by-span A/B (ab_paper_2026-12-01.json, per round)
+    "results A/B rounds": ("docs/results.md", lambda: (
         f"sync {_per_run('sync')} s, cgp {_per_run('cgp')} s, verl on-policy {_per_run('verl_separate_async')} s")),
-    "README A/B trainer busy": ("README.md", lambda: (
+    "results A/B trainer busy": ("docs/results.md", lambda: (
         "The trainers were busy " + ", ".join(
             f"{label} {mode(AB, PAPER, m)['trainer_busy_s']:.1f} s"
             for label, m in (("sync", "sync"), ("cgp", "cgp"), ("verl", "verl_separate_async")))
         + f" per step (`trainer_busy_s`, the two rounds' mean): ours "
         f"{100 * (mode(AB, PAPER, 'cgp')['trainer_busy_s'] / mode(AB, PAPER, 'verl_separate_async')['trainer_busy_s'] - 1):.0f}% "
         "more than verl's")),
-    "README A/B rollout": ("README.md", lambda: "sync rollout " + "–".join(
+    "results A/B rollout": ("docs/results.md", lambda: "sync rollout " + "–".join(
         f"{f(r['rollout_end_s'] for r in mode(AB, PAPER, 'sync')['per_run']):.1f}" for f in (min, max)) + " s"),
-    # README: paper_tiny (bench_paper_tiny_2026-12-01.json and the coalesced rerun)
-    "README paper_tiny time": ("README.md", lambda: (
+    # docs/results.md: paper_tiny (bench_paper_tiny_2026-12-01.json and the coalesced rerun)
+    "results paper_tiny time": ("docs/results.md", lambda: (
         f"~6 min: {bench('bench_paper_tiny_2026-12-01.json')['elapsed_s']['total']:.0f} s")),
-    "README paper_tiny T/R": ("README.md", lambda: f"Sync T/R {setting(TINY, COAL)['sync_train_to_rollout_ratio']:.2f}"),
-    "README paper_tiny targets": ("README.md", lambda: (
+    "results paper_tiny T/R": ("docs/results.md", lambda: f"Sync T/R {setting(TINY, COAL)['sync_train_to_rollout_ratio']:.2f}"),
+    "results paper_tiny targets": ("docs/results.md", lambda: (
         f"**met** ({change(bench(COAL)['targets']['reduction_vs_verl_separate_async_pct']['value'])} for cgp+fgd); "
         f"efficiency ≥ 0.95: met (against the mode's own trainer time; the uncontended efficiency needs the per-step "
         f"file, which was not kept); {MINUS}{bench(COAL)['targets']['reduction_vs_sync_pct']['target']}% vs sync and "
         f"{MINUS}{bench(COAL)['targets']['wait_reduction_vs_sync_pct']['target']:.0f}% wait: **not met** "
         f"({change(bench(COAL)['targets']['reduction_vs_sync_pct']['value'])}, "
         f"{pct0(bench(COAL)['targets']['wait_reduction_vs_sync_pct']['value'])})")),
-    "README paper_tiny first unit": ("README.md", lambda: (
+    "results paper_tiny first unit": ("docs/results.md", lambda: (
         f"ready earlier ({mode(COAL, TINY, 'cgp_fgd')['first_unit_ready_s']:.2f} s vs "
         f"{mode(COAL, TINY, 'cgp')['first_unit_ready_s']:.2f} s for cgp)")),
-    "README paper_tiny simulator": ("README.md", lambda: (
+    "results paper_tiny simulator": ("docs/results.md", lambda: (
         f"reproduces every mode within {_ours_max_sim_error(COAL):.1f}%, verl's peer within "
         f"{100 * bench(COAL)['sim_validation']['per_mode']['verl_separate_async']['max_rel_error']:.1f}%")),
-    # README: system_cores=rollout (ab_paper_tiny_system_cores_rollout_2026-12-01.json) against `all` (coalesced run)
-    "README system_cores costs": ("README.md", lambda: (
+    # docs/results.md: system_cores=rollout (ab_paper_tiny_system_cores_rollout_2026-12-01.json) against `all` (coalesced run)
+    "results system_cores costs": ("docs/results.md", lambda: (
         f"(update {_cost(SYSR, 'cgp', 'update', 'during_rollout')} / {_cost(SYSR, 'cgp', 'update', 'after_rollout')} s, "
         f"log-prob {_cost(SYSR, 'cgp', 'old_log_prob', 'during_rollout')} / "
         f"{_cost(SYSR, 'cgp', 'old_log_prob', 'after_rollout')} s per 1k padded tokens")),
-    "README system_cores result": ("README.md", lambda: (
+    "results system_cores result": ("docs/results.md", lambda: (
         f"cgp gains {change(mode(SYSR, TINY, 'cgp')['reduction_vs_sync_pct'])} vs sync, but the rollout itself takes "
         f"twice as long ({mode(SYSR, TINY, 'sync')['rollout_end_s']:.1f} s vs {mode(COAL, TINY, 'sync')['rollout_end_s']:.1f} s), "
         f"so every mode is slower in absolute terms (sync {mode(SYSR, TINY, 'sync')['rollout_to_train_end_s']:.1f} s, "
         f"cgp {mode(SYSR, TINY, 'cgp')['rollout_to_train_end_s']:.1f} s)")),
-    "README paper_tiny trainer busy": ("README.md", lambda: (
+    "results paper_tiny trainer busy": ("docs/results.md", lambda: (
         "the pipelined trainer is busy " + "–".join(
             f"{f(mode(COAL, TINY, m)['trainer_busy_s'] for m in ('cgp', 'cgp_group', 'cgp_fgd')):.1f}" for f in (min, max))
         + f" s per step where sync's is busy {mode(COAL, TINY, 'sync')['trainer_busy_s']:.1f} s")),
-    "README per-call A/B trainer busy": ("README.md", lambda: (
+    "results per-call A/B trainer busy": ("docs/results.md", lambda: (
         f"with the trainer about as busy (cgp {mode(PERCALL, TINY, 'cgp')['trainer_busy_s']:.2f} s vs "
         f"{mode(COAL, TINY, 'cgp')['trainer_busy_s']:.2f} s)")),
-    "README per-call A/B": ("README.md", lambda: (
+    "results per-call A/B": ("docs/results.md", lambda: (
         f"(cgp {mode(PERCALL, TINY, 'cgp')['rollout_to_train_end_s']:.2f} s vs "
         f"{mode(COAL, TINY, 'cgp')['rollout_to_train_end_s']:.2f} s)")),
-    # README: the cluster-scale simulation (sim_cluster_grid_2026-12-02.json, python -m verl_pipe.sim --grid cluster_grid)
-    "README cluster grid, 4+4": ("README.md", lambda: (
+    # README.md: the headline table's setting (bench_paper_tiny_coalesced_2026-12-01.json; the table is marked)
+    "README headline": ("README.md", lambda: (
+        f"{ {3: 'three'}[len(mode(COAL, TINY, 'sync')['per_run'])]} rounds on 2026-12-01, "
+        f"Sync T/R {setting(TINY, COAL)['sync_train_to_rollout_ratio']:.2f}")),
+    # docs/results.md: the cluster-scale simulation (sim_cluster_grid_2026-12-02.json, python -m verl_pipe.sim --grid cluster_grid)
+    "results cluster grid, 4+4": ("docs/results.md", lambda: (
         f"{MINUS}{_sim(BASE44)['modes']['cgp_fgd']['reduction_vs_sync_pct']:.1f}% and "
         f"{MINUS}{_wait_cut(_sim(BASE44)['modes'], 'cgp_fgd'):.0f}% trainer wait on the 4+4 split of the base long-tail "
         f"distribution (T/R {_sim(BASE44)['sync_train_to_rollout_ratio']:.2f})")),
-    "README cluster grid, T/R 1": ("README.md", _cluster_tr1),
-    "README cluster placements": ("README.md", lambda: (
+    "results cluster grid, T/R 1": ("docs/results.md", _cluster_tr1),
+    "results cluster placements": ("docs/results.md", lambda: (
         f"CGP loses up to {_placement_spread('pageable', 'pinned'):.0f} points (cgp on the 6+2 split of the base "
         f"distribution {MINUS}{_placed('longtail-D1-base-early-6R2T', 'cgp', 'pageable'):.1f}% instead of "
         f"{MINUS}{_placed('longtail-D1-base-early-6R2T', 'cgp', 'pinned'):.1f}%, group granularity on the no-tail control "
         f"{MINUS}{_placed('notail-equal1000-4R4T', 'cgp_group', 'pageable'):.1f}% instead of "
         f"{MINUS}{_placed('notail-equal1000-4R4T', 'cgp_group', 'pinned'):.1f}%); `device` adds at most "
         f"{_placement_spread('pinned', 'device'):.1f} points over `pinned`")),
-    "README cluster grid, vs verl": ("README.md", lambda: (
+    "results cluster grid, vs verl": ("docs/results.md", lambda: (
         f"e.g. {MINUS}{_sim(BASE44)['modes']['cgp_fgd']['reduction_vs_sync_pct']:.1f}% vs "
         f"{MINUS}{_sim(BASE44)['modes']['verl_separate_async']['reduction_vs_sync_pct']:.1f}% on that split")),
     # docs/cpu.md: the same system_cores A/B
@@ -268,14 +273,14 @@ def test_a_quoted_figure_matches_its_json(name):
 
 
 def test_a_drifted_figure_fails():
-    doc, phrase = FIGURES["README window sweep"]
+    doc, phrase = FIGURES["results window sweep"]
     assert phrase() in text(doc)
     assert phrase().replace("+0.2%", "+0.3%") not in text(doc)
 
 
 def test_simulated_cgp_fgd_beats_verls_peer_on_every_cluster_setting():
-    """The README's "beats verl's separate_async (simulated) on every setting", as is and at T/R = 1."""
-    assert "it beats verl's separate_async (simulated, see below) on every setting" in text("README.md")
+    """docs/results.md's "beats verl's separate_async (simulated) on every setting", as is and at T/R = 1."""
+    assert "it beats verl's separate_async (simulated, see below) on every setting" in text("docs/results.md")
     for s in bench(SIM)["settings"]:
         for modes in (s["modes"], _sim_at_tr1(s)):
             assert modes["cgp_fgd"]["reduction_vs_sync_pct"] > modes["verl_separate_async"]["reduction_vs_sync_pct"], s["name"]
@@ -285,7 +290,7 @@ FAULT_LOG = ROOT / "docs" / "bench" / "logs" / "faults_e2e_2026-12-02.log"
 
 
 def fault_figures(log: str) -> dict:
-    """The figures the README quotes from the fault and signal tests' printed lines and pytest's durations."""
+    """The figures docs/results.md quotes from the fault and signal tests' printed lines and pytest's durations."""
     def one(pattern: str) -> str:
         (got,) = re.findall(pattern, log)
         return got
@@ -299,15 +304,15 @@ def fault_figures(log: str) -> dict:
             "signals_call": one(r"([\d.]+)s call +tests/e2e/test_zz_signals.py")}
 
 
-def test_the_readmes_fault_times_are_the_logs():
+def test_the_results_fault_times_are_the_logs():
     f = fault_figures(FAULT_LOG.read_text(errors="replace"))
-    readme = text("README.md")
+    readme = text("docs/results.md")
     for phrase in (f"comes back with θ_k ({f['replica']} s here)",
                    f"θ_k at a step's start; {', '.join(f['deaths'][:-1])} and {f['deaths'][-1]} s)",
                    f"log-prob gap of its samples {f['gap']})", f"mid-step stops it in {f['sigterm']} s",
                    f"stops that one in {f['sigint']} s", f"stack was up in {f['setup']} s",
                    f"passed in {f['signals_call']} s in the fault run above"):
-        assert phrase in readme, f"README.md: expected (from {FAULT_LOG.name}) {phrase!r}"
+        assert phrase in readme, f"docs/results.md: expected (from {FAULT_LOG.name}) {phrase!r}"
 
 
 def test_fault_figures_are_read_from_the_printed_lines():

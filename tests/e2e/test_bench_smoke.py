@@ -112,7 +112,7 @@ def test_quick_bench_runs_and_writes_schema_and_charts(tmp_path):
     # The simulator, calibrated on these runs, re-simulated every measured (setting, mode): a real error per
     # mode (NaN or an "error" key means it could not calibrate), the maximum is the rows' maximum, and the
     # verdict agrees with the target. Not the 15% target itself: the quick bench runs one round on 2 shared
-    # cores (the full bench holds it, README); an error near 100% would mean a broken model, not noise.
+    # cores (the full bench holds it, docs/results.md); an error near 100% would mean a broken model, not noise.
     sv = result["sim_validation"]
     assert "error" not in sv and "errors" not in sv, sv.get("error") or sv.get("errors")
     measured_modes = {m for s in result["settings"] for m, e in s["modes"].items() if "skipped" not in e}

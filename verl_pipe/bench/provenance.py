@@ -24,7 +24,7 @@ def _container(node) -> dict:
 def stack_record(config, overrides: list[str]) -> dict:
     """One live stack: the Hydra overrides it was composed from, its whole ``rolloutpipe`` node, the shape keys
     of verl's config the bench's figures depend on, and whether old log-probs were coalesced (CGP's mini-batch units
-    take every queued group into one θ_k call; the README's paper_tiny figures differ by it)."""
+    take every queued group into one θ_k call; docs/results.md's paper_tiny figures differ by it)."""
     rp = _container(config.rolloutpipe)
     actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
     verl = {"data.train_batch_size": config.data.train_batch_size,

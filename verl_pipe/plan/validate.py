@@ -145,7 +145,7 @@ def verl_scales(runs: list[dict]) -> dict[tuple[str, str], float]:
 
 def _reductions(rows: list[dict]) -> None:
     """The planner's headline is a mode's saving vs sync; a calibration from another day scales both alike, so
-    the saving transfers where absolute seconds do not (this VM's speed varies ~1.8x from day to day, README).
+    the saving transfers where absolute seconds do not (this VM's speed varies from day to day: docs/results.md).
     Per row: the measured saving and the error of the predicted one, in percentage points."""
     sync = {(r["file"], r["setting"]): r for r in rows if r["mode"] == BASE}
     for r in rows:

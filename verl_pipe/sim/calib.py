@@ -299,8 +299,8 @@ def trainer_cost_split(steps: list[dict], micro_rows: int) -> dict[str, dict[str
     response (``during_rollout``), started after it (``after_rollout``) or ran across it (``across_rollout_end``),
     pooled over ``steps`` (total seconds over total tokens): ``{kind: {phase: s}}``, a phase without calls left
     out. Where the trainer shares the host with the rollout's processes, overlapped work runs slower than the same
-    work after the rollout; this is what that costs (README, "paper_tiny"). Old-log-prob calls at θ_k after unit 0
-    count as old_log_prob."""
+    work after the rollout; this is what that costs (docs/results.md, "paper_tiny"). Old-log-prob calls at θ_k after
+    unit 0 count as old_log_prob."""
     total: dict[str, dict[str, list[float]]] = {}
     for step in steps:
         tl = step["timeline"]
