@@ -150,13 +150,22 @@ def test_mode_kwargs_and_config_files():
     assert bench.mode_kwargs("cgp_fgd", "group") == dict(mode="cgp", granularity="group", fgd=True)
     with pytest.raises(ValueError):
         bench.mode_kwargs("async")
-    for name in ("default.yaml", "quick.yaml"):
+    for name in ("default.yaml", "quick.yaml", "smoke.yaml"):
         cfg = bench.load_config(bench.CONF_DIR / name)
         assert cfg["modes"] == list(MODES)
         assert any(s.get("role") == "balanced" for s in cfg["settings"])
         assert all(s["name"].startswith(("longtail-", "notail-")) for s in cfg["settings"])
         for s in cfg["settings"]:
             from_spec(dict(s["workload"]), 8, 8, 0, 0)  # every workload builds
+
+
+def test_the_smoke_config_is_the_quick_bench_on_the_tiny_model():
+    """make test's bench smoke (conf/bench/smoke.yaml) runs what the quick bench runs on its peer setting, only on the
+    tiny model: the same overrides, modes, rounds and setting, so the smoke covers the quick bench's path."""
+    quick, smoke = (bench.load_config(bench.CONF_DIR / n) for n in ("quick.yaml", "smoke.yaml"))
+    assert (quick["model_size"], smoke["model_size"]) == ("bench", "tiny")
+    assert {k: v for k, v in smoke.items() if k != "model_size"} == {
+        **{k: v for k, v in quick.items() if k != "model_size"}, "settings": [s for s in quick["settings"] if s.get("peers")]}
 
 
 def test_env_info_names_cpu_and_versions():

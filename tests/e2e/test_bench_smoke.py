@@ -1,5 +1,6 @@
-"""The quick benchmark, for real, on its long-tailed setting (sync, cgp_fgd and verl's separate_async peer): its own
-stack (Ray, vLLM, the verl trainer) in a subprocess.
+"""The benchmark, for real, on the quick bench's long-tailed setting (sync, cgp_fgd and verl's separate_async peer) with
+the tiny model (conf/bench/smoke.yaml; tests/test_bench.py holds it to quick.yaml's setting): its own stack (Ray,
+vLLM, the verl trainer) in a subprocess.
 
 A subprocess because the bench builds its own PipeSession (the `bench` model size) and must not share Ray with
 the session-scoped ``pipe`` fixture of the other end-to-end tests. Checks the output's shape and sanity, never
@@ -24,22 +25,20 @@ REPO = Path(__file__).resolve().parents[2]
 SMOKE_MODES = ("sync", "cgp_fgd")
 
 
-def _quick() -> dict:
+def _smoke() -> dict:
     from verl_pipe.bench.settings import CONF_DIR, load_config
 
-    return load_config(CONF_DIR / "quick.yaml")
+    return load_config(CONF_DIR / "smoke.yaml")
 
 
-def smoke_settings(quick: dict) -> list[dict]:
-    """The quick bench's settings the smoke runs: those with verl's peer (the long tail, the balanced role), not the
-    equal-length control, which runs the same code on another workload (unit-tested) and costs 4 steps of
-    `make test`'s time."""
-    return [s for s in quick["settings"] if s.get("peers")]
+def smoke_settings(smoke: dict) -> list[dict]:
+    """The settings the smoke runs: those with verl's peer (smoke.yaml has only the long tail)."""
+    return [s for s in smoke["settings"] if s.get("peers")]
 
 
-def quick_bench_time_limit_s() -> float:
-    """The smoke test's time limit, derived from the quick bench's work and this CPU's measured speed, not
-    from one machine's timing: every step of the quick bench (warm-up + settings x modes x rounds) trains at
+def smoke_time_limit_s() -> float:
+    """The smoke test's time limit, derived from the smoke bench's work and this CPU's measured speed, not
+    from one machine's timing: every step of the smoke bench (warm-up + settings x modes x rounds) trains at
     most prompts x n x (prompt + longest response) tokens at 8 x params FLOPs per token (forward + backward 6,
     old log-prob forward 2), at 1/4 of the single-thread fp32 matmul rate probed here (small matmuls, padding,
     Python overhead; with the cap's token count this over-estimates the measured train time ~6x); the rollout is counted like the trainer
@@ -50,10 +49,10 @@ def quick_bench_time_limit_s() -> float:
     from verl_pipe.platform.cpu_info import probe_matmul
     from verl_pipe.launch.session import compose
 
-    quick = _quick()
-    settings = smoke_settings(quick)
-    cfg = compose(quick["overrides"])
-    sizes = {s.get("model_size", quick["model_size"]) for s in settings}
+    smoke = _smoke()
+    settings = smoke_settings(smoke)
+    cfg = compose(smoke["overrides"])
+    sizes = {s.get("model_size", smoke["model_size"]) for s in settings}
     params = 0
     for size in sizes:
         mc = AutoConfig.from_pretrained(ensure_assets(size=size).model_dir)
@@ -61,10 +60,10 @@ def quick_bench_time_limit_s() -> float:
     longest = max(s["workload"].get("cap", s["workload"].get("length", 0)) for s in settings)
     tokens = int(cfg.data.train_batch_size) * int(cfg.actor_rollout_ref.rollout.n) * (
         int(cfg.data.max_prompt_length) + longest)
-    steps = len(sizes) * int(quick.get("warmup_steps", 1)) + len(settings) * len(SMOKE_MODES) * int(
-        quick.get("repeats", 1))
+    steps = len(sizes) * int(smoke.get("warmup_steps", 1)) + len(settings) * len(SMOKE_MODES) * int(
+        smoke.get("repeats", 1))
     peer_runs = sum(len(s.get("peers") or []) for s in settings)  # verl's trainer: own stack, warm-up
-    steps += peer_runs * (int(quick.get("warmup_steps", 1)) + int(quick.get("repeats", 1)))
+    steps += peer_runs * (int(smoke.get("warmup_steps", 1)) + int(smoke.get("repeats", 1)))
     step_s = 2 * 8 * params * tokens / (probe_matmul(1.0)["fp32_gflops"] * 1e9 / 4)
     limit = 300 * (len(sizes) + peer_runs) + steps * step_s
     print(f"[smoke] {steps} steps x {tokens} tokens x {params / 1e6:.1f}M params: limit {limit:.0f}s")
@@ -72,17 +71,17 @@ def quick_bench_time_limit_s() -> float:
 
 
 @pytest.mark.e2e
-@pytest.mark.timeout(0)  # the subprocess below has a limit derived from the work (quick_bench_time_limit_s)
-def test_quick_bench_runs_and_writes_schema_and_charts(tmp_path):
-    out, charts = tmp_path / "quick.json", tmp_path / "charts"
+@pytest.mark.timeout(0)  # the subprocess below has a limit derived from the work (smoke_time_limit_s)
+def test_the_bench_runs_and_writes_schema_and_charts(tmp_path):
+    out, charts = tmp_path / "smoke.json", tmp_path / "charts"
     env = dict(os.environ)
     env.setdefault("VERL_PIPE_CACHE", str(REPO / ".cache" / "verl_pipe"))
-    names = [s["name"] for s in smoke_settings(_quick())]
-    assert names, "quick.yaml runs verl's peer on a setting (the smoke covers it)"
-    proc = subprocess.run([sys.executable, "-m", "verl_pipe.bench", "--quick", "--settings", ",".join(names),
-                           "--modes", ",".join(SMOKE_MODES),
+    names = [s["name"] for s in smoke_settings(_smoke())]
+    assert names, "smoke.yaml runs verl's peer on a setting (the smoke covers it)"
+    proc = subprocess.run([sys.executable, "-m", "verl_pipe.bench", "--config", "conf/bench/smoke.yaml",
+                           "--settings", ",".join(names), "--modes", ",".join(SMOKE_MODES),
                            "--out", str(out), "--charts", str(charts)], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=quick_bench_time_limit_s())
+                          timeout=smoke_time_limit_s())
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(out.read_text())
     assert check_schema(result) == []
@@ -111,7 +110,7 @@ def test_quick_bench_runs_and_writes_schema_and_charts(tmp_path):
     assert peer["rollout_to_train_end_s"] > 0 and 0.0 <= peer["trainer_wait_ratio"] <= 1.0
     # The simulator, calibrated on these runs, re-simulated every measured (setting, mode): a real error per
     # mode (NaN or an "error" key means it could not calibrate), the maximum is the rows' maximum, and the
-    # verdict agrees with the target. Not the 15% target itself: the quick bench runs one round on 2 shared
+    # verdict agrees with the target. Not the 15% target itself: the smoke runs one round on 2 shared
     # cores (the full bench holds it, docs/results.md); an error near 100% would mean a broken model, not noise.
     sv = result["sim_validation"]
     assert "error" not in sv and "errors" not in sv, sv.get("error") or sv.get("errors")
@@ -121,7 +120,7 @@ def test_quick_bench_runs_and_writes_schema_and_charts(tmp_path):
     assert errors and all(math.isfinite(e) and e >= 0 for e in errors), errors
     assert sv["max_rel_error"] == max(errors)
     assert sv["within_target"] == (sv["max_rel_error"] <= sv["target_rel_error"])
-    assert sv["max_rel_error"] < 0.5, f"the simulator misses a quick-bench run by {sv['max_rel_error']:.0%}"
+    assert sv["max_rel_error"] < 0.5, f"the simulator misses a smoke-bench run by {sv['max_rel_error']:.0%}"
     assert result["env"]["versions"]["vllm"]
 
     pngs = sorted(charts.glob("*.png"))
