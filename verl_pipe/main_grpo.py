@@ -77,7 +77,7 @@ def _tiny_model(assets, rp) -> Path:
 # one, so all of a run's processes get the same value: the launcher's environment and each Ray worker's runtime_env).
 # Unset, verl consolidates the TensorDict and torch.saves it; "numpy" sends each tensor's bytes as a numpy array, the
 # same dtypes, shapes and values. The rollout driver pickles one DataProto per response for the reward worker: 1.47 ms
-# against 0.16 ms per call measured (tools/dataproto_pickle_bench.py, docs/cpu.md). CPU platform only: the numpy
+# against 0.16 ms per call measured (verl_pipe/bench/tools/dataproto_pickle_bench.py, docs/cpu.md). CPU platform only: the numpy
 # path cannot pickle a tensor on a GPU.
 CPU_ENV_DEFAULTS = {"VERL_DATAPROTO_SERIALIZATION_METHOD": "numpy"}
 

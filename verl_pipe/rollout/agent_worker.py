@@ -5,7 +5,7 @@ verl 0.9.1 builds a new agent-loop object for every request with ``hydra.utils.i
 entry>, **kwargs)``. For an agent loop registered with verl's ``@register`` the entry is just ``{"_target_":
 "<module.Class>"}`` and the kwargs are objects verl wraps so that Hydra leaves them alone (``DictConfigWrap``,
 ``ToolListWrap``); Hydra then only calls the class, after turning the kwargs into an OmegaConf config and back:
-1.09 ms of the driver's CPU per request against 0.4 us for the call (tools/driver_microbench.py
+1.09 ms of the driver's CPU per request against 0.4 us for the call (verl_pipe/bench/tools/driver_microbench.py
 ``--verl-agent-loop``), in the process the trainer's loop shares, 0.28 s of a 256-request step. Here such an entry's
 class is resolved once, as Hydra resolves it (``hydra.utils.get_class``), and called with the same kwargs; any
 other entry (one from ``rollout.agent.agent_loop_config_path``, with parameters of its own) still goes through
