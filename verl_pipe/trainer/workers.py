@@ -73,7 +73,8 @@ class PipeActorWorker(DetachActorWorker):
 
     # verl seam: the actor side of every weight sync (CheckpointEngineManager.update_weights calls it once per step,
     # whatever the backend). The sync's buckets and the step's temporaries are freed heap that glibc keeps in its
-    # arenas; trimming after the sync gives them back (soak, 40 steps: this worker's RSS +0.63 -> +0.22 MiB/step).
+    # arenas; trimming after the sync gives them back (most of this worker's growth per step: docs/reliability.md,
+    # "Long runs: memory and step time (soak)").
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     async def update_weights(self, global_steps: int = None, mode: str = "auto"):
         try:

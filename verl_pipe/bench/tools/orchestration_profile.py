@@ -14,7 +14,7 @@ Starts the bench config's first setting's stack (real Ray, vLLM, verl workers; t
 
 Variants, switched between steps on the live stack: ``verl`` (verl's and vLLM's defaults: vLLM detokenizes every
 generated token and makes a cumulative output per engine step, verl pads through ``tokenizer.pad``), ``streamed``
-(the cuts of 2026-12-02: ``detokenize=False``, torch padding; outputs still per engine step) and ``cut`` (the
+(docs/cpu.md's first cuts: ``detokenize=False``, torch padding; outputs still per engine step) and ``cut`` (the
 rollout as shipped, verl_pipe/rollout: also vLLM's final output only). Start-up settings (Ray's dashboard) cannot be
 switched on a live stack; the bench before/after measures them (docs/cpu.md).
 """
