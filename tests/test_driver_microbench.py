@@ -1,23 +1,17 @@
-"""tools/driver_microbench.py runs the real rollout driver (stream._StepRun over RolloutCore and the admission
-policy) on a fake engine, every layer to the step's end: a small run of each, no Ray, no vLLM."""
+"""``python -m verl_pipe.bench driver_microbench`` (verl_pipe/bench/tools/driver_microbench.py) runs the real rollout
+driver (stream._StepRun over RolloutCore and the admission policy) on a fake engine, every layer to the step's end: a
+small run of each, no Ray, no vLLM."""
 
 import argparse
 import asyncio
-import importlib.util
+import importlib
 import random
-from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parent.parent / "tools" / "driver_microbench.py"
-
-
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("driver_microbench", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("verl_pipe.bench.tools.driver_microbench")
 
 
 def _args(**kw):

@@ -303,13 +303,7 @@ def test_the_plug_in_example_of_extending_md_runs_as_documented():
 
 
 def test_paired_rounds_reports_the_length_predictions_rank_correlation():
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location(
-        "paired_rounds", Path(__file__).resolve().parents[1] / "tools" / "paired_rounds.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    from verl_pipe.bench.tools import paired_rounds as tool
     rec = lambda p, a: {"source": "history", "n": 2, "predicted_tokens": p, "actual_mean_tokens": a,  # noqa: E731
                         "first_tokens": a, "first_sibling_tokens": a}
     steps = [{"setting": "s", "length_predictions": [rec(1, 10), rec(2, 30)]},
@@ -320,13 +314,7 @@ def test_paired_rounds_reports_the_length_predictions_rank_correlation():
 
 
 def test_paired_rounds_across_settings_pairs_each_mode_round_by_round():
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location(
-        "paired_rounds", Path(__file__).resolve().parents[1] / "tools" / "paired_rounds.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    from verl_pipe.bench.tools import paired_rounds as tool
     st = lambda s, r, m, x: {"setting": s, "round": r, "mode": m, "metrics": {"rollout_to_train_end_s": x}}  # noqa
     steps = [st("off", 0, "cgp_fgd", 10.0), st("on", 0, "cgp_fgd", 9.0), st("off", 1, "cgp_fgd", 12.0),
              st("on", 1, "cgp_fgd", 10.0), st("off", 0, "cgp", 11.0), st("on", 0, "cgp", 11.5),

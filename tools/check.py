@@ -36,6 +36,8 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
     ("tests/e2e/faulty_reward.py", ("test_faults",)),
     ("verl_pipe/bench/peer/v1_sync.py", ("test_verl_exact",)), ("verl_pipe/bench/peer/replay.py", ("test_verl_exact",)),
     ("verl_pipe/trainer/actor_backend.py", (*CORE_E2E, "test_zz_kl_loss", "test_verl_exact")),
+    # the measurement scripts (python -m verl_pipe.bench NAME): run by hand on a live stack; their unit tests only
+    ("verl_pipe/bench/tools/*", ()),
     ("verl_pipe/bench/*", ("test_bench_smoke",)), ("conf/bench/*", ("test_bench_smoke",)),
     ("verl_pipe/platform/node_roles.py", ("test_multinode",)), ("verl_pipe/rollout/placement.py", ("test_multinode",)),
     ("tools/local_ray_cluster.py", ("test_multinode",)), ("recipes/multinode*", ("test_multinode",)),

@@ -76,9 +76,9 @@ def _tiny_model(assets, rp) -> Path:
 # verl's own switch for how a DataProto is pickled (verl/protocol.py, read in every process that pickles or unpickles
 # one, so all of a run's processes get the same value: the launcher's environment and each Ray worker's runtime_env).
 # Unset, verl consolidates the TensorDict and torch.saves it; "numpy" sends each tensor's bytes as a numpy array, the
-# same dtypes, shapes and values. The rollout driver pickles one DataProto per response for the reward worker: 1.47 ms
-# against 0.16 ms per call measured (tools/dataproto_pickle_bench.py, docs/cpu.md). CPU platform only: the numpy
-# path cannot pickle a tensor on a GPU.
+# same dtypes, shapes and values. The rollout driver pickles one DataProto per response for the reward worker, and
+# numpy's is the cheaper pickle (docs/cpu.md, "The cuts", 3). CPU platform only: the numpy path cannot pickle a
+# tensor on a GPU.
 CPU_ENV_DEFAULTS = {"VERL_DATAPROTO_SERIALIZATION_METHOD": "numpy"}
 
 
@@ -143,11 +143,11 @@ def attaches(init_kwargs: dict, environ=os.environ) -> bool:
 # Ray settings a long run needs, unless the launcher's environment sets them (read by the processes ray.init starts;
 # a cluster started with `ray start` takes them from that command's environment: docs/reliability.md). Ray's GCS keeps
 # the events of the last RAY_task_events_max_num_task_in_gcs tasks (Ray 2.60's default: 100,000) for its dashboard and
-# state API, and a step makes hundreds of tasks: measured on the tiny default, the GCS grew +0.64 MiB/step with Ray's
-# default and +0.07 with the cap at 1,000 (45-step soaks, same session). Ray's metrics collection (the core workers'
-# and raylet's Prometheus series, exported through each node's DashboardAgent) grew the DashboardAgent +0.11 MiB/step
-# and the weight-sync and reward workers +0.04-0.10 MiB/step each, with the Name label dropped too
-# (RAY_metric_cardinality_level=low); off, they are flat (docs/reliability.md). It is off unless the environment
+# state API, and a step makes hundreds of tasks: with Ray's default the GCS grows every step, capped it stops. Ray's
+# metrics collection (the core workers' and raylet's Prometheus series, exported through each node's DashboardAgent)
+# grows the DashboardAgent and the weight-sync and reward workers every step, with the Name label dropped too
+# (RAY_metric_cardinality_level=low); off, they are flat (docs/reliability.md, "Long runs: memory and step time
+# (soak)"). It is off unless the environment
 # turns it on: RAY_enable_metrics_collection=1 keeps Ray's dashboard metrics for a run that scrapes them.
 RAY_ENV_DEFAULTS = {"RAY_task_events_max_num_task_in_gcs": "10000", "RAY_enable_metrics_collection": "0"}
 

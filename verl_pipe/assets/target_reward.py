@@ -1,10 +1,10 @@
 """A steering reward for checking that GRPO learns: 1 when the final answer equals a fixed ``target``, else 0.
 
 Whatever the question, it asks the policy for one behaviour shared by every prompt, so a working RL loop moves the
-policy toward it within a few steps (measured: the warm-started tiny model's share of such answers rises from ~5%
-to over 30% in 10 GRPO steps; docs/learning.md). The learning e2e test uses it to fail fast when training stops
-learning (a sign error in the advantages, rewards joined to the wrong responses, an optimizer that does not step,
-weights that never reach the rollout). verl's custom reward signature; select it with
+policy toward it within a few steps. The learning e2e test used it, on the previous data, to fail fast when training
+stops learning (a sign error in the advantages, rewards joined to the wrong responses, an optimizer that does not
+step, weights that never reach the rollout); it is kept as an example of a custom reward (docs/learning.md, "What
+GRPO does on it (measured)"). verl's custom reward signature; select it with
 ``reward.custom_reward_function.path=pkg://verl_pipe.assets.target_reward``.
 """
 

@@ -669,7 +669,10 @@ def write_charts(result: dict, steps: list[dict], charts_dir: Path, shapes: dict
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m verl_pipe.bench", description=__doc__.split("\n\n")[0])
+    from verl_pipe.bench.commands import listing
+
+    ap = argparse.ArgumentParser(prog="python -m verl_pipe.bench", description=__doc__.split("\n\n")[0],
+                                 epilog=listing(), formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="the short run (conf/bench/quick.yaml)")
     ap.add_argument("--config", help="a bench YAML (default conf/bench/default.yaml, or quick.yaml with --quick)")
     ap.add_argument("--settings", help="comma-separated setting names to run (default: all in the config)")
@@ -688,13 +691,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    """``python -m verl_pipe.bench``: the soak (``--soak``) or the learning curves (``--learn``), else the bench:
-    run (or ``--reanalyze``) the config's settings, write the steps file first, then build, print and write the
-    results (and charts). Exit 1 when the results do not match the schema."""
+    """``python -m verl_pipe.bench``: a registered command (verl_pipe/bench/commands.py: a name first, e.g.
+    ``paired_rounds``, or a flag, ``--soak`` / ``--learn``), else the bench: run (or ``--reanalyze``) the config's
+    settings, write the steps file first, then build, print and write the results (and charts). Exit 1 when the
+    results do not match the schema."""
+    from verl_pipe.bench.commands import chosen_command, run_command
+
     argv = sys.argv[1:] if argv is None else list(argv)
-    other = _other_benchmark(argv)
-    if other is not None:
-        return other(argv)
+    chosen = chosen_command(argv)
+    if chosen is not None:
+        return run_command(*chosen)
     ap = _parser()
     args = ap.parse_args(argv)
 
@@ -719,20 +725,6 @@ def main(argv=None) -> int:
     print(f"[bench] wrote {out}{'' if args.reanalyze else f' and {steps_path}'}; elapsed {elapsed:.1f}s "
           f"(stack start-up {runner.startup_s:.1f}s, {len(runner.steps)} measured steps)")
     return 1 if problems else 0
-
-
-def _other_benchmark(argv: list[str]):
-    """The command-line entry of the benchmark ``argv`` asks for instead of the bench: the soak's (``--soak``,
-    verl_pipe/bench/soak.py) or the learning curves' (``--learn``, verl_pipe/bench/learn.py); None for the bench."""
-    if any(a == "--soak" or a.startswith("--soak=") for a in argv):
-        from verl_pipe.bench.soak import cli
-
-        return cli
-    if "--learn" in argv:
-        from verl_pipe.bench.learn import cli as learn_cli
-
-        return learn_cli
-    return None
 
 
 def _bench_config(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[dict, list[dict], int]:

@@ -74,8 +74,8 @@ class AdaptiveWindow:
     ``max_num_seqs``) plus a refill margin, so FGD never costs the engine throughput.
 
     Why not fewer than ``capacity``: a smaller window runs a smaller decode batch than admitting everything would,
-    and the engine's throughput falls with it (measured on CPU: rollout 24.6 s with two units' requests in flight
-    vs 15.1 s with all 256, docs/fgd.md). With at least ``capacity`` in flight the engine runs the same batch as
+    and the engine's throughput falls with it (the ``auto`` window's rollout on CPU: docs/fgd.md, "The default
+    window: ``adaptive``"). With at least ``capacity`` in flight the engine runs the same batch as
     with full admission; FGD only decides which requests are in it (rank order) and, where the KV cache binds
     first, vLLM's priority queue runs the frontier's waiting requests first and preempts the latest ranks.
 
@@ -91,7 +91,8 @@ class AdaptiveWindow:
     With one replica the margin is ``capacity`` from the start (``limit(..., replicas=1)``): a request held on the
     client could only ever go to that replica, so holding it buys nothing, while a margin still growing costs the
     refill of the first burst (equal-length responses finish a whole batch together: on the 32-slot bench the second
-    wave took 0.8-0.9 s against 0.5-0.6 s with everything submitted, docs/fgd.md). With several replicas the margin
+    wave took longer than with everything submitted, docs/fgd.md, "The default window: ``adaptive``"). With several
+    replicas the margin
     grows from ``floor``: requests the client holds go to whichever replica frees slots first.
     """
 

@@ -60,7 +60,7 @@ OPTIONAL = ("timing_s/old_log_prob", "perf/total_num_tokens", "perf/time_per_ste
 ASYNC_KEYS = ("timing_s/generate_async", "timing_s/sync_rollout_weights", "timing_s/switch_to_trainer",
               "timing_s/switch_wait", "timing_s/switch_to_rollout", "timing_s/wait_for_enough_samples")
 ASSUMED_RHO = 0.7  # within-group correlation of log-lengths: the planner's default (docs/sim_sources.md §1b)
-MAX_FIT_STEPS = 8  # evenly spaced over the run (the fit: 3.6 s on the 128 x 16 recipe shape, 2 loaded cores)
+MAX_FIT_STEPS = 8  # evenly spaced over the run; bounds the fit's time (docs/plan.md, "Calibrating on verl's own log")
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _LINE = re.compile(r"(?:^|[\s)\]])step:(\d+) - (.*)$")

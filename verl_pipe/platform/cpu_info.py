@@ -1,8 +1,8 @@
 """What this CPU can do for the trainer: model, ISA flags, and a one-second matmul probe.
 
 The same x86-64 machine kind comes with different CPUs. With AVX512_BF16 or AMX, torch's bf16 matmul is
-native (oneDNN); with AVX2 only it is emulated, about 40x slower than fp32 (measured on an AMD EPYC, one
-thread, 512x512: fp32 38.9 GFLOP/s, bf16 1.0 GFLOP/s; docs/cpu.md). ``probe_matmul`` tells which path a process gets
+native (oneDNN); with AVX2 only it is emulated, far slower than fp32 (docs/cpu.md, "Precision: fp32 on CPU",
+has this probe's figures). ``probe_matmul`` tells which path a process gets
 (oneDNN's ``ONEDNN_MAX_CPU_ISA=AVX2`` reproduces the slow path on a CPU that has AMX). The bench records
 both in its JSON ``env``; ``.ci/run`` prints them first so a slow run explains itself; the start-up check
 warns when the trainer is asked for bf16 on a CPU without native bf16 (``bf16_problem``).

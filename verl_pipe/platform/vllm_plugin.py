@@ -19,9 +19,9 @@ def _keep_linear_weights_for_reload() -> None:
     then replaces ``layer.weight`` by an empty Parameter (``remove_weight=True``). A weight update then fails
     in ``load_weights`` ('Parameter' object has no attribute 'weight_loader'). We keep the parameter and, after
     the first load, do not repack: verl calls ``process_weights_after_loading`` after every update, and each
-    repack left the previous packed copy behind (measured, ``python -m verl_pipe.bench --soak``: the
-    VLLM::Worker process grew by about one copy of the weights per update, +2.3 MiB/step with the tiny model;
-    with torch's linear on reloads it is flat and the steps are faster: docs/reliability.md).
+    repack left the previous packed copy behind (``python -m verl_pipe.bench --soak``: the VLLM::Worker process
+    grew by about one copy of the weights per update; with torch's linear on reloads it is flat and the steps are
+    faster: docs/reliability.md, "Long runs: memory and step time (soak)").
     torch's linear on the fp32 CPU default uses ATen's GEMM; the weight updated in place by ``load_weights``
     is what it reads. The first load keeps vLLM's own dispatch (its start-up checks run through it).
     vLLM seam: ``vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm``, called per linear layer by
@@ -50,8 +50,8 @@ def _keep_linear_weights_for_reload() -> None:
 
 def _trim_after_weight_updates() -> None:
     """After every weight update, ``malloc_trim(0)`` in the vLLM worker: the update's buckets and temporaries are
-    freed heap that glibc would otherwise keep in its arenas (with the per-update repack still on, it took the
-    worker's growth from 3.0 to 2.0 MiB/step over the same steps; the repack was the rest, above). verl seam: the worker
+    freed heap that glibc would otherwise keep in its arenas (with the per-update repack still on, it took away
+    part of the worker's growth; the repack was the rest, above: docs/reliability.md). verl seam: the worker
     extension's ``update_weights_from_ipc`` (verl's ``vLLMColocateWorkerExtension``, the ``worker_extension_cls``
     of every replica), wrapped to trim after it returns.
     """

@@ -4,11 +4,11 @@ nothing.
 verl 0.9.1 builds a new agent-loop object for every request with ``hydra.utils.instantiate(config=<registry
 entry>, **kwargs)``. For an agent loop registered with verl's ``@register`` the entry is just ``{"_target_":
 "<module.Class>"}`` and the kwargs are objects verl wraps so that Hydra leaves them alone (``DictConfigWrap``,
-``ToolListWrap``); Hydra then only calls the class, after turning the kwargs into an OmegaConf config and back:
-1.09 ms of the driver's CPU per request against 0.4 us for the call (tools/driver_microbench.py
-``--verl-agent-loop``), in the process the trainer's loop shares, 0.28 s of a 256-request step. Here such an entry's
-class is resolved once, as Hydra resolves it (``hydra.utils.get_class``), and called with the same kwargs; any
-other entry (one from ``rollout.agent.agent_loop_config_path``, with parameters of its own) still goes through
+``ToolListWrap``); Hydra then only calls the class, after turning the kwargs into an OmegaConf config and back: far
+more of the driver's CPU per request than the call, in the process the trainer's loop shares (docs/cpu.md, "The
+driver alone, without Ray or vLLM": ``python -m verl_pipe.bench driver_microbench --verl-agent-loop``). Here such
+an entry's class is resolved once, as Hydra resolves it (``hydra.utils.get_class``), and called with the same kwargs;
+any other entry (one from ``rollout.agent.agent_loop_config_path``, with parameters of its own) still goes through
 Hydra. ``_run_agent_loop`` is verl's own method otherwise unchanged, but for the sampling params it hands on (vLLM's
 detokenization off, its final output only: ``rollout_sampling_params``); ``VERL_RUN_AGENT_LOOP_SHA256`` pins the
 verl source it was copied from, and a test fails when verl's changes. Post-processing pads through torch instead of ``tokenizer.pad``
@@ -84,8 +84,9 @@ class PipeAgentLoopWorker(AgentLoopWorker):
     def _pad_token_ids(self, tokens: list[int], *, max_length: int, padding_side: str,
                        return_attention_mask: bool) -> dict[str, torch.Tensor]:
         """What verl's method returns (``tokenizer.pad`` of one flat list to ``(1, max_length)``, pad token id,
-        int64, no truncation), built with torch: 3 calls per response in verl's post-processing, ~0.1 ms each
-        through ``tokenizer.pad`` (its BatchEncoding and checks) against a few us here. verl's own method stays
+        int64, no truncation), built with torch: 3 calls per response in verl's post-processing, each cheaper here
+        than through ``tokenizer.pad`` (its BatchEncoding and checks; docs/cpu.md, "The cuts", 2: ``python -m
+        verl_pipe.bench pad_bench``). verl's own method stays
         for a tokenizer without a pad token id (tokenizer.pad refuses it) and for empty input."""
         pad_id = getattr(self.tokenizer, "pad_token_id", None)
         if not tokens or pad_id is None:

@@ -2,10 +2,9 @@
 
 ``asyncio.wait(tasks, return_when=FIRST_COMPLETED)`` checks that each of the tasks in flight is not a bare
 coroutine and adds and removes a done-callback on each of them at every call: O(in flight) per wake-up, so a step
-with N requests in flight costs O(N) per response and O(N^2) in all. In the driver's microbenchmark
-(tools/driver_microbench.py: the real driver over a fake engine; docs/cpu.md) the driver costs 28 us per request
-with 256 in flight and 61-77 us with 1,056 (4 replicas of 256 slots) woken by asyncio.wait; 19-20 and 22-25 us
-with this. Here each task gets one callback when it is added; a wake-up returns every added task that has finished
+with N requests in flight costs O(N) per response and O(N^2) in all (the two wake-ups side by side: docs/cpu.md, "The
+driver alone, without Ray or vLLM", ``python -m verl_pipe.bench driver_microbench``). Here each task gets one
+callback when it is added; a wake-up returns every added task that has finished
 since the previous wake-up (a task cancelled meanwhile included, as asyncio.wait does).
 
 One difference in timing, none in what is returned over a step: asyncio.wait also returns tasks that finished in

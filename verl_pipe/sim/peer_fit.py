@@ -6,12 +6,12 @@ quantity, never from the validated rollout→train end:
 
 - **its rollout's speed.** verl's agent loop (one worker process: each request's chat template, tokenization,
   reward and TransferQueue hand-off) and its TransferQueue actors share the host with vLLM, so verl's rollout runs
-  slower than ours on the same engine (paper_tiny: its last response 1.0 s after cgp's, on the same workloads;
-  the 32-slot queue: 4.5 s after). ``engine_scale`` multiplies the engine's step and prefill costs (our engine
+  slower than ours on the same engine (its last response after cgp's on the same workloads: docs/peer.md).
+  ``engine_scale`` multiplies the engine's step and prefill costs (our engine
   fitted beside a busy trainer) so that the simulated peer's rollout figures (first unit ready, group completion
   p50 and p90, last response) match the measured ones in the log least-squares sense;
 - **the gap inside a mini-step**: verl computes advantages and hands the batch over between a mini-step's
-  old-log-prob and update calls (~0.06 s each on the bench); ``ministep_gap_s`` is the mean measured gap.
+  old-log-prob and update calls; ``ministep_gap_s`` is the mean gap in the peer's recorded spans.
 """
 
 from __future__ import annotations

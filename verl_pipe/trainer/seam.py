@@ -38,7 +38,7 @@ def for_actor_worker(batch: DataProto, keys) -> DataProto:
     """``batch`` as verl's actor worker needs it: its tensors and meta_info (shared, not copied) and only the
     non-tensor columns in ``keys``. verl 0.9.1's ``_compute_old_log_prob``, ``_compute_ref_log_prob`` and
     ``_update_actor`` turn the whole DataProto into a TensorDict (``DataProto.to_tensordict``: one ``NonTensorData``
-    object per row of every non-tensor column, ~5 ms for a unit of 32 rows with 14 columns) and ship it to the worker,
+    object per row of every non-tensor column: docs/cpu.md, "Two more cuts", 7) and ship it to the worker,
     whose engine reads no per-row non-tensor column but ``multi_modal_inputs``; the prompts, reward-model entries,
     uids and agent-loop fields the rollout left there travel for nothing, pickled by the trainer's loop and unpickled
     on the trainer's core. Same tensors, so the same numbers."""

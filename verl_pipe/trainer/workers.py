@@ -73,7 +73,8 @@ class PipeActorWorker(DetachActorWorker):
 
     # verl seam: the actor side of every weight sync (CheckpointEngineManager.update_weights calls it once per step,
     # whatever the backend). The sync's buckets and the step's temporaries are freed heap that glibc keeps in its
-    # arenas; trimming after the sync gives them back (soak, 40 steps: this worker's RSS +0.63 -> +0.22 MiB/step).
+    # arenas; trimming after the sync gives them back (most of this worker's growth per step: docs/reliability.md,
+    # "Long runs: memory and step time (soak)").
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     async def update_weights(self, global_steps: int = None, mode: str = "auto"):
         try:
@@ -230,7 +231,7 @@ class PipeActorWorker(DetachActorWorker):
         restarted replica, a rollback) and, with ``optimizer``, the optimizer and LR-schedule state (this rank's
         shards) for a rollback of a step that fails for good. ``placement``: rolloutpipe.theta_k.store."""
         theta, opt = self._train_state_stores(placement, margin_gib)
-        save_step_state(theta, opt if optimizer else None)  # the path tools/gpu_check.py times
+        save_step_state(theta, opt if optimizer else None)  # the path verl_pipe/bench/tools/gpu_check.py times
         self._lr_snapshot = None
         if optimizer:
             scheduler = self.actor.engine.lr_scheduler

@@ -28,7 +28,7 @@ MODE_NAMES = dict(PEER_MODE_NAMES)
 # (actor_rollout_ref.rollout.agent.num_workers: our stack's 1; verl's default 8).
 VERL_POLL_INTERVAL_S = 2.0  # ReplayBuffer.__init__'s default (verl/trainer/ppo/v1/replay_buffer.py)
 VERL_STORAGE_UNITS = 8  # transfer_queue.backend.SimpleStorage.num_data_storage_units in verl's ppo_trainer.yaml
-# The tuned settings (docs/peer.md, "Tuning verl's trainers": each measured on paper_tiny, 2026-12-03).
+# The tuned settings: each knob's reason and run are in docs/peer.md, "Tuning verl's separate_async".
 TUNED = {"poll_interval_s": 0.1, "storage_units": 2, "agent_workers": 1}
 CONFIGS: dict[str, dict] = {
     "onpolicy": {"trainer": "separate_async", "num_warmup_batches": 0, "max_off_policy_threshold": 1,

@@ -10,7 +10,8 @@ of: nothing, a compute-bound process (fp32 512 x 512 matmuls, in cache) or a mem
 as much as the trainer does, the host's shared memory bandwidth is the cost of overlap; if neither does, the
 orchestration is.
 
-    flock /tmp/verl_pipe_ray.lock python tools/overlap_probe.py --rounds 3 | tee docs/bench/logs/overlap_probe_DATE.log
+    flock /tmp/verl_pipe_ray.lock python -m verl_pipe.bench overlap_probe --rounds 3 \
+        | tee docs/bench/logs/overlap_probe_DATE.log
 
 Prints one line per step and a summary per load: rollout end (s) and generated tokens per second of rollout.
 """
@@ -20,19 +21,15 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
 import statistics
-import sys
 import tempfile
 import time
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 LOADS = ("none", "compute", "memory")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m verl_pipe.bench overlap_probe", description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="conf/bench/paper_tiny.yaml")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides on top of the stack's, e.g. "

@@ -9,7 +9,8 @@ every step of the setting (the steps' ``length_predictions``, verl_pipe/core/len
 differences of each mode between two settings run in the same bench (setting B minus setting A, round by round, e.g.
 ``rolloutpipe.fgd.lengths`` predicted against off), instead of between two modes.
 
-    python tools/paired_rounds.py docs/bench/bench_queue_rotated_steps_2026-12-02.json.gz [--a cgp --b cgp_fgd]
+    python -m verl_pipe.bench paired_rounds docs/bench/bench_queue_rotated_steps_2026-12-02.json.gz \
+        [--a cgp --b cgp_fgd]
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def length_quality(steps: list[dict]) -> dict[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m verl_pipe.bench paired_rounds", description=__doc__.splitlines()[0])
     ap.add_argument("steps_file")
     ap.add_argument("--a", default="cgp")
     ap.add_argument("--b", default="cgp_fgd")

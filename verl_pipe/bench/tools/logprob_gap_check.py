@@ -3,15 +3,20 @@
 old log-prob at θ_k| over the step's response tokens (both fp32 on CPU: ~1e-6 when vLLM serves θ_k), and the
 step's mean reward.
 
-    VERL_PIPE_CACHE=.cache/verl_pipe .venv/bin/python tools/logprob_gap_check.py sync,sync,cgp,cgp,cgp,sync,sync
+    VERL_PIPE_CACHE=.cache/verl_pipe .venv/bin/python -m verl_pipe.bench logprob_gap_check \
+        sync,sync,cgp,cgp,cgp,sync,sync
 """
 
-import sys
+import argparse
 
 from verl_pipe.launch.session import PipeSession, compose
 
 
-def main(modes: list[str]) -> None:
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m verl_pipe.bench logprob_gap_check",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("modes", help="comma-separated modes, one step each, in this order (e.g. sync,cgp,sync)")
+    modes = ap.parse_args(argv).modes.split(",")
     cfg = compose(["trainer.total_training_steps=1000", "trainer.test_freq=-1", "trainer.val_before_train=false",
                    "trainer.default_local_dir=/tmp/logprob_gap_check"])
     session = PipeSession(cfg)
@@ -28,4 +33,4 @@ def main(modes: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1].split(","))
+    main()

@@ -1,6 +1,6 @@
 """The rollout driver's own per-request and per-group costs, without Ray or vLLM: a microbenchmark.
 
-    .venv/bin/python tools/driver_microbench.py [--groups 32] [--n 8] [--slots 256] [--window adaptive]
+    .venv/bin/python -m verl_pipe.bench driver_microbench [--groups 32] [--n 8] [--slots 256] [--window adaptive]
         [--repeats 5] [--materialize] [--verl-agent-loop [--tokenizer DIR]] [--profile]
 
 The driver runs, per request: the admission policy (verl_pipe/core/frontier.py), the step's rollout core
@@ -329,7 +329,8 @@ def timed(fn, repeats: int) -> float:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m verl_pipe.bench driver_microbench",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--groups", type=int, default=32)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--unit", type=int, default=4, help="groups per training unit")

@@ -1,8 +1,8 @@
 """What a model does on the digit-math validation questions: accuracy, and which procedure it follows.
 
-``python tools/eval_warm_start.py [--model DIR] [--samples K]`` (default: the default config's warm-start, built
-and cached like ``make setup`` does). Hugging Face ``generate`` on the 128 held-out questions, greedy and K samples at
-temperature 1 (verl's rollout temperature), and one JSON line:
+``python -m verl_pipe.bench eval_warm_start [--model DIR] [--samples K]`` (default: the default config's
+warm-start, built and cached like ``make setup`` does). Hugging Face ``generate`` on the 128 held-out questions,
+greedy and K samples at temperature 1 (verl's rollout temperature), and one JSON line:
 
 - ``acc``: the reward's accuracy (the first integer after the last ``Answer:``), as verl's ``val-core`` reports it;
 - ``last_digit`` / ``tens_digit``: the share of answers whose second step starts from the last digit of the first
@@ -73,13 +73,13 @@ def _default_paths() -> tuple[str, str]:
     return config.actor_rollout_ref.model.path, config.data.val_files
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m verl_pipe.bench eval_warm_start", description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="model directory (default: the default config's warm-start)")
     ap.add_argument("--val", help="validation parquet (default: the default config's)")
     ap.add_argument("--tokenizer", help="tokenizer directory (default: the model's)")
     ap.add_argument("--samples", type=int, default=4, help="sampled answers per question")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     model_dir, val, tok_dir = (args.model, args.val, args.tokenizer)
     if not (model_dir and val):
         default_model, default_val = _default_paths()

@@ -1,7 +1,7 @@
 """Side by side: the quick bench's sync step with the trainer in fp32 (the CPU default) and in bf16 mixed
 precision, on the same stack sizing, workload and cores. Prints per-step rollout and train time.
 
-    .venv/bin/python tools/dtype_ab.py [--steps 2] [--out ab.json]
+    .venv/bin/python -m verl_pipe.bench dtype_ab [--steps 2] [--out ab.json]
 
 To see the AVX2-only path on a CPU that has AMX/AVX512_BF16, run it with
 ``ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2`` and a separate
@@ -20,12 +20,13 @@ BF16 = ["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
         "actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype=bf16"]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m verl_pipe.bench dtype_ab",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=2, help="measured sync steps per dtype (after one warm-up)")
     ap.add_argument("--dtypes", default="fp32,bf16")
     ap.add_argument("--out")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     from verl_pipe.conf import ROOT as CONF_DIR
     from verl_pipe.platform.cpu_info import report

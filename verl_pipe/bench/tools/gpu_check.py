@@ -1,10 +1,12 @@
 """Check and time the θ_k store (verl_pipe/trainer/theta_store.py) under FSDP2: torch + transformers only.
 
-    python tools/gpu_check.py [--json out.json]            # Qwen3-1.7B shape on one GPU (nccl), fp32 master
-                                                           # weights, bf16 compute, gradient checkpointing
-    torchrun --nproc-per-node 4 tools/gpu_check.py         # the same sharded over 4 GPUs (FSDP2 over all ranks)
-    python tools/gpu_check.py --tiny [--json out.json]     # a tiny Qwen3 on CPU (gloo), fp32: seconds
-    torchrun --nproc-per-node 2 tools/gpu_check.py --tiny  # the sharded path on CPU
+    python -m verl_pipe.bench gpu_check [--json out.json]            # Qwen3-1.7B shape on one GPU (nccl), fp32
+                                                                     # master weights, bf16 compute, gradient
+                                                                     # checkpointing
+    torchrun --nproc-per-node 4 -m verl_pipe.bench gpu_check         # the same sharded over 4 GPUs (FSDP2 over
+                                                                     # all ranks)
+    python -m verl_pipe.bench gpu_check --tiny [--json out.json]     # a tiny Qwen3 on CPU (gloo), fp32: seconds
+    torchrun --nproc-per-node 2 -m verl_pipe.bench gpu_check --tiny  # the sharded path on CPU
 
 ``fully_shard`` on every decoder layer and the root over all ranks (FSDP2's default reshard_after_forward, so a
 forward-only pass leaves the root's parameters unsharded: the case the store must handle); each rank trains on
@@ -47,9 +49,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # verl_pipe without installing it
-
-from verl_pipe.trainer.theta_store import OptimizerSnapshot, ThetaStore, reshard, save_step_state  # noqa: E402
+from verl_pipe.trainer.theta_store import OptimizerSnapshot, ThetaStore, reshard, save_step_state
 
 FULL = dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
             intermediate_size=6144, vocab_size=151936, head_dim=128, tie_word_embeddings=True)
@@ -457,7 +457,8 @@ def cost_table(results: dict) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m verl_pipe.bench gpu_check", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="tiny Qwen3 shape on CPU")
     ap.add_argument("--device", default=None, help="default: cuda (cuda:LOCAL_RANK under torchrun) if available, "
                                                    "cpu with --tiny")

@@ -1,6 +1,6 @@
 """Where the run's own orchestration spends its CPU, on the real stack, and what the rollout's cuts save.
 
-    python tools/orchestration_profile.py [--config conf/bench/cpu_tiny.yaml] [--rounds 3] --out FILE.json
+    python -m verl_pipe.bench orchestration_profile [--config conf/bench/cpu_tiny.yaml] [--rounds 3] --out FILE.json
         [--pyspy-dir DIR]
 
 Starts the bench config's first setting's stack (real Ray, vLLM, verl workers; the bench's own step, workload and
@@ -14,7 +14,7 @@ Starts the bench config's first setting's stack (real Ray, vLLM, verl workers; t
 
 Variants, switched between steps on the live stack: ``verl`` (verl's and vLLM's defaults: vLLM detokenizes every
 generated token and makes a cumulative output per engine step, verl pads through ``tokenizer.pad``), ``streamed``
-(the cuts of 2026-12-02: ``detokenize=False``, torch padding; outputs still per engine step) and ``cut`` (the
+(docs/cpu.md's first cuts: ``detokenize=False``, torch padding; outputs still per engine step) and ``cut`` (the
 rollout as shipped, verl_pipe/rollout: also vLLM's final output only). Start-up settings (Ray's dashboard) cannot be
 switched on a live stack; the bench before/after measures them (docs/cpu.md).
 """
@@ -33,8 +33,7 @@ import time
 import types
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from verl_pipe.bench.settings import CONF_DIR
 
 VARIANTS = ("verl", "streamed", "cut")
 PROFILED = ("driver", "ray::vLLMHttpServer", "ray::RewardLoopWorker")
@@ -105,8 +104,9 @@ def profiled_step(runner, session, wl, variant: str, out_dir: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default=str(REPO / "conf/bench/cpu_tiny.yaml"))
+    ap = argparse.ArgumentParser(prog="python -m verl_pipe.bench orchestration_profile",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default=str(CONF_DIR / "cpu_tiny.yaml"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", required=True)
     ap.add_argument("--pyspy-dir", default=None)

@@ -1,6 +1,6 @@
 """What pickling one reward call's DataProto costs with verl's two serialization methods.
 
-    python tools/dataproto_pickle_bench.py
+    python -m verl_pipe.bench dataproto_pickle_bench
 
 verl's agent loop sends each finished response to a reward worker as a one-row DataProto (AgentLoopWorker.
 _compute_score: prompts, responses, input_ids, attention_mask, position_ids and the prompt row's fields); Ray pickles
@@ -13,6 +13,7 @@ each over 5 x 500 calls.
 
 from __future__ import annotations
 
+import argparse
 import os
 import pickle
 import timeit
@@ -60,7 +61,9 @@ def time_method(data: DataProto, method: str | None, number: int = 500, repeat: 
     return {"pickle_us": dump_s * 1e6, "unpickle_us": load_s * 1e6, "bytes": len(blob), "round_trip_equal": same}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(prog="python -m verl_pipe.bench dataproto_pickle_bench",
+                            description=__doc__.split("\n\n")[0]).parse_args(argv)  # no arguments: --help
     data = reward_call_dataproto()
     print(f"load average {os.getloadavg()[0]:.1f}")
     for method in (None, "numpy"):

@@ -1,7 +1,7 @@
 """What verl's DataProto -> TensorDict conversion and its pickling cost per unit, with all the rollout's non-tensor
 columns and with only those verl's actor worker reads (docs/cpu.md, cut 7; ``trainer_seam.for_actor_worker``).
 
-    python tools/to_tensordict_bench.py [--rows 32] [--columns 14] [--repeats 20]
+    python -m verl_pipe.bench to_tensordict_bench [--rows 32] [--columns 14] [--repeats 20]
 
 A unit-shaped DataProto (rows x 600 prompt+response tokens, the trainer's tensors) with ``--columns`` object columns
 like the rollout's (prompts, reward-model entries, uids, agent-loop fields); best of ``--repeats``.
@@ -33,7 +33,8 @@ def main(argv=None) -> int:
     from verl_pipe.trainer import RolloutPipeTrainer
     from verl_pipe.trainer.seam import for_actor_worker
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m verl_pipe.bench to_tensordict_bench",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=32)
     ap.add_argument("--columns", type=int, default=14)
     ap.add_argument("--repeats", type=int, default=20)

@@ -1,6 +1,6 @@
 """What one padding call of verl's agent-loop post-processing costs: verl's ``tokenizer.pad`` path against ours.
 
-    python tools/pad_bench.py [--tokenizer DIR]
+    python -m verl_pipe.bench pad_bench [--tokenizer DIR]
 
 verl's ``AgentLoopWorker._agent_loop_postprocess`` pads each response's prompt ids (left, to the prompt length),
 response ids and response mask (right, to the response length) with ``_pad_token_ids``: three calls per response,
@@ -41,10 +41,11 @@ def time_call(fn, number: int = 500, repeat: int = 5) -> float:
     return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(prog="python tools/pad_bench.py")
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m verl_pipe.bench pad_bench",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokenizer", default=None, help="a tokenizer folder (default: the tiny default's, built if needed)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     tok = AutoTokenizer.from_pretrained(args.tokenizer or str(ensure_assets().tokenizer_dir))
     w = bare_worker(tok)
     print(f"load average {os.getloadavg()[0]:.1f}; tokenizer {type(tok).__name__} ({tok.name_or_path}); "
