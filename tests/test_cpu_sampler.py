@@ -113,16 +113,20 @@ def test_load_samples_drops_a_line_cut_short(tmp_path):
 def test_the_sampler_process_sees_this_process_work(tmp_path):
     sampler = SamplerProcess(os.getpid(), tmp_path / "s.jsonl", interval_s=0.2)
     sampler.start()
-    deadline = time.time() + 1.5
+    t0, cpu0 = time.time(), time.process_time()
+    deadline = t0 + 1.5
     x = 0
     while time.time() < deadline:  # keep a core busy in the root process
         x += 1
+    got = (time.process_time() - cpu0) / (time.time() - t0)  # the cores this process got: all of one when idle
     samples = sampler.stop()
     assert len(samples) >= 3
     kinds = {p[2] for s in samples for p in s["procs"]}
     assert DRIVER in kinds
     used = interval_cores(samples[0], samples[-1], os.sysconf("SC_CLK_TCK"))
-    assert used.get(DRIVER, 0.0) > 0.3
+    # what the sampler saw against what the process got (a loaded machine gives it less than a core); the window of
+    # the samples is a little wider than the busy loop's, and ticks are 10 ms
+    assert used.get(DRIVER, 0.0) > 0.5 * got > 0, (used, got)
 
 
 def test_bench_results_carry_cores_during_overlap_per_mode():
