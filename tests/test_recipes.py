@@ -169,6 +169,11 @@ def test_tiny_task_recipes_fit_their_tasks_lengths(configs):
         assert cfg.rolloutpipe.tiny_assets.warm_start.length_batches is length_batches
         assert cfg.data.max_response_length == response
         assert cfg.data.max_prompt_length + cfg.data.max_response_length <= cfg.actor_rollout_ref.rollout.max_model_len
+    # The chain task's small pool (chain_data.N_TRAIN) repeats within a run, and its epochs hold the 40 steps.
+    from verl_pipe.assets.chain_data import N_TRAIN
+
+    chain = configs["tiny_cpu_chain"]
+    assert chain.trainer.total_training_steps * chain.data.train_batch_size <= N_TRAIN * chain.trainer.total_epochs
 
 
 def test_tiny_cgp_fgd_is_pipelined_with_a_long_tail(configs):

@@ -11,7 +11,10 @@ validation), with ``--max-tokens`` (the run's ``data.max_response_length``). It 
 - ``sampled.acc`` / ``greedy.acc``: the reward's accuracy (verl_pipe/assets/reward.py), and for the chain task
   (verl_pipe/assets/chain_data.py) ``carries``: the share of steps that start from the last digit of the previous
   result (right), from its tens digit (the sloppy teacher's) or from neither, ``steps_match``: the share of responses
-  with one step per operation, and accuracy per chain length;
+  with one step per operation, accuracy per chain length, ``partial_reward``: the mean of the task's partial-credit
+  reward (verl_pipe/assets/chain_reward.py), and ``groups_with_reward_variance``: the share of prompts whose ``--n``
+  responses do not all score the same, under the exact answer and under the partial credit (GRPO learns only from
+  those);
 - with ``--hist``, a histogram of the sampled lengths (log-scaled counts) with the median, p95 and max marked.
 
 ``--engine hf`` samples with Hugging Face ``generate`` on one CPU thread instead (same temperature, top-p 1, no
@@ -85,23 +88,31 @@ def carries(text: str) -> tuple[int, int, int, int]:
 def summarize(rows: list[dict], outputs: list, n: int, max_tokens: int) -> dict:
     from verl_pipe.assets.reward import compute_score
 
+    from verl_pipe.assets.chain_reward import compute_score as chain_score
+
     lengths, groups, correct, by_k = [], [], [], defaultdict(list)
-    steps_match, counts = [], [0, 0, 0]
+    steps_match, counts, partial, spread = [], [0, 0, 0], [], {"exact": [], "partial": []}
     for row, out in zip(rows, outputs):
         truth = row["reward_model"]["ground_truth"]
         k = row["extra_info"].get("k")
-        group = []
+        group, exact_scores, partial_scores = [], [], []
         for c in out.outputs:
             lengths.append(len(c.token_ids))
             group.append(math.log(max(1, len(c.token_ids))))
             ok = compute_score(row["data_source"], c.text, truth) == 1.0
             correct.append(ok)
+            exact_scores.append(ok)
             if k is not None:
                 by_k[k].append(ok)
                 n_steps, last, tens, other = carries(c.text)
                 steps_match.append(n_steps == k)
                 counts = [counts[0] + last, counts[1] + tens, counts[2] + other]
+                partial_scores.append(chain_score(row["data_source"], c.text, truth, row["extra_info"])["score"])
         groups.append(group)
+        partial += partial_scores
+        # A group whose rewards are all equal gives GRPO no signal (its advantages are all zero).
+        spread["exact"].append(len(set(exact_scores)) > 1)
+        spread["partial"].append(len(set(partial_scores)) > 1)
     result = {"acc": sum(correct) / len(correct), "lengths": percentiles(lengths),
               "cut_at_max_tokens": sum(x >= max_tokens for x in lengths) / len(lengths)}
     if n > 1:
@@ -111,7 +122,12 @@ def summarize(rows: list[dict], outputs: list, n: int, max_tokens: int) -> dict:
         result["carries"] = {"last_digit": counts[0] / total, "tens_digit": counts[1] / total,
                              "other": counts[2] / total}
         result["steps_match"] = sum(steps_match) / len(steps_match)
-        buckets = ((2, 3), (4, 6), (7, 12), (13, 24), (25, 40))
+        # The chain task's partial-credit reward (verl_pipe/assets/chain_reward.py), and the share of the prompts'
+        # groups of n whose rewards differ, under the exact-answer reward and under the partial credit.
+        result["partial_reward"] = statistics.fmean(partial)
+        if n > 1:
+            result["groups_with_reward_variance"] = {name: statistics.fmean(v) for name, v in spread.items()}
+        buckets = ((1, 1), (2, 3), (4, 6), (7, 12), (13, 24), (25, 40))
         result["acc_by_k"] = {f"{lo}-{hi}": round(statistics.fmean(v for k, oks in by_k.items() if lo <= k <= hi
                                                                    for v in oks), 3)
                               for lo, hi in buckets if any(lo <= k <= hi for k in by_k)}

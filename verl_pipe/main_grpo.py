@@ -38,8 +38,11 @@ def prepare_config(config: DictConfig) -> DictConfig:
             config.data.train_files = config.data.train_files or str(assets.train_file)
             config.data.val_files = config.data.val_files or str(assets.val_file)
             if not config.reward.custom_reward_function.path:
-                import verl_pipe.assets.reward as reward_mod
+                import importlib
 
+                from verl_pipe.assets import TASKS
+
+                reward_mod = importlib.import_module(TASKS[rp.tiny_assets.task].reward_module)  # the task's reward
                 config.reward.custom_reward_function.path = reward_mod.__file__
                 config.reward.custom_reward_function.name = "compute_score"
         # Oversampling (with the zero-variance filter): the loader yields the extra prompts too;

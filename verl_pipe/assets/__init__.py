@@ -22,12 +22,15 @@ ASSET_VERSION = 4
 @dataclass(frozen=True)
 class Task:
     """A tiny task: its data module (``build_dataset(out_dir)``, ``sample_corpus(n, seed)`` for the tokenizer), the
-    version of its cache entry (bump it when anything its build produces changes) and the SFT warm-start's
-    ``data.max_length`` (its longest worked solution, chat markup included, fits)."""
+    version of its cache entry (bump it when anything its build produces changes), the SFT warm-start's
+    ``data.max_length`` (its longest worked solution, chat markup included, fits) and its reward module (verl's
+    ``custom_reward_function`` with ``compute_score``, the run's reward when ``reward.custom_reward_function.path``
+    is unset)."""
 
     data_module: str
     version: int
     sft_max_length: int
+    reward_module: str = "verl_pipe.assets.reward"
 
     def cache_name(self, task: str, size: str) -> str:
         # digit_math keeps the name it had before there were tasks, so its caches stay valid.
@@ -36,7 +39,8 @@ class Task:
 
 TASKS: dict[str, Task] = {
     "digit_math": Task("verl_pipe.assets.math_data", ASSET_VERSION, 128),
-    "chain": Task("verl_pipe.assets.chain_data", 2, 448),
+    # The chain task trains on per-step partial credit; its validation metric (``acc``) is the exact answer.
+    "chain": Task("verl_pipe.assets.chain_data", 3, 448, reward_module="verl_pipe.assets.chain_reward"),
 }
 
 

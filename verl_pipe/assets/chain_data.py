@@ -3,8 +3,9 @@
 "Chain 7, then a+3b*4c+9d*2e+5, carrying the last digit of each result.": a start digit and k operations (+ or ×,
 one digit each), labelled a, b, c, ... (then A, B, ...), worked left to right, each step starting from the last digit
 of the previous result. The worked solution writes one line per step, led by its label, then the answer, the full
-result of the last step (0-81, so a guess is rarely right), which ``verl_pipe/assets/reward.py`` checks as for
-digit_math::
+result of the last step (0-81, so a guess is rarely right). The task's reward (``verl_pipe/assets/chain_reward.py``)
+gives partial credit per correct step plus the exact answer, which ``verl_pipe/assets/reward.py`` checks as for
+digit_math (the validation accuracy)::
 
     a7+3=10
     b0*4=0
@@ -35,9 +36,11 @@ from pathlib import Path
 
 from verl_pipe.assets.math_data import DATA_SOURCE, INSTRUCTION, OPERATIONS, worked_answer, write_splits
 
-# The chain length k: P(k) proportional to k ** -K_ALPHA for K_MIN <= k <= K_MAX (median 4, 95th percentile 25).
+# The chain length k: P(k) proportional to k ** -K_ALPHA for K_MIN <= k <= K_MAX. Questions are distinct, and only
+# 9 x 19 one-step chains exist, so k = 1 gets at most those 171 (tests/test_chain_data.py). K_MIN 1 (2 until
+# 2026-12-05): docs/learning.md, "The chain task", has the splits' lengths.
 K_ALPHA = 1.5
-K_MIN = 2
+K_MIN = 1
 K_MAX = 36
 # The steps' labels, one token each: a-z, then A-Z.
 LABELS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
