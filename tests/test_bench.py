@@ -150,7 +150,7 @@ def test_mode_kwargs_and_config_files():
     assert bench.mode_kwargs("cgp_fgd", "group") == dict(mode="cgp", granularity="group", fgd=True)
     with pytest.raises(ValueError):
         bench.mode_kwargs("async")
-    for name in ("default.yaml", "quick.yaml", "smoke.yaml"):
+    for name in ("default.yaml", "quick.yaml"):
         cfg = bench.load_config(bench.CONF_DIR / name)
         assert cfg["modes"] == list(MODES)
         assert any(s.get("role") == "balanced" for s in cfg["settings"])
@@ -159,13 +159,18 @@ def test_mode_kwargs_and_config_files():
             from_spec(dict(s["workload"]), 8, 8, 0, 0)  # every workload builds
 
 
-def test_the_smoke_config_is_the_quick_bench_on_the_tiny_model():
-    """make test's bench smoke (conf/bench/smoke.yaml) runs what the quick bench runs on its peer setting, only on the
-    tiny model: the same overrides, modes, rounds and setting, so the smoke covers the quick bench's path."""
-    quick, smoke = (bench.load_config(bench.CONF_DIR / n) for n in ("quick.yaml", "smoke.yaml"))
-    assert (quick["model_size"], smoke["model_size"]) == ("bench", "tiny")
-    assert {k: v for k, v in smoke.items() if k != "model_size"} == {
-        **{k: v for k, v in quick.items() if k != "model_size"}, "settings": [s for s in quick["settings"] if s.get("peers")]}
+def test_model_size_moves_the_chosen_settings_or_names_what_it_cannot(capsys):
+    ap = bench._parser()
+    cfg, settings, _ = bench._bench_config(ap, ap.parse_args(["--quick", "--model-size", "tiny", "--out", "x.json"]))
+    assert cfg["model_size"] == "tiny" and settings and all("model_size" not in s for s in settings)
+    with pytest.raises(SystemExit):
+        bench._bench_config(ap, ap.parse_args(["--quick", "--model-size", "huge", "--out", "x.json"]))
+    assert "--model-size huge: not one of tiny" in capsys.readouterr().err
+    cfg = {"model_size": "bench"}
+    with pytest.raises(SystemExit):
+        bench._on_model_size(ap, cfg, [{"name": "s", "stack": "big"}], "tiny")
+    assert "setting(s) s run on a named stack" in capsys.readouterr().err
+    assert cfg["model_size"] == "bench", "nothing changed when it refused"
 
 
 def test_env_info_names_cpu_and_versions():

@@ -1,6 +1,6 @@
-"""The benchmark, for real, on the quick bench's long-tailed setting (sync, cgp_fgd and verl's separate_async peer) with
-the tiny model (conf/bench/smoke.yaml; tests/test_bench.py holds it to quick.yaml's setting): its own stack (Ray,
-vLLM, the verl trainer) in a subprocess.
+"""The benchmark, for real, on the quick bench's long-tailed setting (sync, cgp_fgd and verl's separate_async peer) on
+the tiny model (``--model-size tiny``: the bench model's stack start-up and steps cost `make test` minutes, and the
+smoke checks the output, never the speed): its own stack (Ray, vLLM, the verl trainer) in a subprocess.
 
 A subprocess because the bench builds its own PipeSession (the `bench` model size) and must not share Ray with
 the session-scoped ``pipe`` fixture of the other end-to-end tests. Checks the output's shape and sanity, never
@@ -23,17 +23,20 @@ REPO = Path(__file__).resolve().parents[2]
 # (tests/e2e/test_pipeline.py runs each on real stacks; bench/report's handling of every mode is unit-tested), and
 # each costs a measured step of `make test`'s time here.
 SMOKE_MODES = ("sync", "cgp_fgd")
+SMOKE_SIZE = "tiny"
 
 
-def _smoke() -> dict:
+def _quick() -> dict:
     from verl_pipe.bench.settings import CONF_DIR, load_config
 
-    return load_config(CONF_DIR / "smoke.yaml")
+    return load_config(CONF_DIR / "quick.yaml")
 
 
-def smoke_settings(smoke: dict) -> list[dict]:
-    """The settings the smoke runs: those with verl's peer (smoke.yaml has only the long tail)."""
-    return [s for s in smoke["settings"] if s.get("peers")]
+def smoke_settings(quick: dict) -> list[dict]:
+    """The quick bench's settings the smoke runs: those with verl's peer (the long tail, the balanced role), not the
+    equal-length control, which runs the same code on another workload (unit-tested) and costs 4 steps of
+    `make test`'s time."""
+    return [s for s in quick["settings"] if s.get("peers")]
 
 
 def smoke_time_limit_s() -> float:
@@ -49,10 +52,10 @@ def smoke_time_limit_s() -> float:
     from verl_pipe.platform.cpu_info import probe_matmul
     from verl_pipe.launch.session import compose
 
-    smoke = _smoke()
+    smoke = _quick()
     settings = smoke_settings(smoke)
     cfg = compose(smoke["overrides"])
-    sizes = {s.get("model_size", smoke["model_size"]) for s in settings}
+    sizes = {SMOKE_SIZE}
     params = 0
     for size in sizes:
         mc = AutoConfig.from_pretrained(ensure_assets(size=size).model_dir)
@@ -76,9 +79,9 @@ def test_the_bench_runs_and_writes_schema_and_charts(tmp_path):
     out, charts = tmp_path / "smoke.json", tmp_path / "charts"
     env = dict(os.environ)
     env.setdefault("VERL_PIPE_CACHE", str(REPO / ".cache" / "verl_pipe"))
-    names = [s["name"] for s in smoke_settings(_smoke())]
-    assert names, "smoke.yaml runs verl's peer on a setting (the smoke covers it)"
-    proc = subprocess.run([sys.executable, "-m", "verl_pipe.bench", "--config", "conf/bench/smoke.yaml",
+    names = [s["name"] for s in smoke_settings(_quick())]
+    assert names, "quick.yaml runs verl's peer on a setting (the smoke covers it)"
+    proc = subprocess.run([sys.executable, "-m", "verl_pipe.bench", "--quick", "--model-size", SMOKE_SIZE,
                            "--settings", ",".join(names), "--modes", ",".join(SMOKE_MODES),
                            "--out", str(out), "--charts", str(charts)], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=smoke_time_limit_s())
@@ -87,6 +90,7 @@ def test_the_bench_runs_and_writes_schema_and_charts(tmp_path):
     assert check_schema(result) == []
 
     for s in result["settings"]:
+        assert s["model_size"] == SMOKE_SIZE, s["model_size"]
         assert result["config"]["modes"] == list(SMOKE_MODES)
         assert set(SMOKE_MODES) <= set(s["modes"])
         assert s["sync_train_to_rollout_ratio"] > 0

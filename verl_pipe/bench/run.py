@@ -677,6 +677,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--config", help="a bench YAML (default conf/bench/default.yaml, or quick.yaml with --quick)")
     ap.add_argument("--settings", help="comma-separated setting names to run (default: all in the config)")
     ap.add_argument("--repeats", type=int, help="rounds of the interleaved modes per setting")
+    ap.add_argument("--model-size", help="run every chosen setting on this model size (verl_pipe/assets/model.py "
+                    "MODEL_SIZES) instead of the config's")
     ap.add_argument("--modes", help="comma-separated subset of the config's modes to run (default: all; sync, the "
                     "baseline every reduction is measured against, must be among them)")
     ap.add_argument("--out", required=True, help="write the results JSON here")
@@ -735,11 +737,27 @@ def _bench_config(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tupl
     settings = _chosen_settings(ap, cfg["settings"], args.settings)
     if args.modes:
         cfg["modes"] = _chosen_modes(ap, list(cfg.get("modes") or MODES), args.modes)
+    if args.model_size:
+        settings = _on_model_size(ap, cfg, settings, args.model_size)
     repeats = args.repeats if args.repeats is not None else int(cfg.get("repeats", 1))
     if repeats < 1:
         ap.error("--repeats must be >= 1")
     os.environ.setdefault("VERL_PIPE_CACHE", str(Path(__file__).resolve().parents[2] / ".cache" / "verl_pipe"))
     return cfg, settings, repeats
+
+
+def _on_model_size(ap: argparse.ArgumentParser, cfg: dict, settings: list[dict], size: str) -> list[dict]:
+    """``--model-size``: the config's model size and every chosen setting's become ``size``; a setting on a named
+    stack (its own overrides) cannot be moved, and an error names it."""
+    from verl_pipe.assets.model import MODEL_SIZES
+
+    if size not in MODEL_SIZES:
+        ap.error(f"--model-size {size}: not one of {', '.join(MODEL_SIZES)}")
+    stacked = [s["name"] for s in settings if s.get("stack")]
+    if stacked:
+        ap.error(f"--model-size: setting(s) {', '.join(stacked)} run on a named stack (stacks: in the config)")
+    cfg["model_size"] = size
+    return [{k: v for k, v in s.items() if k != "model_size"} for s in settings]
 
 
 def _chosen_modes(ap: argparse.ArgumentParser, config_modes: list[str], arg: str) -> list[str]:
