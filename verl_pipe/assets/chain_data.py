@@ -37,8 +37,8 @@ from pathlib import Path
 from verl_pipe.assets.math_data import DATA_SOURCE, INSTRUCTION, OPERATIONS, worked_answer, write_splits
 
 # The chain length k: P(k) proportional to k ** -K_ALPHA for K_MIN <= k <= K_MAX. Questions are distinct, and only
-# 9 x 19 one-step chains exist, so k = 1 gets at most those 171 (tests/test_chain_data.py). K_MIN 1 (2 until
-# 2026-12-05): docs/learning.md, "The chain task", has the splits' lengths.
+# 9 x 19 one-step chains exist, so k = 1 gets at most those 171 (tests/test_chain_data.py). The splits'
+# lengths: docs/learning.md, "The chain task".
 K_ALPHA = 1.5
 K_MIN = 1
 K_MAX = 36

@@ -17,7 +17,7 @@ denominator), so writing more steps earns nothing. A right worked solution score
 (carrying the tens digit) earns its first step and the steps where both digits agree; text with no step and no
 right answer scores 0.
 
-Why: at the chain warm-start's accuracy (~0.1 sampled) most of a step's groups of 8 had no right answer, so their
+Why: at the chain warm-start's low sampled accuracy most of a step's groups of 8 had no right answer, so their
 0/1 rewards were all equal and GRPO had no signal (docs/learning.md, "The chain task"). Per-step credit gives a
 group reward variance whenever its samples differ in how many steps they carry right.
 """
