@@ -218,3 +218,16 @@ def test_run_scripts_parse_and_name_existing_recipes(script):
     subprocess.run(["bash", "-n", str(script)], check=True)
     names = re.findall(r"--config-name\s+(\S+)", script.read_text())
     assert names and all(n in RECIPES for n in names), f"{script.name}: {names}"
+
+
+def test_make_demo_trains_the_long_tail_recipe_pipelined(configs):
+    """``make demo`` (the README's first command) runs a shipped recipe in the product's mode: CGP with FGD on, on a
+    task whose lengths the model decides (no forced workload) and whose responses may run long."""
+    lines = (ROOT / "Makefile").read_text().splitlines()
+    recipe_line = lines[lines.index(next(line for line in lines if line.startswith("demo:"))) + 1]
+    m = re.search(r"-m verl_pipe\.main_grpo --config-name (\w+)$", recipe_line.strip())
+    assert m, recipe_line
+    cfg = configs[m.group(1)]
+    rp = cfg.rolloutpipe
+    assert rp.mode == "cgp" and rp.fgd.enable in ("auto", True) and rp.workload is None
+    assert rp.tiny_assets.task == "chain" and cfg.data.max_response_length >= 200

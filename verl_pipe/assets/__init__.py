@@ -40,7 +40,7 @@ class Task:
 TASKS: dict[str, Task] = {
     "digit_math": Task("verl_pipe.assets.math_data", ASSET_VERSION, 128),
     # The chain task trains on per-step partial credit; its validation metric (``acc``) is the exact answer.
-    "chain": Task("verl_pipe.assets.chain_data", 3, 448, reward_module="verl_pipe.assets.chain_reward"),
+    "chain": Task("verl_pipe.assets.chain_data", 4, 448, reward_module="verl_pipe.assets.chain_reward"),
 }
 
 
