@@ -77,8 +77,12 @@ def test_the_installed_package_is_the_wheel(installed, tmp_path):
         assert not Path(line).resolve().is_relative_to(ROOT), f"{line} comes from the checkout"
 
 
-def test_main_grpo_composes_the_base_config_outside_a_checkout(installed, tmp_path):
+def test_main_grpo_composes_its_default_outside_a_checkout(installed, tmp_path):
     out = _run(installed, ["-m", "verl_pipe.main_grpo", "--cfg", "job"], tmp_path)
+    assert "task: chain" in out and "max_response_length: 320" in out  # the chain recipe (main_grpo.DEFAULT_RECIPE)
+    out = _run(installed, ["-m", "verl_pipe.main_grpo", "--config-name", "rolloutpipe_trainer", "--cfg", "job"],
+               tmp_path)
+    assert "task: digit_math" in out
     assert "rolloutpipe:" in out and "mode: sync" in out and "platform: cpu" in out
     assert "ppo_mini_batch_size: 8" in out  # ours, over verl's ppo_trainer (found through pkg://verl.trainer.config)
     assert "checkpoint_engine:" in out and "backend: ray_store" in out

@@ -21,6 +21,11 @@ from verl_pipe.launch import stop_request
 # package-dir; verl_pipe/conf in a wheel), found by module name, so an installed verl_pipe runs outside a checkout;
 # recipes and verl's ppo_trainer come from the search-path plugin (hydra_plugins/).
 CONF_MODULE = "verl_pipe.conf"
+# What ``python -m verl_pipe.main_grpo`` runs with no --config-name: the chain recipe (recipes/tiny_cpu_chain.yaml,
+# the embedded task whose response lengths have a natural long tail, pipelined: what `make demo` trains). The base
+# config it extends (conf/rolloutpipe_trainer.yaml, the digit-math task) is what every test composes; name it with
+# --config-name rolloutpipe_trainer.
+DEFAULT_RECIPE = "tiny_cpu_chain"
 
 
 def prepare_config(config: DictConfig) -> DictConfig:
@@ -285,7 +290,7 @@ def stop(reason: str, shutdown_timeout_s: float = 20.0, before_shutdown=None) ->
         print(f"[verl_pipe] ended {len(killed)} process(es) left behind", flush=True)
 
 
-@hydra.main(config_path=f"pkg://{CONF_MODULE}", config_name="rolloutpipe_trainer", version_base=None)
+@hydra.main(config_path=f"pkg://{CONF_MODULE}", config_name=DEFAULT_RECIPE, version_base=None)
 def main(config: DictConfig) -> None:
     from verl_pipe.launch.teardown import become_subreaper
 

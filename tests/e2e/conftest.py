@@ -236,7 +236,7 @@ class KillAtFirstUnit:
 
 @pytest.fixture(scope="module")
 def learn_pipe(tmp_path_factory):
-    """A live stack of the tiny default as `make demo` runs it (its SFT warm-start, its reward, its learning settings),
+    """A live stack of the base config's digit-math task (its SFT warm-start, its reward, its learning settings),
     driven step by step."""
     from verl_pipe.launch.session import PipeSession, compose
 

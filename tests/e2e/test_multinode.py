@@ -408,7 +408,9 @@ def _launch(cluster, log: Path, ckpt: Path, trace: Path, env_extra: dict | None 
                   "rolloutpipe.mode=cgp", f"+ray_kwargs.ray_init.address={cluster.address}",
                   f"trainer.default_local_dir={ckpt}", f"rolloutpipe.trace_dir={trace}"]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | (env_extra or {})
-    return subprocess.Popen([sys.executable, "-m", "verl_pipe.main_grpo", *overrides], stdout=open(log, "wb"),
+    # the base config (MN_OVERRIDES are its digit-math shape); main_grpo's own default is the chain recipe
+    return subprocess.Popen([sys.executable, "-m", "verl_pipe.main_grpo", "--config-name", "rolloutpipe_trainer",
+                             *overrides], stdout=open(log, "wb"),
                             stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
 
 

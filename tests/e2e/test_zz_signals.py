@@ -21,7 +21,8 @@ BATCH = 8
 
 
 def _launch(args: list[str]) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "verl_pipe.main_grpo", *args]
+    # the base config (digit-math), as every e2e stack composes it; main_grpo's own default is the chain recipe
+    cmd = [sys.executable, "-m", "verl_pipe.main_grpo", "--config-name", "rolloutpipe_trainer", *args]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, env=dict(os.environ))
 

@@ -1,6 +1,7 @@
-"""``python -m verl_pipe.assets [hydra overrides]``: build and cache the tiny default's assets (tokenizer, model,
-digit-math data) and its SFT warm-start, as ``python -m verl_pipe.main_grpo`` would before it trains; prints where.
-``make setup`` runs it, so the first demo and the first test do not pay the build."""
+"""``python -m verl_pipe.assets [hydra overrides]``: build and cache the base config's assets (tokenizer, model,
+digit-math data) and its SFT warm-start, as ``python -m verl_pipe.main_grpo --config-name rolloutpipe_trainer`` would
+before it trains; prints where. ``make assets`` runs it, so the first test does not pay the build (the tests compose
+the base config; the demo's chain recipe builds its own warm-start on its first run)."""
 
 import sys
 

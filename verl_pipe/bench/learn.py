@@ -42,6 +42,7 @@ from pathlib import Path
 from verl_pipe.bench import learn_stats as st
 from verl_pipe.bench.peer.learn import LEARN_MODE as PEER_MODE
 from verl_pipe.core.variants import BASE, variant
+from verl_pipe.main_grpo import DEFAULT_RECIPE  # main_grpo's config: its default task (the comparison's)
 
 # The modes the comparison runs by default: ours (RolloutPipeTrainer) and verl's on-policy separate_async.
 LEARN_MODES = (BASE, "cgp", "cgp_fgd", PEER_MODE)
@@ -51,7 +52,6 @@ VAL_KEY = "val-core/verl_pipe/digit_math/acc/mean@1"  # the task's data source (
 STEP_KEYS = {"reward": "critic/score/mean", "response_length": "response_length/mean", "step_s": "timing_s/step",
              "entropy": "actor/entropy"}
 WINDOW = 10  # steps per window of the reward chart
-DEFAULT_RECIPE = "rolloutpipe_trainer"  # main_grpo's config: its default task
 TASK_KEY = "rolloutpipe.tiny_assets.task"  # the embedded tiny task a run trains on (where the config has tasks)
 
 
