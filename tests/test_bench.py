@@ -531,3 +531,12 @@ def test_modes_flag_picks_a_subset_in_the_configs_order_and_keeps_sync(capsys):
     args = ap.parse_args(["--quick", "--out", "x.json", "--modes", "sync,cgp_fgd"])
     cfg, _, _ = bench._bench_config(ap, args)
     assert cfg["modes"] == ["sync", "cgp_fgd"]
+
+
+def test_rotate_stacks_flips_the_peers_side_and_order():
+    ap = bench._parser()
+    path = "conf/bench/peer_split_paper_tiny.yaml"
+    cfg, settings, _ = bench._bench_config(ap, ap.parse_args(["--config", path, "--out", "x.json"]))
+    assert not cfg.get("peers_first") and settings[0]["peers"] == ["separate_sync", "tuned", "colocated"]
+    cfg, settings, _ = bench._bench_config(ap, ap.parse_args(["--config", path, "--rotate-stacks", "--out", "x.json"]))
+    assert cfg["peers_first"] is True and settings[0]["peers"] == ["colocated", "tuned", "separate_sync"]

@@ -205,8 +205,10 @@ def fgd_vs_cgp(result: dict) -> list[str]:
 
 
 from verl_pipe.bench.peer.split import aa_table, split_table  # noqa: E402 -- docs/peer.md's gain split (bench/peer/split.py)
+from verl_pipe.bench.peer.tuning import table as tuning_table  # noqa: E402 -- docs/peer.md's tuning sweep
 
-KINDS = {"gain_split": split_table, "gain_split_aa": aa_table, "fgd_vs_cgp": fgd_vs_cgp, "balanced": balanced, "paper": paper, "paper_vs_peer": paper_vs_peer, "trainer_costs": trainer_costs,
+KINDS = {"gain_split": split_table, "gain_split_aa": aa_table, "peer_tuning": tuning_table, "fgd_vs_cgp": fgd_vs_cgp,
+         "balanced": balanced, "paper": paper, "paper_vs_peer": paper_vs_peer, "trainer_costs": trainer_costs,
          "trainer_gap": trainer_gap, "trainer_spans": trainer_spans}
 
 

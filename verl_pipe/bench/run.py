@@ -681,6 +681,9 @@ def _parser() -> argparse.ArgumentParser:
                     "MODEL_SIZES) instead of the config's")
     ap.add_argument("--modes", help="comma-separated subset of the config's modes to run (default: all; sync, the "
                     "baseline every reduction is measured against, must be among them)")
+    ap.add_argument("--rotate-stacks", action="store_true", help="the second window of a split comparison "
+                    "(conf/bench/peer_split_*.yaml): verl's trainers on the other side of our stack (the YAML's "
+                    "peers_first flipped), each setting's peers in reverse order")
     ap.add_argument("--out", required=True, help="write the results JSON here")
     ap.add_argument("--charts", help="write PNG charts into this folder")
     ap.add_argument("--learn", action="store_true", help="the learning curves instead (verl_pipe/bench/learn.py: "
@@ -739,6 +742,9 @@ def _bench_config(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tupl
         cfg["modes"] = _chosen_modes(ap, list(cfg.get("modes") or MODES), args.modes)
     if args.model_size:
         settings = _on_model_size(ap, cfg, settings, args.model_size)
+    if args.rotate_stacks:
+        cfg["peers_first"] = not cfg.get("peers_first")
+        settings = [dict(s, peers=list(reversed(s["peers"]))) if s.get("peers") else s for s in settings]
     repeats = args.repeats if args.repeats is not None else int(cfg.get("repeats", 1))
     if repeats < 1:
         ap.error("--repeats must be >= 1")
