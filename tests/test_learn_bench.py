@@ -185,6 +185,12 @@ def test_peer_spec_puts_the_learning_keys_after_the_peers_own():
     spec = learn_spec(["rolloutpipe.workload=null"], run_keys(PEER_MODE, 3, 20, 5), 20, 3,
                       config=variant(PEER_MODE).peer_config, config_name="tiny_cpu_cgp_fgd")
     assert compose_spec(spec).rolloutpipe.fgd.window == 32  # set by that recipe only
+    # verl's parameter_sync_step follows the recipe's own batch shape (the chain recipe: 32 prompts, mini-batches of 8)
+    spec = learn_spec([], run_keys(PEER_MODE, 0, 40, 5), 40, 0, config=variant(PEER_MODE).peer_config,
+                      config_name="tiny_cpu_chain")
+    cfg = compose_spec(spec)
+    sync_step = cfg.trainer.v1.separate_async.parameter_sync_step
+    assert sync_step * cfg.actor_rollout_ref.actor.ppo_mini_batch_size == cfg.data.train_batch_size == 32
     with pytest.raises(ValueError, match="steps=0"):
         learn_spec([], [], 0, 0)
 

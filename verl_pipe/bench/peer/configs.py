@@ -85,9 +85,10 @@ def _int_setting(overrides: list[str], key: str, default: int | None = None) -> 
 
 
 def peer_overrides(config: str, base: list[str], steps: int, storage_units: int | None = None,
-                   knobs: dict | None = None) -> list[str]:
+                   knobs: dict | None = None, shape: tuple[int, int] = (8, 4)) -> list[str]:
     """Hydra overrides (rolloutpipe_trainer.yaml) for ``config`` on top of the bench's ``base`` overrides;
-    ``knobs`` (KNOBS) on top of the configuration's own, ``storage_units`` as a knob.
+    ``knobs`` (KNOBS) on top of the configuration's own, ``storage_units`` as a knob. ``shape``: the recipe's own
+    (train_batch_size, ppo_mini_batch_size), for whichever of the two ``base`` does not set (``recipe_shape``).
 
     Raises ValueError naming the setting when the batch shape cannot run separate_async
     (train_batch_size must be a multiple of ppo_mini_batch_size: verl asserts
@@ -102,8 +103,8 @@ def peer_overrides(config: str, base: list[str], steps: int, storage_units: int 
                              "expected >= 1")
         knobs = {**(knobs or {}), "storage_units": storage_units}
     k = knobs_of(config, knobs)
-    batch = _int_setting(base, "data.train_batch_size", 8)
-    mini = _int_setting(base, "actor_rollout_ref.actor.ppo_mini_batch_size", 4)
+    batch = _int_setting(base, "data.train_batch_size", shape[0])
+    mini = _int_setting(base, "actor_rollout_ref.actor.ppo_mini_batch_size", shape[1])
     if mini < 1 or batch % mini:
         raise ValueError(f"data.train_batch_size={batch} is not a multiple of "
                          f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}: verl's separate_async trains "

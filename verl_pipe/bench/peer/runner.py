@@ -158,6 +158,16 @@ def _train_separate_sync(config, spec: dict, t_start: float, t_ray: float) -> tu
     return records, t_ready, time.time()
 
 
+def recipe_shape(spec: dict) -> tuple[int, int]:
+    """The (train_batch_size, ppo_mini_batch_size) the spec's recipe and overrides give, which verl's
+    parameter_sync_step must match (a recipe such as tiny_cpu_chain sets its own)."""
+    from verl_pipe.launch.session import compose
+
+    cfg = compose(list(spec.get("overrides", [])) + list(spec.get("post_overrides", [])),
+                  config_name=spec.get("config_name") or "rolloutpipe_trainer")
+    return int(cfg.data.train_batch_size), int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
+
+
 def compose_spec(spec: dict):
     """The peer's config: the spec's recipe (default: rolloutpipe_trainer) with the peer's overrides, then the
     spec's ``post_overrides`` (they win: e.g. the learning bench's validation cadence) and, for a multi-turn
@@ -168,7 +178,7 @@ def compose_spec(spec: dict):
     from verl_pipe.launch.session import compose
 
     overrides = peer_overrides(spec["config"], list(spec.get("overrides", [])), int(spec["steps"]),
-                               knobs=spec.get("knobs"))
+                               knobs=spec.get("knobs"), shape=recipe_shape(spec))
     overrides += list(spec.get("post_overrides", []))
     config = compose(overrides, config_name=spec.get("config_name") or "rolloutpipe_trainer")
     if spec.get("multiturn"):
@@ -215,7 +225,8 @@ def run(spec: dict) -> dict:
             "warmup_steps": int(spec.get("warmup_steps", 0)), "startup_s": t_ready - t_start,
             "ray_start_s": t_ray - t_start, "run_s": t_end - t_ready,
             "overrides": peer_overrides(spec["config"], list(spec.get("overrides", [])), int(spec["steps"]),
-                                        knobs=spec.get("knobs")) + list(spec.get("post_overrides", [])),
+                                        knobs=spec.get("knobs"), shape=recipe_shape(spec))
+            + list(spec.get("post_overrides", [])),
             "knobs": knobs_of(spec["config"], spec.get("knobs")),
             "workload": spec.get("workload")}
 
