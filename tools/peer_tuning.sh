@@ -1,25 +1,18 @@
 #!/bin/bash
-# The tuning sweep of verl's separate_async (docs/peer.md, "Tuning verl's separate_async"), one quiet window under the
-# Ray lock with /tmp/verl_pipe_quiet set and the load average logged every 15 s:
+# The tuning sweep of verl's separate_async (docs/peer.md, "Tuning verl's separate_async"), one quiet window
+# (tools/quiet_window.sh: the Ray lock, /tmp/verl_pipe_quiet, the load average every 15 s):
 #   1. the poll interval as a within-stack A/B (0.1 s vs verl's 2 s, three pairs of consecutive steps on one workload,
 #      the arms' order alternating over the pairs);
 #   2. the tuned configuration, verl's 8 storage units, verl's 8 agent-loop workers, the tuned configuration again:
 #      each its own stack on the same three workloads (step i: seed + i), the tuned stack before and after the knobs
 #      so a drift of the machine over the window shows as a difference between the two.
-# Analysis: python -m verl_pipe.bench.peer.tuning DIR --out DIR/peer_tuning.json
-#   tools/peer_tuning.sh OUT_DIR [DATE]
+# Analysis: python -m verl_pipe.bench.peer.tuning OUT_DIR --day DATE --out OUT_DIR/peer_tuning.json
+#   tools/peer_tuning.sh OUT_DIR [DATE]      (BENCH=conf/bench/....yaml for another setting; PYTHON=...)
 set -u
 dir=$1; day=${2:-$(date -u +%F)}
-py=${PYTHON:-python}
-bench=${BENCH:-conf/bench/peer_split_quick.yaml}
 mkdir -p "$dir"
-exec flock /tmp/verl_pipe_ray.lock bash -c '
+exec "$(dirname "$0")/quiet_window.sh" "$dir/peer_tuning_load_$day.log" "$dir/sweep.log" bash -c '
   dir=$1; day=$2; py=$3; bench=$4
-  touch /tmp/verl_pipe_quiet
-  ( while true; do echo "$(date -Is) $(cat /proc/loadavg)"; sleep 15; done ) > "$dir/peer_tuning_load_$day.log" &
-  loadpid=$!
-  trap "rm -f /tmp/verl_pipe_quiet; kill $loadpid" EXIT
-  echo "[peer_tuning] lock and quiet file at $(date -Is); load $(cat /proc/loadavg)"
   run() {  # name, extra args
     local name=$1; shift
     echo "[peer_tuning] $name start $(date -Is)"
@@ -32,5 +25,4 @@ exec flock /tmp/verl_pipe_ray.lock bash -c '
   run storage8 --steps 3 --knob storage_units=8
   run workers8 --steps 3 --knob agent_workers=8
   run base_b --steps 3
-  echo "[peer_tuning] done at $(date -Is); load $(cat /proc/loadavg)"
-' bash "$dir" "$day" "$py" "$bench"
+' bash "$dir" "$day" "${PYTHON:-python}" "${BENCH:-conf/bench/peer_split_quick.yaml}"
