@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from verl_pipe.bench import learn_stats as st
-from verl_pipe.bench.learn import (HEADLINE_MODES, LEARN_MODES, PEER_MODE, STEP_KEYS, VAL_KEY, compare, merge,
-                                   run_overrides, sd_estimates, step_row, val_key)
+from verl_pipe.bench.learn import (HEADLINE_MODES, LEARN_MODES, PEER_MODE, STEP_KEYS, VAL_KEY, compare,
+                                   length_prediction, merge, run_overrides, sd_estimates, step_row, val_key)
 from verl_pipe.core.variants import BASE, variant
 
 
@@ -302,3 +302,26 @@ def test_a_kept_real_run_reanalyzes_to_what_it_saved(path, tmp_path):
         assert again["comparison"]["summary"][mode]["final_val_acc"] == s["final_val_acc"]
         assert again["comparison"]["summary"][mode]["time_to_target_s"] == s["time_to_target_s"]
     assert all(Path(p).stat().st_size > 10_000 for p in again["charts"])
+
+
+def test_length_prediction_summarizes_a_runs_group_records_per_source():
+    """A run of a length-aware FGD mode keeps, per source, how its predictions ranked the groups' real lengths (issue
+    41 on the natural-tail task); a mode that records no predictions keeps None."""
+    from verl_pipe.core.lengths import Prediction, StepLengths
+
+    step = StepLengths([Prediction(3.0, "history", 1.0), Prediction(4.0, "history", 1.0),
+                        Prediction(None, "prior", 0.25), Prediction(2.0, "history", 1.0)], 2)
+    for g, (a, b) in enumerate([(20, 30), (60, 50), (10, 12), (5, 8)]):
+        step.observe(g, a)
+        step.observe(g, b)
+    wrong = StepLengths([Prediction(2.0, "history", 1.0), Prediction(3.0, "history", 1.0),
+                         Prediction(4.0, "history", 1.0)], 2)
+    for g, (a, b) in enumerate([(90, 80), (40, 50), (5, 6)]):  # predicted in the reverse order
+        wrong.observe(g, a)
+        wrong.observe(g, b)
+    good = length_prediction(step.record())
+    assert good["history"] == {"groups": 3, "rank_correlation": 1.0} and good["prior"]["groups"] == 1
+    assert good["siblings"]["groups"] == 4
+    assert length_prediction(wrong.record())["history"]["rank_correlation"] == -1.0
+    assert length_prediction(step.record() + wrong.record())["history"]["groups"] == 6
+    assert length_prediction([]) is None

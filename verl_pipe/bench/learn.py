@@ -125,6 +125,15 @@ def run_context() -> dict:
             "quiet_file": os.path.exists("/tmp/verl_pipe_quiet")}
 
 
+def length_prediction(records: list[dict]) -> dict | None:
+    """The run's length predictions against what came out (issue 41 on a task whose model decides the lengths): rank
+    correlation per source over every step's group records (``core.lengths.prediction_quality``); None where the
+    mode records none (no length-aware FGD)."""
+    from verl_pipe.core.lengths import prediction_quality
+
+    return prediction_quality(records) if records else None
+
+
 def _run_ours(mode: str, seed: int, steps: int, val_every: int, overrides: list[str], log, recipe: str) -> dict:
     from verl_pipe.bench.provenance import stack_record
     from verl_pipe.launch.session import PipeSession, compose
@@ -134,10 +143,11 @@ def _run_ours(mode: str, seed: int, steps: int, val_every: int, overrides: list[
     try:
         key = val_key(session.trainer.initial_val_metrics)
         val0 = _number(session.trainer.initial_val_metrics.get(key)) if key else None
-        rows, wall = [], 0.0
+        rows, wall, lengths = [], 0.0, []
         for _ in range(steps):
             t0 = time.perf_counter()
             record = session.step()
+            lengths += record.get("lengths") or []  # per group, predicted vs actual (length-aware FGD only)
             # Training wall-clock: the step (rollout, training, weight sync), not the validation that measures it.
             wall += time.perf_counter() - t0 - float(record["metrics"].get("timing_s/testing", 0.0))
             rows.append(step_row(record, wall))
@@ -145,7 +155,8 @@ def _run_ours(mode: str, seed: int, steps: int, val_every: int, overrides: list[
                 log(f"[learn] {mode} seed {seed} step {rows[-1]['step']}: val acc {rows[-1]['val_acc']:.3f} "
                     f"({wall:.0f} s of training)")
         return {"startup_s": session.startup_s, "val_before": val0, "steps": rows,
-                "unit_fill": session.knobs.unit_fill, "config": stack_record(session.trainer.config, all_overrides)}
+                "unit_fill": session.knobs.unit_fill, "length_prediction": length_prediction(lengths),
+                "config": stack_record(session.trainer.config, all_overrides)}
     finally:
         session.close()
 
