@@ -41,3 +41,24 @@ def test_every_variant_says_fgd_explicitly():
         assert [o for o in ov if o.startswith("rolloutpipe.fgd.enable=")] == [
             f"rolloutpipe.fgd.enable={str(variant(name).fgd).lower()}"]
     assert resolve_fgd("auto", "cgp") and not resolve_fgd("auto", "sync") and resolve_fgd(True, "sync")
+
+
+def test_the_sessions_batches_carry_the_epoch_as_the_run_loop_does():
+    """A session steps through the data loader epoch after epoch and sets the trainer's epoch as the run loop's fit
+    does: the length history predicts a prompt's lengths only from its earlier epochs, so a session that left the
+    epoch at 0 would never predict from history (length-aware FGD in the learning bench ordered by siblings only)."""
+    seen = []
+
+    class Trainer:
+        epoch = 0
+
+        def epoch_batches(self):
+            for b in ("a", "b"):
+                yield b
+
+    s = PipeSession.__new__(PipeSession)
+    s.trainer = Trainer()
+    batches = s._batch_iter()
+    for _ in range(5):
+        seen.append((next(batches), s.trainer.epoch))
+    assert seen == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2)]

@@ -31,8 +31,14 @@ class PipeSession:
         self._changes: dict = {}  # the knobs set by earlier steps' arguments: they stay until set again
 
     def _batch_iter(self):
+        epoch = getattr(self.trainer, "epoch", 0)
         while True:
-            yield from self.trainer.epoch_batches()  # the run loop's (a bad record named, skipped or failing)
+            for batch_dict in self.trainer.epoch_batches():  # the run loop's (a bad record named, skipped or failing)
+                # As the run loop's fit: the step's epoch, by which the length history keys a prompt's groups (a
+                # prompt's earlier epochs predict its lengths: verl_pipe/core/lengths.py).
+                self.trainer.epoch = epoch
+                yield batch_dict
+            epoch += 1
 
     @property
     def knobs(self) -> StepKnobs:
