@@ -127,8 +127,8 @@ def run_context() -> dict:
 
 def length_prediction(records: list[dict]) -> dict | None:
     """The run's length predictions against what came out (issue 41 on a task whose model decides the lengths): rank
-    correlation per source over every step's group records (``core.lengths.prediction_quality``); None where the
-    mode records none (no length-aware FGD)."""
+    correlation per source over every step's group records (``core.lengths.prediction_quality``; every mode of ours
+    records them, only cgp_fgd orders by them); None where a run has none (verl's peer)."""
     from verl_pipe.core.lengths import prediction_quality
 
     return prediction_quality(records) if records else None
@@ -147,7 +147,7 @@ def _run_ours(mode: str, seed: int, steps: int, val_every: int, overrides: list[
         for _ in range(steps):
             t0 = time.perf_counter()
             record = session.step()
-            lengths += record.get("lengths") or []  # per group, predicted vs actual (length-aware FGD only)
+            lengths += record.get("lengths") or []  # per group, predicted vs actual
             # Training wall-clock: the step (rollout, training, weight sync), not the validation that measures it.
             wall += time.perf_counter() - t0 - float(record["metrics"].get("timing_s/testing", 0.0))
             rows.append(step_row(record, wall))
