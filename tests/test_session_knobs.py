@@ -62,3 +62,20 @@ def test_the_sessions_batches_carry_the_epoch_as_the_run_loop_does():
     for _ in range(5):
         seen.append((next(batches), s.trainer.epoch))
     assert seen == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2)]
+
+
+def test_the_length_history_keys_groups_by_dataset_row_after_verls_gen_batch_split():
+    """verl's _get_gen_batch moves the non-tensor ``index`` into the generation batch; the step's batch keeps
+    ``extra_info`` (a reward key), whose ``index`` is the row: the length history must key groups by it (else every
+    group is a prior and length-aware FGD never predicts from a prompt's earlier epochs)."""
+    import numpy as np
+
+    from verl_pipe.trainer.pipe_trainer import dataset_index
+
+    extra = np.array([{"index": 7, "split": "train"}, {"index": 3}, {"split": "train"}], dtype=object)
+    after_split = SimpleNamespace(non_tensor_batch={"extra_info": extra, "uid": np.array(["a", "b", "c"])})
+    assert dataset_index(after_split, 3) == [7, 3, None]
+    before_split = SimpleNamespace(non_tensor_batch={"index": np.array([5, 6]), "extra_info": extra[:2]})
+    assert dataset_index(before_split, 2) == [5, 6]
+    assert dataset_index(None, 2) == [None, None]
+    assert dataset_index(SimpleNamespace(non_tensor_batch={}), 2) == [None, None]

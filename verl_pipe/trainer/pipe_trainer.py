@@ -59,6 +59,19 @@ logger = logging.getLogger(__name__)
 __all__ = ["RolloutPipeTrainer", "StepFailedError"]  # StepFailedError lives in verl_pipe/trainer/rollback.py
 
 
+
+def dataset_index(batch: DataProto | None, num_groups: int) -> list:
+    """Each group's dataset row (verl's RLHFDataset ``index``, from the record's ``extra_info.index``), None where
+    unknown. Seam: verl's ``_get_gen_batch`` moves the non-tensor ``index`` into the generation batch and leaves
+    ``extra_info`` (a reward key) in the step's batch, so the row is read from there when ``index`` has gone."""
+    nt = batch.non_tensor_batch if batch is not None else {}
+    index = nt.get("index")
+    if index is None and "extra_info" in nt:
+        index = [e.get("index") if isinstance(e, dict) else None for e in nt["extra_info"]]
+    if index is None:
+        return [None] * num_groups
+    return [None if i is None else int(i) for i in index]
+
 class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
     backend_cls = ActorBackend  # executes the step's schedule on verl's worker group (fit_step can be given another)
     # Extension hooks: the admission policy class of a step without FGD (verl_pipe.core.frontier; FGD's is
@@ -241,9 +254,7 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
             if len(keys) != num_groups:
                 raise ValueError(f"length_keys name {len(keys)} groups, the step has {num_groups}")
             return [tuple(k) for k in keys]
-        index = batch.non_tensor_batch.get("index") if batch is not None else None
-        keys = [int(i) for i in index] if index is not None else [None] * num_groups
-        return [(k, int(self.epoch)) for k in keys]
+        return [(k, int(self.epoch)) for k in dataset_index(batch, num_groups)]
 
     def _step_lengths(self, num_groups: int, batch: DataProto | None, knobs: StepKnobs) -> StepLengths:
         """The step's length predictions from the run's history (verl_pipe/core/lengths.py); ``fgd_lengths=shuffled``
