@@ -59,7 +59,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["RolloutPipeTrainer", "StepFailedError"]  # StepFailedError lives in verl_pipe/trainer/rollback.py
 
 
-
 def dataset_index(batch: DataProto | None, num_groups: int) -> list:
     """Each group's dataset row (verl's RLHFDataset ``index``, from the record's ``extra_info.index``), None where
     unknown. Seam: verl's ``_get_gen_batch`` moves the non-tensor ``index`` into the generation batch and leaves
@@ -71,6 +70,7 @@ def dataset_index(batch: DataProto | None, num_groups: int) -> list:
     if index is None:
         return [None] * num_groups
     return [None if i is None else int(i) for i in index]
+
 
 class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
     backend_cls = ActorBackend  # executes the step's schedule on verl's worker group (fit_step can be given another)
