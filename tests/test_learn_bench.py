@@ -61,6 +61,27 @@ def test_an_equivalent_faster_mode_passes_and_reaches_sooner():
     assert not out["notes"]
 
 
+def test_fgds_own_gain_over_cgp_is_paired_beside_the_tests_and_reported():
+    from verl_pipe.bench.learn import format_report
+
+    runs = _runs(("sync", "cgp", "cgp_fgd"), speed={"cgp": 0.8, "cgp_fgd": 0.6})
+    lp = {"history": {"groups": 96, "rank_correlation": 0.71}, "siblings": {"groups": 128, "rank_correlation": 0.8},
+          "prior": {"groups": 32, "rank_correlation": None}}
+    for r in runs:
+        r["length_prediction"] = lp if r["mode"] == "cgp_fgd" else None
+    out = compare(runs)
+    b = out["secondary"]["cgp_fgd vs cgp"]
+    assert b["n"] == 5 and b["seeds"][0] == [0, 0]
+    assert b["step_time"]["relative"] == pytest.approx(0.6 / 0.8 - 1)
+    assert set(out["tests"]) == {"cgp", "cgp_fgd"}  # the pre-registered tests stay mode vs sync
+    assert out["summary"]["cgp_fgd"]["length_prediction"] == [lp] * 5
+    report = format_report({"steps": 30, "seeds": [0, 1, 2, 3, 4], "val_every": 5, "val_size": 512,
+                            "comparison": out})
+    assert "cgp_fgd vs cgp (descriptive) (n=5)" in report and "cgp_fgd vs sync (n=5)" in report
+    assert "history 0.71 (96 groups)" in report
+    assert compare(_runs(("sync", "cgp")))["secondary"] == {}
+
+
 def test_a_mode_that_learns_less_fails_the_equivalence_test_and_never_reaches():
     out = compare(_runs(shift={"cgp_fgd": -0.12}, speed={"cgp_fgd": 0.7}))
     t = out["tests"]["cgp_fgd"]
@@ -102,6 +123,19 @@ def test_sd_estimates_take_the_between_run_spread_and_the_aa_differences():
     # the spread here is far below the binomial floor at 512: the projection is that floor
     assert est["projected"]["train_sd"] == 0.0
     assert est["projected"]["paired_sd"] == pytest.approx(est["binomial"]["paired_sd_at_design"])
+
+
+def test_the_aa_differences_are_main_minus_partner_whatever_order_the_parts_list_them():
+    runs = _runs(("sync",))
+    for r in runs:  # the A/A seeds learn 0.02 less: every difference is +0.02
+        if r["arm"] == "aa":
+            r["steps"] = _run("sync", r["seed"], [v - 0.02 for v in _curve(r["seed"] - 100)])["steps"]
+    expect = sd_estimates(runs, val_size=512)["aa"]
+    # a merge lists some A/A runs before their main seed's run (as the rotated parts do)
+    swapped = runs[1:2] + runs[0:1] + runs[2:]
+    got = sd_estimates(swapped, val_size=512)["aa"]
+    assert got["diffs"] == pytest.approx([0.02] * 5) and got["diffs"] == pytest.approx(expect["diffs"])
+    assert got["paired_sd"] == pytest.approx(0.0, abs=1e-9)
 
 
 def test_step_row_reads_the_record():
@@ -226,6 +260,35 @@ def test_merge_joins_parts_and_refuses_mismatches():
         merge([a, dict(b, val_every=10)])
     with pytest.raises(ValueError, match="task"):
         merge([a, dict(b, task={"val_sha256_16": "y"})])
+
+
+def test_merge_replaces_a_named_run_by_a_later_parts_rerun_and_keeps_the_old_one():
+    from verl_pipe.bench.learn import parse_supersede
+
+    a = {"steps": 30, "val_every": 5, "task": {"val_sha256_16": "x"}, "out": "p0.json",
+         "runs": _runs(("sync", "cgp_fgd"), seeds=[0, 1])}
+    b = {"steps": 30, "val_every": 5, "task": {"val_sha256_16": "x"}, "out": "p1.json",
+         "runs": [dict(r, rerun=True) for r in _runs(("cgp_fgd",), aa=False, seeds=[0])]}
+    why = parse_supersede("cgp_fgd@0", "the history fault")
+    assert why == {("cgp_fgd", 0): "the history fault"}
+    m = merge([a, b], why)
+    fgd = [r for r in m["runs"] if r["mode"] == "cgp_fgd"]
+    assert len(m["runs"]) == len(a["runs"]) and len(fgd) == 2
+    assert [r.get("rerun", False) for r in sorted(fgd, key=lambda r: r["seed"])] == [True, False]
+    (old,) = m["superseded"]
+    assert (old["mode"], old["seed"], old["part"], old["by_part"], old["reason"]) == (
+        "cgp_fgd", 0, "p0.json", "p1.json", "the history fault")
+    assert not old["run"].get("rerun") and old["run"]["seed"] == 0
+    with pytest.raises(ValueError, match="appears twice"):  # a rerun not named still refused
+        merge([a, b])
+    with pytest.raises(ValueError, match="cgp_fgd@1: no later part reruns it"):
+        merge([a, b], parse_supersede("cgp_fgd@0,cgp_fgd@1", "x"))
+    with pytest.raises(ValueError, match="needs --supersede-reason"):
+        parse_supersede("cgp_fgd@0", " ")
+    with pytest.raises(ValueError, match="MODE@SEED"):
+        parse_supersede("fgd@0", "x")
+    with pytest.raises(ValueError, match="without --supersede"):
+        parse_supersede(None, "x")
 
 
 def test_cli_refuses_too_few_validations_and_unknown_modes(tmp_path):

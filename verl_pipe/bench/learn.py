@@ -48,6 +48,9 @@ from verl_pipe.main_grpo import DEFAULT_RECIPE  # main_grpo's config: its defaul
 LEARN_MODES = (BASE, "cgp", "cgp_fgd", PEER_MODE)
 # The README's one chart: accuracy against training wall-clock, sync vs CGP+FGD vs verl's peer.
 HEADLINE_MODES = (BASE, "cgp_fgd", PEER_MODE)
+# Descriptive pairings beside the pre-registered tests (each mode vs sync): FGD's own gain over FIFO admission
+# (issue 41 on a task whose model decides the lengths), paired by seed through the same block.
+SECONDARY_PAIRS = (("cgp_fgd", "cgp"),)
 VAL_KEY = "val-core/verl_pipe/digit_math/acc/mean@1"  # the task's data source (math_data.DATA_SOURCE), greedy @1
 STEP_KEYS = {"reward": "critic/score/mean", "response_length": "response_length/mean", "step_s": "timing_s/step",
              "entropy": "actor/entropy"}
@@ -234,7 +237,8 @@ def _mode_summary(mruns: list[dict], times: list[dict]) -> dict:
                                              for r in mruns]),
             **{k: [t[k] for t in times] for k in ("time_to_target_s", "steps_to_target", "time_to_final_s",
                                                    "reached_final")},
-            "reached_target": [t["reached"] for t in times], "curve": mean_curve(mruns)}
+            "reached_target": [t["reached"] for t in times], "curve": mean_curve(mruns),
+            "length_prediction": [r.get("length_prediction") for r in mruns]}
 
 
 def _paired_block(pairs: list[tuple[dict, dict]], times_a: list[dict], times_b: list[dict], margin: float,
@@ -287,6 +291,8 @@ def compare(runs: list[dict], margin: float = st.MARGIN, alpha: float = st.ALPHA
 
     summary = {m: _mode_summary(mr, [times[(m, "main", r["seed"])] for r in mr]) for m, mr in by_mode.items()}
     tests = {m: block(st.pair_by_seed(mr, base_runs)) for m, mr in by_mode.items() if m != base}
+    secondary = {f"{a} vs {b}": block(st.pair_by_seed(by_mode[a], by_mode[b])) for a, b in SECONDARY_PAIRS
+                 if a in by_mode and b in by_mode}
     aa_pairs = st.pair_by_seed(base_runs, aa, offset=st.AA_SEED_OFFSET)
     aa_result = block(aa_pairs) if aa_pairs else None
     if aa_result is not None:
@@ -300,7 +306,7 @@ def compare(runs: list[dict], margin: float = st.MARGIN, alpha: float = st.ALPHA
     return {"preregistered": dict(st.PREREGISTERED, margin=margin, alpha=alpha), "base": base,
             "sync_final_mean": f_base, "target_val_acc": target, "summary": summary,
             "runs": {f"{m}/{a}/{sd}": v for (m, a, sd), v in times.items()}, "tests": tests, "aa": aa_result,
-            "notes": notes}
+            "secondary": secondary, "notes": notes}
 
 
 def mean_curve(runs: list[dict]) -> list[dict]:
@@ -350,6 +356,9 @@ def sd_estimates(runs: list[dict], val_size: int, design_val_size: int = st.MIN_
     by_seed: dict[int, list[dict]] = {}
     for r in sync:
         by_seed.setdefault(r["seed"] % st.AA_SEED_OFFSET, []).append(r)
+    # main seed minus its A/A partner (s against s + 100), whatever order the parts listed them in: a sign that
+    # flips with the order would inflate the sd
+    by_seed = {k: sorted(v, key=lambda r: r["seed"]) for k, v in by_seed.items()}
     diffs = [st.final_accuracy(v[0]) - st.final_accuracy(v[1]) for v in by_seed.values() if len(v) >= 2]
     if len(diffs) >= 2:
         out["aa"] = {"paired_sd": st.mean_sd(diffs)[1], "df": len(diffs) - 1, "diffs": diffs}
@@ -384,16 +393,26 @@ def format_report(result: dict) -> str:
                      f"{s['final_se']:.3f} {s['train_wall_s']:>9.0f}s {s['step_time_s']:>6.2f}s "
                      f"{s['rollout_to_train_end_s'] or float('nan'):>7.2f}s {s['val_s_mean'] or float('nan'):>5.0f}s "
                      f"{reached:>8}")
-    blocks = list(cmp["tests"].items()) + ([("A/A sync", cmp["aa"])] if cmp.get("aa") else [])
+    for mode, s in cmp["summary"].items():
+        lp = [x for x in s.get("length_prediction") or [] if x]
+        hist = [x["history"] for x in lp if x["history"]["groups"]]
+        if lp:
+            sib = [x["siblings"]["rank_correlation"] for x in lp if x["siblings"]["rank_correlation"] is not None]
+            lines.append(f"{mode:<20} length prediction, rank corr per run: history "
+                         + (", ".join(f"{h['rank_correlation']:.2f} ({h['groups']} groups)" for h in hist) or "none")
+                         + "; siblings " + (", ".join(f"{x:.2f}" for x in sib) or "none"))
+    blocks = [(n, t) for n, t in cmp["tests"].items()] + ([("A/A sync", cmp["aa"])] if cmp.get("aa") else [])
+    blocks = [(f"{n} vs sync", t) for n, t in blocks] + [(f"{n} (descriptive)", t)
+                                                          for n, t in (cmp.get("secondary") or {}).items()]
     for name, t in blocks:
         if "tost" in t:
             tt = t["tost"]
             verdict = "EQUIVALENT" if tt["equivalent"] else "not shown equivalent"
-            head = (f"{name} vs sync (n={t['n']}): final {tt['mean']:+.3f} ± {tt['se']:.3f}, 90% CI "
+            head = (f"{name} (n={t['n']}): final {tt['mean']:+.3f} ± {tt['se']:.3f}, 90% CI "
                     f"[{tt['ci'][0]:+.3f}, {tt['ci'][1]:+.3f}] vs ±{tt['margin']} -> {verdict} (p {tt['p']:.3f}; "
                     f"margin shown with 80% power at this sd: {t['detectable_margin_80']:.3f})")
         else:
-            head = f"{name} vs sync (n={t['n']}): too few pairs for the TOST"
+            head = f"{name} (n={t['n']}): too few pairs for the TOST"
         lines.append(head)
         lines.append(f"    time to target {_fmt_p(t['time_to_target'])} (censored {t['censored'][0]} vs "
                      f"{t['censored'][1]}; sooner shown: {t.get('sooner_shown')}); step time "
@@ -507,26 +526,56 @@ def task_info(overrides: list[str], recipe: str = DEFAULT_RECIPE) -> dict:
             "max_response_length": int(cfg.data.max_response_length)}
 
 
-def merge(results: list[dict]) -> dict:
-    """Parts of one comparison merged: the same steps, validation cadence and task; no (mode, arm, seed) twice."""
+def parse_supersede(spec: str | None, reason: str | None) -> dict:
+    """``--supersede "cgp_fgd@0,cgp_fgd@1"`` with its ``--supersede-reason``: {(mode, seed): reason}."""
+    if not spec:
+        if reason:
+            raise ValueError("--supersede-reason without --supersede")
+        return {}
+    if not (reason or "").strip():
+        raise ValueError("--supersede needs --supersede-reason: why the earlier runs no longer count")
+    out = {}
+    for item in (x.strip() for x in spec.split(",") if x.strip()):
+        mode, sep, seed = item.partition("@")
+        if not sep or mode not in LEARN_MODES or not seed.strip().isdigit():
+            raise ValueError(f"--supersede {item!r}: expected MODE@SEED with MODE one of {', '.join(LEARN_MODES)}")
+        out[(mode, int(seed))] = reason.strip()
+    return out
+
+
+def merge(results: list[dict], supersede: dict | None = None) -> dict:
+    """Parts of one comparison merged: the same steps, validation cadence and task; no (mode, arm, seed) twice,
+    except a main-arm (mode, seed) named in ``supersede`` ({(mode, seed): reason}): a later part's run (in the order
+    given) replaces the earlier one, which is kept whole under "superseded" with the reason and the part it came from."""
     if not results:
         raise ValueError("nothing to merge")
+    supersede = supersede or {}
     first = results[0]
     for key in ("steps", "val_every", "task"):
         for r in results[1:]:
             if r.get(key) != first.get(key):
                 raise ValueError(f"cannot merge: {key} {r.get(key)!r} != {first.get(key)!r}")
-    runs, seen = [], set()
+    kept, superseded = {}, []
     for r in results:
         for run in r["runs"]:
-            k = (run["mode"], run.get("arm", "main"), run["seed"])
-            if k in seen:
-                raise ValueError(f"cannot merge: {k} appears twice")
-            seen.add(k)
-            runs.append(run)
+            arm = run.get("arm", "main")
+            k = (run["mode"], arm, run["seed"])
+            if k in kept:
+                reason = supersede.get((run["mode"], run["seed"])) if arm == "main" else None
+                if reason is None:
+                    raise ValueError(f"cannot merge: {k} appears twice (--supersede MODE@SEED to replace the earlier)")
+                old, old_part = kept.pop(k)
+                superseded.append({"mode": old["mode"], "seed": old["seed"], "part": old_part, "reason": reason,
+                                   "by_part": r.get("out"), "run": old})
+            kept[k] = (run, r.get("out"))
+    named = {(s["mode"], s["seed"]) for s in superseded}
+    unused = sorted(set(supersede) - named)
+    if unused:
+        raise ValueError(f"--supersede {', '.join(f'{m}@{s}' for m, s in unused)}: no later part reruns it")
+    runs = [run for run, _ in kept.values()]
     return {**{k: first.get(k) for k in ("steps", "val_every", "recipe", "overrides", "val_size", "task", "env")},
             "seeds": sorted({r["seed"] for r in runs if r.get("arm", "main") == "main"}),
-            "modes": list(dict.fromkeys(r["mode"] for r in runs)), "runs": runs,
+            "modes": list(dict.fromkeys(r["mode"] for r in runs)), "runs": runs, "superseded": superseded,
             "parts": [r.get("out") for r in results], "elapsed_s": sum(r.get("elapsed_s") or 0 for r in results)}
 
 
@@ -567,6 +616,9 @@ def _parser():
     ap.add_argument("--dry-run", action="store_true", help="print the schedule and the task; run nothing")
     ap.add_argument("--reanalyze", metavar="JSON", help="no runs: rebuild the comparison and charts from a saved JSON")
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="no runs: merge parts (run with --seeds/--modes)")
+    ap.add_argument("--supersede", metavar="MODE@SEED,...", help="with --merge: these runs of an earlier part are "
+                    "replaced by a later part's rerun (kept under \"superseded\" in the JSON)")
+    ap.add_argument("--supersede-reason", metavar="TEXT", help="why the superseded runs no longer count (required)")
     ap.add_argument("--power", nargs="+", metavar="JSON",
                     help="no runs: the paired-sd estimates of these learning JSONs and the seeds they call for")
     return ap
@@ -644,7 +696,11 @@ def cli(argv: list[str]) -> int:
     if args.reanalyze:
         result = json.loads(Path(args.reanalyze).read_text())
     elif args.merge:
-        result = merge([dict(json.loads(Path(p).read_text()), out=p) for p in args.merge])
+        try:
+            supersede = parse_supersede(args.supersede, args.supersede_reason)
+            result = merge([dict(json.loads(Path(p).read_text()), out=p) for p in args.merge], supersede)
+        except ValueError as e:
+            ap.error(str(e))
     else:
         result = _run_cli(args, ap, overrides, seeds, modes)
         if result is None:
