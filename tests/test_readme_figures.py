@@ -137,6 +137,29 @@ def _cluster_tr1() -> str:
             f"{MINUS}{min(waits):.0f}% to {MINUS}{max(waits):.0f}% wait")
 
 
+LEARN = "learn_chain_2026-12-06.json"
+
+
+def _signed(x: float, fmt: str) -> str:
+    return (MINUS if x < 0 else "+") + format(abs(x), fmt)
+
+
+def _learning_caption() -> str:
+    c = bench(LEARN)["comparison"]
+    t = c["tests"]["cgp_fgd"]
+    peer = c["tests"]["verl_separate_async_tuned"]["step_time"]
+    n = {len(v["seeds"]) for v in c["summary"].values()}
+    assert n == {5} and c["aa"]["passes"] and t["tost"]["equivalent"] and not t["sooner_shown"]
+    tt, stp = t["time_to_target"], t["step_time"]
+    return (f"{ {5: '5'}[n.pop()]} seeds a mode paired by seed, {bench(LEARN)['val_size']} held-out questions, "
+            f"pre-registered): CGP+FGD ends where sync does (final accuracy {_signed(t['tost']['mean'], '.3f')} ± "
+            f"{t['tost']['se']:.3f}, equivalent within ±{t['tost']['margin']}; the A/A passes) with "
+            f"{-100 * stp['relative']:.1f}% ± {100 * stp['relative_se']:.1f}% less training time per step, and reaches "
+            f"sync's final accuracy less that margin {-100 * tt['relative']:.1f}% ± {100 * tt['relative_se']:.1f}% "
+            f"sooner (not significant). verl's peer: {_signed(100 * peer['relative'], '.1f')}% ± "
+            f"{100 * peer['relative_se']:.1f}% per step")
+
+
 FIGURES = {
     # docs/results.md: the paper regime's FGD window sweep and its targets (bench_2026-11-30.json)
     "results window sweep": ("docs/results.md", lambda: (
@@ -229,6 +252,8 @@ FIGURES = {
     "README headline": ("README.md", lambda: (
         f"{ {3: 'three'}[len(mode(COAL, TINY, 'sync')['per_run'])]} rounds on 2026-12-01, "
         f"Sync T/R {setting(TINY, COAL)['sync_train_to_rollout_ratio']:.2f}")),
+    # README.md: the chart's caption, the powered learning comparison (learn_chain_2026-12-06.json, issue 39)
+    "README learning chart": ("README.md", _learning_caption),
     # docs/results.md: the cluster-scale simulation (sim_cluster_grid_2026-12-02.json, python -m verl_pipe.sim --grid cluster_grid)
     "results cluster grid, 4+4": ("docs/results.md", lambda: (
         f"{MINUS}{_sim(BASE44)['modes']['cgp_fgd']['reduction_vs_sync_pct']:.1f}% and "
