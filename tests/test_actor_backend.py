@@ -143,6 +143,51 @@ def test_every_mode_trains_each_group_once_at_theta_k(mode, granularity, groups)
     assert ("save" in t.log) == (mode == "cgp"), "θ_k kept for the later units in CGP only"
 
 
+
+@pytest.mark.parametrize("mode,granularity,coalesce", [("sync", "minibatch", True), ("cgp", "minibatch", False),
+                                                       ("cgp", "group", True)])
+def test_the_steps_actor_metrics_are_verls_over_the_whole_batch(mode, granularity, coalesce):
+    """Each unit's update reports its own values and each old-log-prob call its own entropy (verl's
+    _fit_compute_log_prob: a token-mean over its rows); the step reports what verl's sync step reports on the same
+    batch: the mean over the units and one token-mean over all the calls' rows, not the last unit's or call's. The
+    units keep their own values."""
+
+    class Reporting(FakeTrainer):
+        def _fit_compute_log_prob(self, batch):
+            gid = torch.tensor([float(u[1:]) for u in batch.non_tensor_batch["uid"]])
+            batch.batch["gid"] = gid
+            mask = batch.batch["response_mask"]
+            self.metrics["actor/entropy"] = float((gid[:, None] * mask).sum() / mask.sum())  # each token: its group
+            return super()._fit_compute_log_prob(batch)
+
+        def _update_actor(self, batch):  # ``self``: the backend's view
+            out = FakeTrainer._update_actor(self, batch)
+            out.meta_info["metrics"]["actor/pg_loss"] = [float(batch.batch["gid"].mean())]
+            return out
+
+    class Workers(FakeWorkers):
+        def finish_unit(self, loss_agg_mode, tokens, seqs, coeffs):
+            super().finish_unit(loss_agg_mode, tokens, seqs, coeffs)
+            return [{"actor/grad_norm": float(tokens)}]
+
+    t = Reporting()
+    t.actor_wg = t.actor_rollout_wg = Workers(t)
+    arrived = [group(g, float(g % 2)) for g in (2, 0, 3, 1)]
+    for g in arrived:
+        g.data.batch["response_mask"][0, :g.index % R] = 0  # response tokens per group: 6, 5, 4, 6
+    tokens = {g.index: int(g.data.batch["response_mask"].sum()) for g in arrived}
+    out = t.train(queue_of(arrived), StepTimeline(1, GPU), mode=mode, granularity=granularity,
+                  coalesce_log_probs=coalesce)
+    whole = sum(g * n for g, n in tokens.items()) / sum(tokens.values())  # sync's one call over the batch
+    assert out.metrics["actor/entropy"] == pytest.approx(whole, rel=1e-6)
+    if granularity == "group":  # units (2, 0) and (3, 1), each a call of its own
+        assert [m["actor/grad_norm"] for m in out.unit_metrics] == [tokens[2] + tokens[0], tokens[3] + tokens[1]]
+        assert out.metrics["actor/grad_norm"] == pytest.approx((sum(tokens.values())) / 2)
+    else:  # sync: units (0, 1) and (2, 3); cgp: (2, 0) and (3, 1), each a call of its own
+        units = [[0, 1], [2, 3]] if mode == "sync" else [[2, 0], [3, 1]]
+        assert [m["actor/pg_loss"] for m in out.unit_metrics] == [sum(u) / 2 for u in units]
+        assert out.metrics["actor/pg_loss"] == pytest.approx(1.5), "the mean over the units, as in sync"
+
 def test_a_unit_across_two_coalesced_log_prob_calls():
     """Mini-batch CGP, coalesced: unit 0 takes the 3 groups queued (one old log-prob call at θ_k); the 4th arrives
     during unit 0's step and gets its own call, with θ_k swapped in; unit 1 is the 3rd group's rows of the first

@@ -3,8 +3,10 @@
 ``train_step`` runs one step's schedule: an ``ActorBackend`` takes groups from the step's GroupQueue, keeps each
 trained piece's DataProto, and calls into verl through the trainer's seam (verl_pipe/trainer/seam.py: verl's
 ``_fit_compute_log_prob``, ``_fit_compute_ref_log_prob``, ``_update_actor``, ``_balance_batch``) and our worker's
-RPCs (verl_pipe/trainer/workers.py: ``begin_unit`` / ``accumulate_group`` / ``finish_unit``, the θ_k store). Its metrics
-go into the step's outcome. The simulator's executor of the same schedule is ``verl_pipe.sim.trainer.CostModel``.
+RPCs (verl_pipe/trainer/workers.py: ``begin_unit`` / ``accumulate_group`` / ``finish_unit``, the θ_k
+store). Its metrics go into the step's outcome; the actor's are the step's as verl's sync step reports them on the
+same batch (verl_pipe/trainer/step_metrics.py: the mean over the units, the entropy of all old-log-prob calls), not
+the last call's. The simulator's executor of the same schedule is ``verl_pipe.sim.trainer.CostModel``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from verl_pipe.core.variants import pipelines
 from verl_pipe.trainer.knobs import StepKnobs
 from verl_pipe.rollout.materialize import advantages
 from verl_pipe.trainer.seam import TrainerSeam
+from verl_pipe.trainer.step_metrics import ENTROPY, step_entropy, unit_lists
 from verl_pipe.trainer.whitening import affine_coefficients, basis_advantages, combination, has_aux_loss
 
 
@@ -87,6 +90,7 @@ class ActorBackend:
         self.final: tuple[dict, dict] | None = None  # (advantages by group, buffer coefficients) once whitened
         self.unit_metrics: list[dict] = []
         self.metrics: dict = {}  # the step's training metrics (StepOutcome.metrics)
+        self.entropies: list[tuple[float, list[int]]] = []  # per old-log-prob call: verl's entropy, response tokens
         self.unit_tokens = 0
 
     # ------------------------------------------------------------------ the schedule's actions
@@ -126,9 +130,11 @@ class ActorBackend:
         batch = self.pieces[a.groups] if a.groups in self.pieces else self._concat(a.groups)
         if a.unit is None:
             self.whole_batches.add(a.groups)  # sync: the units are slices of it
+        self.actor.metrics.pop(ENTROPY, None)  # verl's call writes this call's (none with bypass_mode)
         with self.actor.lock, self._span(a):  # at θ_k: earlier units' steps moved the actor past it
             batch = self.actor.old_log_prob(batch, at_theta_k=a.at_theta_k)
         self.pieces[a.groups] = batch
+        self._entropy_of_call(batch)
 
     def RefLogProb(self, a: S.RefLogProb) -> None:
         with self.actor.lock, self._span(a):
@@ -146,8 +152,7 @@ class ActorBackend:
         with self.actor.lock, self._span(a):
             self.actor.stepped = True
             out = self.update_unit(batch)
-        self.unit_metrics.append(out)
-        self.metrics.update(out)
+        self._unit_done(out)
 
     def BeginUnit(self, a: S.BeginUnit) -> None:
         with self.actor.lock:
@@ -181,12 +186,32 @@ class ActorBackend:
             self.actor.stepped = True
             out = self.actor.workers.finish_unit(loss_agg_mode, self.unit_tokens, len(a.groups) * self.n,
                                                  self.final[1] if a.buffered else None)[0]
-        self.unit_metrics.append(out)
-        self.metrics.update(out)
+        self._unit_done(out)
 
     def FinalAdvantages(self, a: S.FinalAdvantages) -> None:
         for groups in self.into_buffers:  # the advantages they were trained with, for metrics and checks
             self._set_final_advantages(self.pieces[groups], groups)
+
+    # ------------------------------------------------------------------ the step's actor metrics
+
+    def _unit_done(self, out: dict) -> None:
+        """A unit's update metrics: kept per unit (``unit_metrics``), and the step's so far as verl's sync step has
+        them. verl seam: ``_update_actor``'s ``meta_info["metrics"]`` holds one value per key per PPO mini-batch
+        (verl 0.9.1's engine worker, ``train_mini_batch``), reduced by ``reduce_metrics``; a unit is one mini-batch,
+        so the step's is ``reduce_metrics`` over the units' values (verl_pipe/trainer/step_metrics.py), not the last
+        unit's."""
+        self.unit_metrics.append(out)
+        self.metrics.update(reduce_metrics(unit_lists(self.unit_metrics)))
+
+    def _entropy_of_call(self, batch: DataProto) -> None:
+        """verl seam: ``_fit_compute_log_prob`` (verl 0.9.1, SeparateRayPPOTrainer) writes its batch's
+        ``actor/entropy`` (agg_loss over the response mask, the actor's loss_agg_mode) into the trainer's metrics,
+        each call over the last. The step's is the entropy of all its calls' rows: sync's single call on the batch."""
+        value = self.actor.metrics.get(ENTROPY)
+        if value is None:
+            return
+        self.entropies.append((float(value), batch.batch["response_mask"].sum(-1).tolist()))
+        self.metrics[ENTROPY] = step_entropy(self.entropies, self.config.actor_rollout_ref.actor.loss_agg_mode)
 
     # ------------------------------------------------------------------ verl calls
 
