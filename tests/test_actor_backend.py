@@ -25,7 +25,7 @@ from verl_pipe.trainer.knobs import StepKnobs
 from tests.fakes import fake_of
 from verl_pipe.trainer import RolloutPipeTrainer
 from verl_pipe.trainer.workers import PipeActorWorker
-from verl_pipe.trainer.seam import TrainerSeam
+from verl_pipe.trainer.seam import LR_STEP_KEY, TrainerSeam
 
 N, GPU, UNITS, R = 2, 2, 2, 3
 
@@ -54,16 +54,21 @@ class FakeWorkers:
         self.t.log.append(("accumulate", batch_td.get("grad_buffer", None)))
         return {"metrics": {}}
 
-    def finish_unit(self, loss_agg_mode, tokens, seqs, coeffs):
+    def finish_unit(self, loss_agg_mode, tokens, seqs, coeffs, lr_step=True):
         self.t.log.append(("finish", seqs, coeffs is not None))
         self.t.version += 1
-        return [{"actor/grad_norm": 1.0}]
+        return [{"actor/grad_norm": 1.0, **self.t.lr_scheduler_step(lr_step)}]
+
+    def step_lr_schedule(self):
+        self.t.log.append("lr_step")
+        return [self.t.lr_scheduler_step(True)]
 
     def update_actor(self, batch_td):
         raise AssertionError("the fake's _update_actor does not reach the worker group")
 
 
-@fake_of(RolloutPipeTrainer, extra=("log", "lp_versions", "version", "saved_version", "held"),
+@fake_of(RolloutPipeTrainer, extra=("log", "lp_versions", "version", "saved_version", "held", "lr_steps",
+                                    "lr_scheduler_step"),
          unused=("_group_filters", "stop_check", "progress_bar"))
 class FakeTrainer:
     backend_cls = ActorBackend
@@ -85,6 +90,7 @@ class FakeTrainer:
         self.configured_knobs = StepKnobs(mode="sync", granularity="minibatch", coalesce_log_probs=True)
         self.metrics, self.log, self.lp_versions = {}, [], []
         self.version = 0  # the actor's weights: k = 0 until the step's first optimizer step
+        self.lr_steps: list[int] = []  # the optimizer steps (versions) after which the LR scheduler stepped
         self.use_reference_policy = False
         self.actor_wg = self.actor_rollout_wg = FakeWorkers(self)
         self.actor_seam = TrainerSeam(self)  # the real seam (its θ_k swap context) over the fake worker group
@@ -94,13 +100,25 @@ class FakeTrainer:
         batch.batch["old_log_probs"] = torch.full_like(batch.batch["response_mask"], float(self.version))
         return batch
 
+    def lr_scheduler_step(self, lr_step: bool) -> dict:
+        """The worker's LR scheduler (verl's train_batch with update_lr_scheduler, our finish_unit): steps when
+        told, after the optimizer step, and reports the LR it set (here: the number of scheduler steps so far)."""
+        if not lr_step:
+            return {}
+        self.lr_steps.append(self.version)
+        return {"actor/lr": float(len(self.lr_steps))}
+
     def _update_actor(self, batch):  # verl's signature; ``self`` is the backend's view
         mini = self.config.actor_rollout_ref.actor.ppo_mini_batch_size
         if isinstance(self.actor_rollout_wg, FakeWorkers):
             self.log.append(("update", mini, len(batch) // N))
             self._trainer.version += 1
-        else:  # group granularity's accumulate_group, through verl's preprocessing
-            self.actor_rollout_wg.update_actor({"grad_buffer": batch.meta_info.get("grad_buffer")})
+            # the worker's update_actor: verl steps the scheduler unless our flag holds it (absent: verl's default)
+            lr = self._trainer.lr_scheduler_step(batch.meta_info.get(LR_STEP_KEY, True))
+            return DataProto(meta_info={"metrics": {"actor/pg_loss": [0.0], **{k: [v] for k, v in lr.items()}}})
+        # group granularity's accumulate_group, through verl's preprocessing
+        assert LR_STEP_KEY not in batch.meta_info, "an accumulated pass takes no optimizer step"
+        self.actor_rollout_wg.update_actor({"grad_buffer": batch.meta_info.get("grad_buffer")})
         return DataProto(meta_info={"metrics": {"actor/pg_loss": [0.0]}})
 
 
@@ -166,8 +184,8 @@ def test_the_steps_actor_metrics_are_verls_over_the_whole_batch(mode, granularit
             return out
 
     class Workers(FakeWorkers):
-        def finish_unit(self, loss_agg_mode, tokens, seqs, coeffs):
-            super().finish_unit(loss_agg_mode, tokens, seqs, coeffs)
+        def finish_unit(self, loss_agg_mode, tokens, seqs, coeffs, lr_step=True):
+            super().finish_unit(loss_agg_mode, tokens, seqs, coeffs, lr_step)
             return [{"actor/grad_norm": float(tokens)}]
 
     t = Reporting()
@@ -187,6 +205,24 @@ def test_the_steps_actor_metrics_are_verls_over_the_whole_batch(mode, granularit
         units = [[0, 1], [2, 3]] if mode == "sync" else [[2, 0], [3, 1]]
         assert [m["actor/pg_loss"] for m in out.unit_metrics] == [sum(u) / 2 for u in units]
         assert out.metrics["actor/pg_loss"] == pytest.approx(1.5), "the mean over the units, as in sync"
+
+@pytest.mark.parametrize("mode,granularity", [("sync", "minibatch"), ("cgp", "minibatch"), ("cgp", "group")])
+@pytest.mark.parametrize("groups", [4, 3, 2])  # a full batch, a short last unit, out of groups at a unit boundary
+def test_the_lr_scheduler_steps_once_after_the_steps_last_optimizer_step(mode, granularity, groups):
+    """verl steps the LR scheduler once per step (its last mini-batch) and reports the LR after it as actor/lr; a
+    step here is one verl call per unit, and only the last one steps it (update_actor: LR_STEP_KEY; finish_unit:
+    lr_step), or step_lr_schedule after the last one when the step runs out of groups at a unit boundary."""
+    t = FakeTrainer()
+    arrived = [group(g, float(g % 2)) for g in (2, 0, 3, 1)[:groups]]
+    out = t.train(queue_of(arrived), StepTimeline(1, GPU), mode=mode, granularity=granularity)
+    units = -(-groups // GPU)
+    assert t.version == units and t.lr_steps == [units], "once, after the step's last optimizer step"
+    assert ("lr_step" in t.log) == (mode == "cgp" and groups == GPU), "apart only when the step learns it late"
+    assert [("actor/lr" in m) for m in out.unit_metrics] == [False] * (units - 1) + [True]
+    assert out.metrics["actor/lr"] == 1.0, "the LR after the step's scheduler step, as verl reports it"
+    out = t.train(queue_of(arrived), StepTimeline(2, GPU), mode=mode, granularity=granularity)
+    assert t.lr_steps == [units, 2 * units] and out.metrics["actor/lr"] == 2.0, "one scheduler step per step"
+
 
 def test_a_unit_across_two_coalesced_log_prob_calls():
     """Mini-batch CGP, coalesced: unit 0 takes the 3 groups queued (one old log-prob call at θ_k); the 4th arrives

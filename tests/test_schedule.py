@@ -4,7 +4,8 @@ A fake FIFO feeds the schedule: groups arrive in a drawn order, a drawn number o
 works, and the rollout may end with fewer groups than the batch (a short last unit). A checker executes the
 actions and tracks the actor's weights: every group is trained exactly once, with old log-probs at θ_k, in units
 of the right size, the optimizer stepping once per unit, θ_k kept before the first step when later units need
-it, and the whitening gradient buffers used only in unit 0 and combined only after the whole batch is known.
+it, the whitening gradient buffers used only in unit 0 and combined only after the whole batch is known, and the LR
+scheduler stepping once per step, after its last optimizer step (as verl's, whose last mini-batch steps it).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class FakeRun:
         self.ref_lp: list[int] = []
         self.trained: list[int] = []  # by Update / Accumulate, in order
         self.steps: list[int] = []  # units whose optimizer step ran
+        self.lr_steps: list[int] = []  # per LR-scheduler step: how many optimizer steps had run
         self.unit_groups: dict[int, list[int]] = {}
         self.whitened: tuple | None = None
         self.open_unit: int | None = None
@@ -76,7 +78,7 @@ class FakeRun:
             assert set(a.groups) <= set(self.old_lp)
             self.trained.extend(a.groups)
             self.unit_groups[a.unit] = list(a.groups)
-            self._step(a.unit)
+            self._step(a.unit, a.lr_step)
         elif isinstance(a, S.BeginUnit):
             assert self.open_unit is None
             self.open_unit = a.unit
@@ -97,13 +99,18 @@ class FakeRun:
             assert a.unit == self.open_unit and list(a.groups) == self.unit_groups[a.unit]
             assert not a.buffered or (a.unit == 0 and self.whitened is not None)
             self.open_unit = None
-            self._step(a.unit)
+            self._step(a.unit, a.lr_step)
+        elif isinstance(a, S.LrStep):
+            assert self.open_unit is None or not self.unit_groups[self.open_unit], "no unit half-trained"
+            self.lr_steps.append(len(self.steps))
         return None
 
-    def _step(self, unit: int) -> None:
+    def _step(self, unit: int, lr_step: bool) -> None:
         assert unit not in self.steps, "one optimizer step per unit"
         self.steps.append(unit)
         self.stepped = True
+        if lr_step:  # with this optimizer step (verl: train_batch with update_lr_scheduler)
+            self.lr_steps.append(len(self.steps))
 
 
 def _check(run: FakeRun, out: S.ScheduleOutcome, mode: str, groups: int, gpu: int, use_ref: bool) -> None:
@@ -118,6 +125,14 @@ def _check(run: FakeRun, out: S.ScheduleOutcome, mode: str, groups: int, gpu: in
     assert [list(u) for u in out.units] == [run.unit_groups[u] for u in range(len(out.units))]
     # the optimizer steps once per unit, in order
     assert run.steps == list(range(len(out.units)))
+    # the LR scheduler steps once per step that trained, after its last optimizer step, whatever the mode,
+    # granularity, arrivals or a short batch (verl: once per step, with the last mini-batch of the last epoch; the
+    # epochs of ppo_epochs > 1 are inside each Update's verl call: tests/test_worker_lr_schedule.py)
+    assert run.lr_steps == ([len(out.units)] if out.units else [])
+    # the last optimizer step carries it unless the step ran out of groups at a unit boundary (it learns that after)
+    apart = [a for a in run.log if isinstance(a, S.LrStep)]
+    boundary = bool(out.units) and len(out.units) < run.ups and len(out.units[-1]) == gpu
+    assert len(apart) == (1 if boundary and mode != "sync" else 0), "sync knows its last unit"
     # the step keeps θ_k iff it is CGP with more than one unit configured
     assert run.snapshot == (mode == "cgp" and run.ups > 1 and groups > 0)
     if mode == "sync":
@@ -215,6 +230,28 @@ def test_trickled_unit_zero_buffers_exactly_its_groups():
     kinds = [type(a).__name__ for a in run.log]
     assert kinds.index("Whiten") < kinds.index("OptimizerStep")
     assert [a for a in run.log if isinstance(a, S.WaitRest)], "the batch was not complete: wait for the rest"
+
+
+@pytest.mark.parametrize("mode,granularity", [("sync", "minibatch"), ("cgp", "minibatch"), ("cgp", "group")])
+@pytest.mark.parametrize("groups,flags", [
+    (8, [False, False, False, True]),  # a full step: its last unit (verl: its last mini-batch) steps the LR
+    (5, [False, False, True]),  # a short last unit: the rollout ended and every group was taken, it is the last
+    (4, [False, True]),  # out of groups at a unit boundary: sync knows it, CGP learns it after the step (LrStep)
+])
+def test_the_lr_scheduler_steps_with_the_steps_last_optimizer_step(mode, granularity, groups, flags):
+    """recipes/qwen3_1p7b_dapo_math_4x4.yaml: 4 units a step and a 10-step warmup. Stepping the scheduler with
+    every unit would run the schedule 4 times as fast as verl's, in sync as in CGP."""
+    run = FakeRun(list(range(groups)), lambda: 0, 4, 2, False)
+    out = S.drive(S.train_schedule(mode, granularity, 2, 4), run)
+    steps = [a for a in run.log if isinstance(a, (S.Update, S.OptimizerStep))]
+    apart = [a for a in run.log if isinstance(a, S.LrStep)]
+    assert len(steps) == len(out.units) == len(flags)
+    if mode == "cgp" and groups == 4:
+        assert [a.lr_step for a in steps] == [False, False] and len(apart) == 1
+        assert run.log.index(apart[0]) > run.log.index(steps[-1])
+    else:
+        assert [a.lr_step for a in steps] == flags and not apart
+    assert run.lr_steps == [len(out.units)], "once, after the step's last optimizer step"
 
 
 def test_sync_recomputes_batch_normalized_advantages_before_the_log_probs():

@@ -203,10 +203,10 @@ class _KillBeforeLastUnit:
         units = trainer._units_per_step()
 
         class Backend(type(trainer).backend_cls):
-            def update_unit(self, unit_batch):
+            def update_unit(self, unit_batch, **kwargs):
                 if len(self.unit_metrics) == units - 1 and kill.old is None:
                     kill.old = _kill_engine(trainer)
-                return super().update_unit(unit_batch)
+                return super().update_unit(unit_batch, **kwargs)
 
         self.backend_cls = Backend
 

@@ -8,6 +8,9 @@ docs/bench/logs), so nearly every group would be zero-variance; the example rewa
 response with a number) gives most groups reward variance (8 of 10 completed groups in the run docs/extending.md
 quotes). Its own stack (a
 different trainer class and reward), after the shared modules are torn down.
+
+The stack also has an LR warmup (recipes/qwen3_1p7b_dapo_math_4x4.yaml has one: 10 steps, 4 units a step): the LR
+schedule steps once per training step in every mode, as verl's (its last mini-batch steps it), not once per unit.
 """
 
 import math
@@ -26,6 +29,7 @@ TRAIN_BATCH = 8
 GROUPS_PER_UNIT = 4
 OVERSAMPLE = 8  # the recipe's
 DEFERRED = [0, 1, 2, 3]
+WARMUP = 8  # LR warmup steps: verl's constant schedule with warmup, lr = optim.lr * min(1, k / WARMUP) after k steps
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +38,8 @@ def dapo_pipe(tmp_path_factory):
 
     ckpt = tmp_path_factory.mktemp("ckpt_dapo")
     # n=4, 8 prompts per batch, units of 4 (E2E_OVERRIDES); a window of one unit's requests (4 groups x 4)
-    cfg = compose(E2E_OVERRIDES + [f"trainer.default_local_dir={ckpt}", "rolloutpipe.fgd.window=16"],
+    cfg = compose(E2E_OVERRIDES + [f"trainer.default_local_dir={ckpt}", "rolloutpipe.fgd.window=16",
+                                   f"actor_rollout_ref.actor.optim.lr_warmup_steps={WARMUP}"],
                   config_name=RECIPE)
     session = PipeSession(cfg)
     print(f"dapo stack ready in {session.startup_s:.1f}s")
@@ -124,3 +129,27 @@ def test_dapo_step_with_the_extension_example(dapo_pipe):
           f"aborted, admission order {order}, reward mean {float(scores.mean()):.3f}, "
           f"step {tm['step_time_s']:.2f}s (rollout {tm['rollout_end_s']:.2f}s, "
           f"rollout→train end {tm['rollout_to_train_end_s']:.2f}s)")
+
+
+def test_lr_schedule_steps_once_per_step_in_every_mode(dapo_pipe):
+    """Each step is 2 units (an optimizer step each) or fewer (the zero-variance filter: a short last unit, or the
+    pool runs out at a unit boundary, when the scheduler steps after the last unit). verl's scheduler steps once per
+    step; ours did once per unit, so the warmup ran twice as fast. After k steps that trained, the scheduler has
+    stepped k times and ``actor/lr`` is verl's schedule at k (the LR after the step's scheduler step)."""
+    trainer = dapo_pipe.trainer
+    lr = float(trainer.config.actor_rollout_ref.actor.optim.lr)
+    state = trainer.actor_wg.lr_schedule_state()[0]
+    assert state["steps"] == trainer.global_steps - 1, "every earlier step of this stack trained, each stepped once"
+    steps = state["steps"]
+    # sync, group granularity, then back to the recipe's mini-batch CGP (the knobs stay for later steps)
+    for knobs in (dict(mode="sync"), dict(mode="cgp", granularity="group"), dict(mode="cgp", granularity="minibatch")):
+        rec = dapo_pipe.step(**knobs)
+        units = len(trainer.last_outcome.unit_metrics)
+        steps += 1 if units else 0  # a step that trained no group takes no optimizer step
+        state = trainer.actor_wg.lr_schedule_state()[0]
+        print(f"[lr] {knobs}: {units} units, scheduler steps {state['steps']}, lr {state['lr']!r}, "
+              f"actor/lr {rec['metrics'].get('actor/lr')!r}")
+        assert state["steps"] == steps, (knobs, units)
+        assert state["lr"] == pytest.approx(lr * min(1.0, steps / WARMUP), rel=1e-9, abs=0.0)
+        if units:
+            assert rec["metrics"]["actor/lr"] == state["lr"], "the LR after the step's scheduler step"

@@ -31,6 +31,14 @@ The three schedules:
   complete. A batch-whitened estimator (``whiten``, verl_pipe/trainer/whitening.py) trains the groups that arrive
   before the batch is complete into gradient buffers, which only unit 0 can do (later units start after unit
   0's step, which waits for the batch); their advantages are set to the final ones at the end.
+
+The LR schedule: verl 0.9.1 steps the actor's LR scheduler once per training step, with the step's last PPO
+mini-batch (its engine worker's ``train_mini_batch``: ``update_lr_scheduler`` on the last iteration of the last
+epoch). A step here is several optimizer steps (one per unit, each its own call into verl), so exactly one of them
+carries ``lr_step``: the step's last. A schedule knows its last unit when it is the step's last configured one or a
+short one (fewer groups than a unit: the rollout has ended and every group was taken); a step that runs out of
+groups at a unit boundary learns it only at the next take, after that unit's optimizer step, and ends with
+``LrStep``. A step that trains no group steps nothing.
 """
 
 from __future__ import annotations
@@ -102,9 +110,11 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class Update:
-    """One PPO mini-batch: forward/backward over ``groups`` and the optimizer step (verl's update_actor)."""
+    """One PPO mini-batch: forward/backward over ``groups`` and the optimizer step (verl's update_actor);
+    ``lr_step``: the step's last optimizer step, which also steps the LR scheduler (the others hold it)."""
     unit: int
     groups: tuple[int, ...]
+    lr_step: bool = False
     tag = None
     span = "update"
 
@@ -136,12 +146,22 @@ class Whiten:
 
 @dataclass(frozen=True)
 class OptimizerStep:
-    """Group granularity: the unit's optimizer step over its accumulated gradient (and buffers, if any)."""
+    """Group granularity: the unit's optimizer step over its accumulated gradient (and buffers, if any);
+    ``lr_step``: as ``Update``'s."""
     unit: int
     groups: tuple[int, ...]
     buffered: bool
+    lr_step: bool = False
     tag = None
     span = "optimizer_step"
+
+
+@dataclass(frozen=True)
+class LrStep:
+    """Step the LR scheduler: the step ran out of groups at a unit boundary, after an optimizer step that did not
+    know it was the step's last (no optimizer step since, so the same schedule as stepping with it)."""
+    unit = None
+    tag = None
 
 
 @dataclass(frozen=True)
@@ -208,9 +228,22 @@ def sync_schedule(groups_per_unit: int, use_ref: bool, batch_normalized: bool, o
     for u, i in enumerate(range(0, len(groups), groups_per_unit)):
         unit = groups[i:i + groups_per_unit]
         yield UnitReady(u, unit)
-        yield Update(u, unit)
+        yield Update(u, unit, lr_step=i + groups_per_unit >= len(groups))
         out.units.append(unit)
     return out
+
+
+def _last(u: int, units_per_step: int, unit: Sequence[int], groups_per_unit: int) -> bool:
+    """Known to be the step's last unit: its last configured one, or a short one (the rollout ended, every group
+    taken)."""
+    return u == units_per_step - 1 or len(unit) < groups_per_unit
+
+
+def _lr_step_after(out: ScheduleOutcome, stepped: bool):
+    """The step's LR-scheduler step if its last optimizer step did not carry it (the step ran out of groups at a
+    unit boundary); none for a step that trained nothing."""
+    if out.units and not stepped:
+        yield LrStep()
 
 
 def minibatch_schedule(groups_per_unit: int, units_per_step: int, use_ref: bool, order: Order,
@@ -218,6 +251,7 @@ def minibatch_schedule(groups_per_unit: int, units_per_step: int, use_ref: bool,
     out = ScheduleOutcome()
     target = groups_per_unit * units_per_step
     taken = 0
+    lr_step = False
     pending: list[int] = []  # taken, in no unit yet (FIFO)
     formed: list[tuple[int, ...]] = []  # complete units, their log-probs computed, not trained yet
     for u in range(units_per_step):
@@ -243,9 +277,11 @@ def minibatch_schedule(groups_per_unit: int, units_per_step: int, use_ref: bool,
         unit = formed.pop(0)
         if u == 0 and units_per_step > 1:
             yield Snapshot(u)  # later units' old log-probs
-        yield Update(u, unit)
+        lr_step = _last(u, units_per_step, unit, groups_per_unit)
+        yield Update(u, unit, lr_step=lr_step)
         out.trained.extend(unit)
         out.units.append(unit)
+    yield from _lr_step_after(out, lr_step)
     return out
 
 
@@ -254,6 +290,7 @@ def group_schedule(groups_per_unit: int, units_per_step: int, use_ref: bool, whi
     target = units_per_step * groups_per_unit
     seen: list[int] = []  # every group taken this step
     final = False  # the whole batch's advantages exist (whiten)
+    lr_step = False
     for u in range(units_per_step):
         yield BeginUnit(u)
         unit: list[int] = []
@@ -284,9 +321,11 @@ def group_schedule(groups_per_unit: int, units_per_step: int, use_ref: bool, whi
             final = yield from _whiten(seen, target)
         if u == 0 and units_per_step > 1:
             yield Snapshot(u)
-        yield OptimizerStep(u, tuple(unit), buffered)
+        lr_step = _last(u, units_per_step, unit, groups_per_unit)
+        yield OptimizerStep(u, tuple(unit), buffered, lr_step=lr_step)
         out.trained.extend(unit)
         out.units.append(tuple(unit))
+    yield from _lr_step_after(out, lr_step)
     if out.buffered:
         yield FinalAdvantages(tuple(out.buffered))
     return out

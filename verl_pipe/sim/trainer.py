@@ -239,7 +239,7 @@ class CostModel:
             self._run(a.span, p.update_s(self._lens(a.groups)), a)
         elif isinstance(a, S.OptimizerStep):
             self._run(a.span, p.optimizer_s, a)
-        return None  # BeginUnit, BatchAdvantages, Whiten, FinalAdvantages: no cost here
+        return None  # BeginUnit, BatchAdvantages, Whiten, FinalAdvantages, LrStep: no cost here
 
 
 def schedule(mode: str, completions: list[tuple[float, int]], seq_lens, p: TrainerParams,

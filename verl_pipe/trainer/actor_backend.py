@@ -6,7 +6,9 @@ trained piece's DataProto, and calls into verl through the trainer's seam (verl_
 RPCs (verl_pipe/trainer/workers.py: ``begin_unit`` / ``accumulate_group`` / ``finish_unit``, the θ_k
 store). Its metrics go into the step's outcome; the actor's are the step's as verl's sync step reports them on the
 same batch (verl_pipe/trainer/step_metrics.py: the mean over the units, the entropy of all old-log-prob calls), not
-the last call's. The simulator's executor of the same schedule is ``verl_pipe.sim.trainer.CostModel``.
+the last call's. The LR scheduler steps once per step, as verl's: only the optimizer step the schedule marks
+(``lr_step``) steps it, or ``LrStep`` after the last one; ``actor/lr`` is the LR after that step. The simulator's
+executor of the same schedule is ``verl_pipe.sim.trainer.CostModel``.
 """
 
 from __future__ import annotations
@@ -151,7 +153,7 @@ class ActorBackend:
         batch = self.actor.with_token_counts(self._rows_of(a.groups))
         with self.actor.lock, self._span(a):
             self.actor.stepped = True
-            out = self.update_unit(batch)
+            out = self.update_unit(batch, lr_step=a.lr_step)
         self._unit_done(out)
 
     def BeginUnit(self, a: S.BeginUnit) -> None:
@@ -185,8 +187,16 @@ class ActorBackend:
         with self.actor.lock, self._span(a):
             self.actor.stepped = True
             out = self.actor.workers.finish_unit(loss_agg_mode, self.unit_tokens, len(a.groups) * self.n,
-                                                 self.final[1] if a.buffered else None)[0]
+                                                 self.final[1] if a.buffered else None, lr_step=a.lr_step)[0]
         self._unit_done(out)
+
+    def LrStep(self, a: S.LrStep) -> None:
+        """The step's LR-scheduler step after its last optimizer step (the step ran out of groups at a unit
+        boundary): its LR goes with the last unit's metrics, as verl's last mini-batch reports it."""
+        with self.actor.lock:
+            out = self.actor.workers.step_lr_schedule()[0]
+        self.unit_metrics[-1].update(out)
+        self.metrics.update(reduce_metrics(unit_lists(self.unit_metrics)))
 
     def FinalAdvantages(self, a: S.FinalAdvantages) -> None:
         for groups in self.into_buffers:  # the advantages they were trained with, for metrics and checks
@@ -215,8 +225,10 @@ class ActorBackend:
 
     # ------------------------------------------------------------------ verl calls
 
-    def update_unit(self, unit_batch: DataProto) -> dict:
-        """One PPO mini-batch through verl's _update_actor (forward/backward + optimizer step); its metrics."""
+    def update_unit(self, unit_batch: DataProto, lr_step: bool = True) -> dict:
+        """One PPO mini-batch through verl's _update_actor (forward/backward + optimizer step); its metrics.
+        ``lr_step``: the step's last optimizer step, which steps the LR scheduler (verl's worker does it with the
+        call's last mini-batch, the last of its ppo_epochs); the others hold it."""
         if self.config.trainer.balance_batch:
             # verl's DP balancing (RayPPOTrainer._balance_batch) over this unit only: a unit is one PPO
             # mini-batch, so reordering its rows across DP ranks moves no row to another optimizer step and
@@ -231,12 +243,13 @@ class ActorBackend:
             # a short last unit (the zero-variance filter left fewer trainable groups than the batch needs) is
             # still one optimizer step: verl's _update_actor reads the mini-batch size from the config it is given
             config = OmegaConf.merge(config, {"actor_rollout_ref": {"actor": {"ppo_mini_batch_size": groups}}})
-        return reduce_metrics(self._verl_update(unit_batch, None, config).meta_info["metrics"])
+        return reduce_metrics(self._verl_update(unit_batch, None, config, lr_step).meta_info["metrics"])
 
-    def _verl_update(self, batch: DataProto, worker_group, config) -> DataProto:
+    def _verl_update(self, batch: DataProto, worker_group, config, lr_step: bool | None = None) -> DataProto:
         """verl's RayPPOTrainer._update_actor (or a subclass's) with the worker group (None: verl's) and the config
-        given explicitly, on the rows in ``rolloutpipe.micro_batch_order`` (verl_pipe/core/micro_batches.py)."""
-        return self.actor.update_actor(self._in_micro_batch_order(batch), config, worker_group)
+        given explicitly, on the rows in ``rolloutpipe.micro_batch_order`` (verl_pipe/core/micro_batches.py);
+        ``lr_step``: TrainerSeam.update_actor's."""
+        return self.actor.update_actor(self._in_micro_batch_order(batch), config, worker_group, lr_step=lr_step)
 
     def _in_micro_batch_order(self, batch: DataProto) -> DataProto:
         """The rows sorted by length within each DP rank's share (a new DataProto; the trained piece keeps its

@@ -25,6 +25,10 @@ from omegaconf import OmegaConf
 
 from verl import DataProto
 
+# The non-tensor key of an update's data that says whether its call steps the LR scheduler (our worker's
+# update_actor, verl_pipe/trainer/workers.py; absent: verl's behaviour, its last mini-batch steps it).
+LR_STEP_KEY = "rolloutpipe_lr_step"
+
 
 def with_token_counts(batch: DataProto, temperature) -> DataProto:
     """The meta_info verl's actor reads: each row's token count, the sampling temperature, no images."""
@@ -153,10 +157,17 @@ class TrainerSeam:
     def ref_log_prob(self, batch: DataProto) -> DataProto:
         return self._trainer._fit_compute_ref_log_prob(batch)
 
-    def update_actor(self, batch: DataProto, config, worker_group=None) -> DataProto:
-        """verl's RayPPOTrainer._update_actor (or a subclass's) with the config and the worker group given."""
+    def update_actor(self, batch: DataProto, config, worker_group=None, lr_step: bool | None = None) -> DataProto:
+        """verl's RayPPOTrainer._update_actor (or a subclass's) with the config and the worker group given.
+        ``lr_step`` (None: not said, verl's behaviour): whether this call steps the LR scheduler, sent to the worker
+        in the data's meta_info (``LR_STEP_KEY``; verl's _update_actor ships meta_info as non-tensor data) of a
+        shallow copy, so the trained piece's meta_info is left alone."""
         view = _VerlView(self._trainer, config=config, actor_rollout_wg=worker_group or self.update_workers)
-        return type(self._trainer)._update_actor(view, for_actor_worker(batch, self._trainer.actor_non_tensor_keys))
+        batch = for_actor_worker(batch, self._trainer.actor_non_tensor_keys)
+        if lr_step is not None:
+            batch = DataProto(batch=batch.batch, non_tensor_batch=batch.non_tensor_batch,
+                              meta_info={**batch.meta_info, LR_STEP_KEY: bool(lr_step)})
+        return type(self._trainer)._update_actor(view, batch)
 
     def dp_size(self) -> int:
         return self._trainer._get_dp_size(self.update_workers, "actor")

@@ -24,6 +24,11 @@ A batch-whitened estimator (verl_pipe.trainer.whitening) also trains groups befo
 batch statistics exist: those passes go into named gradient buffers (``grad_buffer``
 in the data) instead of the parameters' ``.grad``, and ``finish_unit`` adds them in
 with the coefficients the whole batch gives.
+
+The LR schedule steps once per training step, as in verl (verl_pipe/core/schedule.py: the step's last optimizer
+step carries ``lr_step``): ``update_actor`` with ``rolloutpipe_lr_step=False`` in its data holds verl's scheduler
+step for every mini-batch of the call, ``finish_unit(lr_step=False)`` skips it, and ``step_lr_schedule`` steps it
+alone (a step that ran out of groups at a unit boundary).
 """
 
 import copy
@@ -41,6 +46,7 @@ from verl.workers.utils.padding import no_padding_2_padding
 
 from verl_pipe.trainer import worker_log
 from verl_pipe.platform.env import malloc_trim, pin_current_process, renice_current_process
+from verl_pipe.trainer.seam import LR_STEP_KEY
 from verl_pipe.trainer.theta_store import KEY as THETA_KEY
 from verl_pipe.trainer.theta_store import OptimizerSnapshot, ThetaStore, save_step_state
 
@@ -86,9 +92,14 @@ class PipeActorWorker(DetachActorWorker):
     # metadata, fetched by verl's tqbridge before this body runs) and ours (a TensorDict through Ray) both call. With
     # VERL_PIPE_WORKER_LOG set, each call appends its time inside the worker and its rows' lengths to that file
     # (verl_pipe/trainer/worker_log.py): the span-by-span comparison of the two trainers (docs/trainer_gap.md).
+    #
+    # ``rolloutpipe_lr_step`` (LR_STEP_KEY, set by TrainerSeam.update_actor; absent: verl's behaviour): False holds
+    # the LR scheduler for the whole call, True lets verl step it with the call's last mini-batch (of its last epoch).
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def update_actor(self, data: TensorDict) -> TensorDict:
-        with worker_log.call("update_actor", data, self.actor.engine_config.micro_batch_size_per_gpu):
+        lr_step = tu.pop(data, key=LR_STEP_KEY, default=True) if isinstance(data, TensorDict) else True
+        with worker_log.call("update_actor", data, self.actor.engine_config.micro_batch_size_per_gpu), \
+                _lr_schedule_held(self.actor, hold=not lr_step):
             return super().update_actor(data)
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
@@ -175,14 +186,29 @@ class PipeActorWorker(DetachActorWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def finish_unit(self, loss_agg_mode: str, num_tokens: int, num_seqs: int,
-                    buffer_coeffs: dict[str, float] | None = None) -> dict:
+                    buffer_coeffs: dict[str, float] | None = None, lr_step: bool = True) -> dict:
         """Add the gradient buffers with their coefficients, scale to the unit's normalizer, clip,
-        step, advance the LR schedule."""
+        step; ``lr_step`` (the step's last optimizer step): advance the LR schedule and report the LR, as verl's
+        train_batch does with ``update_lr_scheduler``."""
         with worker_log.call("finish_unit", None, None):
-            return self._finish_unit(loss_agg_mode, num_tokens, num_seqs, buffer_coeffs)
+            return self._finish_unit(loss_agg_mode, num_tokens, num_seqs, buffer_coeffs, lr_step)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def step_lr_schedule(self) -> dict:
+        """The step's LR-scheduler step alone (the step ran out of groups after an optimizer step that held it)."""
+        return {"actor/lr": _lr_value(self.actor.engine.lr_scheduler_step())}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def lr_schedule_state(self) -> dict:
+        """The LR scheduler's steps so far (``last_epoch``) and current LR (None: no scheduler): for checks and
+        tests."""
+        scheduler = self.actor.engine.lr_scheduler
+        if scheduler is None:
+            return {"steps": None, "lr": None}
+        return {"steps": int(scheduler.last_epoch), "lr": float(scheduler.get_last_lr()[0])}
 
     def _finish_unit(self, loss_agg_mode: str, num_tokens: int, num_seqs: int,
-                     buffer_coeffs: dict[str, float] | None) -> dict:
+                     buffer_coeffs: dict[str, float] | None, lr_step: bool = True) -> dict:
         engine = self.actor.engine
         scale = unit_loss_scale(loss_agg_mode, num_tokens, num_seqs)
         buffers = getattr(self, "_grad_buffers", {})
@@ -204,8 +230,10 @@ class PipeActorWorker(DetachActorWorker):
         self._grad_buffers = {}
         with engine.train_mode(disable_auto_offload=True):  # zero-grads on exit, like train_batch
             grad_norm = engine.optimizer_step()
-        lr = engine.lr_scheduler_step()
-        return {"actor/grad_norm": float(grad_norm), "actor/lr": float(lr[0] if isinstance(lr, list) else lr)}
+        out = {"actor/grad_norm": float(grad_norm)}
+        if lr_step:
+            out["actor/lr"] = _lr_value(engine.lr_scheduler_step())
+        return out
 
     # ------------------------------------------------------------------ θ_k and the rollback snapshot
 
@@ -277,6 +305,33 @@ class PipeActorWorker(DetachActorWorker):
             theta.invalidate()
             opt.clear()
         self._lr_snapshot = None
+
+
+def _lr_value(lr) -> float:
+    """An engine's ``lr_scheduler_step()`` result (a number, or one per parameter group: the first, as verl's)."""
+    return float(lr[0] if isinstance(lr, list) else lr)
+
+
+@contextmanager
+def _lr_schedule_held(actor, hold: bool):
+    """verl seam: ``TrainingWorker.train_mini_batch`` (verl 0.9.1, verl/workers/engine_workers.py) sets verl's own
+    ``update_lr_scheduler`` flag on each mini-batch it hands to ``self.train_batch`` (True on its last iteration),
+    and ``train_batch`` steps the scheduler (and reports ``lr``) when it is set. ``hold``: inside the block the flag is
+    False on every mini-batch (the instance's ``train_batch`` wraps the class's for the call)."""
+    if not hold:
+        yield
+        return
+    train_batch = actor.train_batch
+
+    def without_lr_step(data: TensorDict) -> TensorDict:
+        tu.assign_non_tensor(data, update_lr_scheduler=False)
+        return train_batch(data)
+
+    actor.train_batch = without_lr_step
+    try:
+        yield
+    finally:
+        del actor.train_batch
 
 
 def _check_ratio_unclipped(actor_config, model_output, data) -> None:
