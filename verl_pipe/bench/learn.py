@@ -401,9 +401,10 @@ def format_report(result: dict) -> str:
             lines.append(f"{mode:<20} length prediction, rank corr per run: history "
                          + (", ".join(f"{h['rank_correlation']:.2f} ({h['groups']} groups)" for h in hist) or "none")
                          + "; siblings " + (", ".join(f"{x:.2f}" for x in sib) or "none"))
-    blocks = [(n, t) for n, t in cmp["tests"].items()] + ([("A/A sync", cmp["aa"])] if cmp.get("aa") else [])
-    blocks = [(f"{n} vs sync", t) for n, t in blocks] + [(f"{n} (descriptive)", t)
-                                                          for n, t in (cmp.get("secondary") or {}).items()]
+    blocks = [(f"{m} vs sync", t) for m, t in cmp["tests"].items()]
+    if cmp.get("aa"):
+        blocks.append(("A/A sync vs sync", cmp["aa"]))
+    blocks += [(f"{n} (descriptive)", t) for n, t in (cmp.get("secondary") or {}).items()]
     for name, t in blocks:
         if "tost" in t:
             tt = t["tost"]
