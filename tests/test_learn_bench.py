@@ -145,6 +145,9 @@ def test_step_row_reads_the_record():
     row = step_row(rec, 7.0)
     assert row["reward"] == 0.25 and row["val_acc"] == 0.5 and row["wall_s"] == 7.0 and row["val_s"] == 4.0
     assert "val_acc" not in step_row({**rec, "metrics": {"critic/score/mean": 0.1}}, 1.0)
+    assert "trainer_busy_s" not in row  # the timeline had none
+    timed = step_row({**rec, "timeline": {**rec["timeline"], "trainer_busy_s": 3.0, "first_unit_ready_s": 0.5}}, 7.0)
+    assert timed["trainer_busy_s"] == 3.0 and timed["first_unit_ready_s"] == 0.5
     assert step_row({**rec, "metrics": {}}, 1.0)["reward"] is None
 
 

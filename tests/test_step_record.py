@@ -167,3 +167,13 @@ def test_a_sync_run_says_how_long_its_trainer_waited():
     line = pipeline_line(tot, 1, {"sync"})
     assert "waited 6.0s for the rollout (67% of rollout->train end, 9.0s)" in line and "rolloutpipe.mode=cgp" in line
     assert pipeline_line({}, 0, set()) == "[verl_pipe] pipelining: no step completed"
+
+
+def test_done_line_keeps_a_first_runs_asset_build_apart_from_the_run():
+    """A first run builds the tiny assets (the SFT warm-start: minutes) before Ray starts: the closing line's run
+    time must not include it, or a first demo reads as twice its length."""
+    from verl_pipe.trainer.step_record import done_line
+
+    line = done_line({"steps": 40, "startup_s": 54.6}, 452.3, 517.5)
+    assert line == "[verl_pipe] done: 40 steps in 452.3s (start-up 54.6s; before it, the config and assets 517.5s)"
+    assert done_line({"steps": 3, "startup_s": 50.0}, 90.0, 0.2) == "[verl_pipe] done: 3 steps in 90.0s (start-up 50.0s)"

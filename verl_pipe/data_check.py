@@ -47,6 +47,16 @@ class DataCheckError(ValueError):
     pass
 
 
+def dataset_row(record: dict) -> int | None:
+    """A record's dataset row: verl's RLHFDataset ``index``, else its ``extra_info.index`` (verl's
+    ``_get_gen_batch`` moves the non-tensor ``index`` into the generation batch and leaves ``extra_info``, a reward
+    key, in the step's); None when the record has neither. The one rule the length history (a step batch's groups)
+    and the multi-turn episodes (a prompt's task key) share."""
+    extra = record.get("extra_info")
+    index = record.get("index", extra.get("index") if isinstance(extra, dict) else None)
+    return None if index is None else int(index)
+
+
 @dataclass(frozen=True)
 class Problem:
     reason: str  # one of REASONS

@@ -295,7 +295,8 @@ def main(config: DictConfig) -> None:
     from verl_pipe.launch.teardown import become_subreaper
 
     t0 = time.perf_counter()
-    config = prepare_config(config)
+    config = prepare_config(config)  # a first run builds the tiny assets here (the warm-start: minutes)
+    t_run = time.perf_counter()
     become_subreaper()  # the run's orphaned processes stay ours to end (verl_pipe/launch/teardown.py)
     try:
         start_ray(config)
@@ -321,14 +322,14 @@ def main(config: DictConfig) -> None:
         print("[verl_pipe] stopped; the latest completed checkpoint (if any) is in "
               f"{config.trainer.default_local_dir}; resume with trainer.resume_mode=auto", flush=True)
         raise SystemExit(128 + signum) from None
-    from verl_pipe.trainer.step_record import learning_line, pipeline_line
+    from verl_pipe.trainer.step_record import done_line, learning_line, pipeline_line
 
     print(learning_line(summary.get("val_before"), summary.get("val_after"), summary.get("steps", 0),
                         summary.get("rewards")))
     pipe = summary.get("pipeline") or {}
     print(pipeline_line(pipe.get("totals") or {}, summary.get("steps", 0), pipe.get("modes") or ()))
-    print(f"[verl_pipe] done: {summary.get('steps', 0)} steps in {time.perf_counter() - t0:.1f}s "
-          f"(start-up {summary.get('startup_s', float('nan')):.1f}s)")
+    print(done_line(summary, time.perf_counter() - t_run, t_run - t0))
+
 
 
 if __name__ == "__main__":

@@ -54,6 +54,10 @@ SECONDARY_PAIRS = (("cgp_fgd", "cgp"),)
 VAL_KEY = "val-core/verl_pipe/digit_math/acc/mean@1"  # the task's data source (math_data.DATA_SOURCE), greedy @1
 STEP_KEYS = {"reward": "critic/score/mean", "response_length": "response_length/mean", "step_s": "timing_s/step",
              "entropy": "actor/entropy"}
+# the step's timeline figures a row keeps besides (docs/metrics.md), where the step has them (verl's peer does not):
+# what bounds a pipelined step (verl_pipe/bench/learn_budget.py reads the same figures back from older parts' logs)
+TIMELINE_KEYS = ("rollout_end_s", "trainer_busy_s", "trainer_busy_in_rollout_s", "first_unit_ready_s",
+                 "last_unit_cost_s", "ideal_lower_bound_s", "response_tokens")
 WINDOW = 10  # steps per window of the reward chart
 TASK_KEY = "rolloutpipe.tiny_assets.task"  # the embedded tiny task a run trains on (where the config has tasks)
 
@@ -98,6 +102,7 @@ def step_row(record: dict, wall_s: float) -> dict:
     m, tm = record["metrics"], record["timeline"]
     row = {"step": record["step"], "wall_s": wall_s, "rollout_to_train_end_s": tm["rollout_to_train_end_s"],
            "trainer_wait_ratio": tm["trainer_wait_ratio"]}
+    row.update({k: _number(tm.get(k)) for k in TIMELINE_KEYS if k in tm})
     row.update({k: _number(m.get(key)) for k, key in STEP_KEYS.items()})
     key = val_key(m)
     if key:
@@ -181,7 +186,7 @@ def _run_peer(mode: str, seed: int, steps: int, val_every: int, overrides: list[
                 f"({r['wall_s']:.0f} s of training)")
     versions = [s.get("weight_versions", {}) for s in result["steps"]]
     return {"startup_s": result["startup_s"], "val_before": before, "steps": rows,
-            "config": stack_record(prepare_config(compose_spec(spec)), result["overrides"]),
+            "config": stack_record(prepare_config(compose_spec(spec, result["overrides"])), result["overrides"]),
             "peer": {"config": result["config"], "ray_start_s": result.get("ray_start_s"),
                      "run_s": result.get("run_s"), "on_policy_steps": sum(1 for v in versions if v.get("on_policy")),
                      "max_staleness": max((v.get("max_staleness") or 0 for v in versions), default=None)}}

@@ -43,8 +43,10 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutp
 from verl.utils.rollout_trace import rollout_trace_op
 
 from verl_pipe.assets.multiturn_env import EnvConfig, ToolFailure, observation, plan_episode, reward
+from verl_pipe.data_check import dataset_row
 from verl_pipe.rollout import turns as turn_gate
 from verl_pipe.rollout.client import CURRENT_ADMISSION
+
 
 AGENT_NAME = "verl_pipe_multiturn"
 
@@ -61,10 +63,10 @@ def env_config(config) -> EnvConfig:
 def task_key(kwargs: dict) -> str:
     """A prompt's stable id, the key of its group latent: its split and dataset index."""
     extra = kwargs.get("extra_info") or {}
-    index = kwargs.get("index", extra.get("index"))
+    index = dataset_row(kwargs)
     if index is None:
         raise ValueError("a multi-turn episode needs the prompt's dataset index (the row's index or extra_info.index)")
-    return f"{extra.get('split', '')}/{int(index)}"
+    return f"{extra.get('split', '')}/{index}"
 
 
 # The episode seed of the trajectories run in this asyncio task's context, when a driver other than ours runs rounds

@@ -196,7 +196,7 @@ class ActorBackend:
         with self.actor.lock:
             out = self.actor.workers.step_lr_schedule()[0]
         self.unit_metrics[-1].update(out)
-        self.metrics.update(reduce_metrics(unit_lists(self.unit_metrics)))
+        self._reduce_unit_metrics()
 
     def FinalAdvantages(self, a: S.FinalAdvantages) -> None:
         for groups in self.into_buffers:  # the advantages they were trained with, for metrics and checks
@@ -211,6 +211,9 @@ class ActorBackend:
         so the step's is ``reduce_metrics`` over the units' values (verl_pipe/trainer/step_metrics.py), not the last
         unit's."""
         self.unit_metrics.append(out)
+        self._reduce_unit_metrics()
+
+    def _reduce_unit_metrics(self) -> None:
         self.metrics.update(reduce_metrics(unit_lists(self.unit_metrics)))
 
     def _entropy_of_call(self, batch: DataProto) -> None:

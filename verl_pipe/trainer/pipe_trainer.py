@@ -38,7 +38,7 @@ from verl_pipe.config import ConfigError, cgp_estimator_problem, groups_per_unit
 from verl_pipe.core.admission import StepAdmission, TrainerRatio, load_policy, rest_order
 from verl_pipe.core.frontier import FCFSPolicy
 from verl_pipe.core.lengths import LengthHistory, StepLengths
-from verl_pipe.data_check import bad_record_metrics
+from verl_pipe.data_check import bad_record_metrics, dataset_row
 from verl_pipe.core.group_filter import GroupFilters
 from verl_pipe.core.group_queue import Group, GroupQueue
 from verl_pipe.core.release import DispatchOrderRelease
@@ -60,16 +60,13 @@ __all__ = ["RolloutPipeTrainer", "StepFailedError"]  # StepFailedError lives in 
 
 
 def dataset_index(batch: DataProto | None, num_groups: int) -> list:
-    """Each group's dataset row (verl's RLHFDataset ``index``, from the record's ``extra_info.index``), None where
-    unknown. Seam: verl's ``_get_gen_batch`` moves the non-tensor ``index`` into the generation batch and leaves
-    ``extra_info`` (a reward key) in the step's batch, so the row is read from there when ``index`` has gone."""
+    """Each group's dataset row (``data_check.dataset_row`` of the step batch's row), None where unknown."""
     nt = batch.non_tensor_batch if batch is not None else {}
-    index = nt.get("index")
-    if index is None and "extra_info" in nt:
-        index = [e.get("index") if isinstance(e, dict) else None for e in nt["extra_info"]]
-    if index is None:
+    columns = {k: nt[k] for k in ("index", "extra_info") if k in nt}
+    if not columns:
         return [None] * num_groups
-    return [None if i is None else int(i) for i in index]
+    rows = len(next(iter(columns.values())))
+    return [dataset_row({k: v[g] for k, v in columns.items()}) for g in range(rows)]
 
 
 class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):

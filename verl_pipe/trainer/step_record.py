@@ -198,3 +198,10 @@ def pipeline_line(totals: dict[str, float], steps: int, modes) -> str:
             f"rollout->train end {window:.1f}s against {serial:.1f}s for rollout then training back to back: "
             f"{saved:.1f}s ({saved / serial:.0%}) saved")
 
+
+def done_line(summary: dict, run_s: float, prepare_s: float) -> str:
+    """The run's closing line: its steps and time from Ray's start (start-up included), and, when it took a while
+    (a first run builds the tiny assets), the config's preparation before it, apart."""
+    prepared = f"; before it, the config and assets {prepare_s:.1f}s" if prepare_s >= 1.0 else ""
+    return (f"[verl_pipe] done: {summary.get('steps', 0)} steps in {run_s:.1f}s "
+            f"(start-up {summary.get('startup_s', float('nan')):.1f}s{prepared})")

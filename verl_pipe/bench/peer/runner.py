@@ -168,18 +168,24 @@ def recipe_shape(spec: dict) -> tuple[int, int]:
     return int(cfg.data.train_batch_size), int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
 
 
-def compose_spec(spec: dict):
-    """The peer's config: the spec's recipe (default: rolloutpipe_trainer) with the peer's overrides, then the
-    spec's ``post_overrides`` (they win: e.g. the learning bench's validation cadence) and, for a multi-turn
-    setting, its ``rolloutpipe.multiturn`` node (as the multi-turn bench composes our modes')."""
+def spec_overrides(spec: dict) -> list[str]:
+    """The peer's overrides on the spec's recipe: its configuration's (at the recipe's batch shape), then the spec's
+    ``post_overrides`` (they win: e.g. the learning bench's validation cadence)."""
+    from verl_pipe.bench.peer.configs import peer_overrides
+
+    return peer_overrides(spec["config"], list(spec.get("overrides", [])), int(spec["steps"]),
+                          knobs=spec.get("knobs"), shape=recipe_shape(spec)) + list(spec.get("post_overrides", []))
+
+
+def compose_spec(spec: dict, overrides: list[str] | None = None):
+    """The peer's config: the spec's recipe (default: rolloutpipe_trainer) with ``overrides`` (default:
+    ``spec_overrides``) and, for a multi-turn setting, its ``rolloutpipe.multiturn`` node (as the multi-turn bench
+    composes our modes')."""
     from omegaconf import OmegaConf, open_dict
 
-    from verl_pipe.bench.peer.configs import peer_overrides
     from verl_pipe.launch.session import compose
 
-    overrides = peer_overrides(spec["config"], list(spec.get("overrides", [])), int(spec["steps"]),
-                               knobs=spec.get("knobs"), shape=recipe_shape(spec))
-    overrides += list(spec.get("post_overrides", []))
+    overrides = spec_overrides(spec) if overrides is None else overrides
     config = compose(overrides, config_name=spec.get("config_name") or "rolloutpipe_trainer")
     if spec.get("multiturn"):
         with open_dict(config):
@@ -189,10 +195,11 @@ def compose_spec(spec: dict):
 
 def run(spec: dict) -> dict:
     t_start = time.time()
-    from verl_pipe.bench.peer.configs import AFTER_VALIDATION, CONFIGS, MODE_NAMES, knobs_of, peer_overrides
+    from verl_pipe.bench.peer.configs import AFTER_VALIDATION, CONFIGS, MODE_NAMES, knobs_of
     from verl_pipe.main_grpo import prepare_config, start_ray
 
-    config = prepare_config(compose_spec(spec))
+    overrides = spec_overrides(spec)
+    config = prepare_config(compose_spec(spec, overrides))
     kind = CONFIGS[spec["config"]]["trainer"]
     if kind in AFTER_VALIDATION:
         from omegaconf import OmegaConf, open_dict
@@ -224,9 +231,7 @@ def run(spec: dict) -> dict:
     return {"mode": MODE_NAMES[spec["config"]], "config": spec["config"], "steps": records,
             "warmup_steps": int(spec.get("warmup_steps", 0)), "startup_s": t_ready - t_start,
             "ray_start_s": t_ray - t_start, "run_s": t_end - t_ready,
-            "overrides": peer_overrides(spec["config"], list(spec.get("overrides", [])), int(spec["steps"]),
-                                        knobs=spec.get("knobs"), shape=recipe_shape(spec))
-            + list(spec.get("post_overrides", [])),
+            "overrides": overrides,
             "knobs": knobs_of(spec["config"], spec.get("knobs")),
             "workload": spec.get("workload")}
 

@@ -1,0 +1,192 @@
+"""Where a learning run's steps go: the per-step timeline of each run, read back from the learning bench's logs.
+
+The learning bench (verl_pipe/bench/learn.py) keeps a few figures per step in its JSON; every step's whole metrics
+line (verl's ``step:N - key:value - ...``, our ``rolloutpipe/*`` timeline among them: docs/metrics.md) is in the
+part's log. This reads those lines back, labels each run by the bench's own ``[learn] MODE seed S step N`` lines,
+and reports per mode what bounds the step:
+
+- the rollout's end, the trainer's busy time (all of it, and the part while the rollout still ran), the first unit's
+  readiness, the work left after the rollout (``last_unit_cost_s``), the step's ideal bound and its efficiency;
+- the trainer's cost per 1,000 response tokens, against the same seed's sync run (``contention``: > 1 where work
+  done beside the rollout costs more than sync's after it);
+- ``uncontended_cut_pct``: the step the pipelined run would take if its trainer work cost what sync's costs
+  (``max(rollout end + left-over work / contention, first unit ready + busy / contention)``: the timeline's ideal
+  bound with the trainer's time divided by the contention, the rollout as measured), against sync's step. An
+  estimate of what the host's sharing costs the pipeline, not a measurement.
+
+Runs of a log that a later log reruns (same mode and seed) are superseded by the later one, as the bench's
+``--merge --supersede`` does. verl's peer prints no ``rolloutpipe/*`` timeline and is left out.
+
+    python -m verl_pipe.bench.learn_budget docs/bench/logs/learn_chain_p0*_*.log --out budget.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+from verl_pipe.core.variants import BASE
+
+# per-step figures read from a metrics line: our name -> the metric's key
+FIELDS = {
+    "rollout_end_s": "rolloutpipe/rollout_end_s",
+    "rollout_to_train_end_s": "rolloutpipe/rollout_to_train_end_s",
+    "trainer_busy_s": "rolloutpipe/trainer_busy_s",
+    "trainer_busy_in_rollout_s": "rolloutpipe/trainer_busy_in_rollout_s",
+    "first_unit_ready_s": "rolloutpipe/first_unit_ready_s",
+    "last_unit_cost_s": "rolloutpipe/last_unit_cost_s",
+    "ideal_lower_bound_s": "rolloutpipe/ideal_lower_bound_s",
+    "pipeline_efficiency": "rolloutpipe/pipeline_efficiency",
+    "weight_sync_s": "rolloutpipe/weight_sync_s",
+    "response_tokens": "rolloutpipe/response_tokens",
+    "old_log_prob_s": "timing_s/old_log_prob",
+}
+_STEP = re.compile(r"(?:^|\s)step:(\d+) - ")
+_PAIR = re.compile(r"([\w/@.\-]+):(?:np\.\w+\()?(-?[\d.]+(?:e-?\d+)?|nan|inf)\)?(?= - |\s*$)")
+_LABEL = re.compile(r"\[learn\] (\S+) seed (\d+) step \d+:")
+
+
+def step_metrics(line: str) -> dict[str, float] | None:
+    """The numeric metrics of one ``step:N - key:value - ...`` line (None: not such a line)."""
+    m = _STEP.search(line)
+    if m is None:
+        return None
+    out = {"step": float(m.group(1))}
+    for key, value in _PAIR.findall(line[m.start():]):
+        try:
+            out[key] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def runs_of_log(lines) -> list[dict]:
+    """The runs of one part's log, in order: {"mode", "seed", "steps": [per-step FIELDS]}; a run starts at its step 1
+    and is named by the next ``[learn] MODE seed S`` line. Runs with no ``rolloutpipe/*`` timeline are dropped."""
+    runs: list[dict] = []
+    current: dict | None = None
+    for line in lines:
+        m = step_metrics(line)
+        if m is not None:
+            if m["step"] == 1 or current is None:
+                current = {"mode": None, "seed": None, "steps": []}
+                runs.append(current)
+            if FIELDS["trainer_busy_s"] in m:
+                current["steps"].append({k: m.get(key, math.nan) for k, key in FIELDS.items()})
+        label = _LABEL.search(line)
+        if label and current is not None and current["mode"] is None:
+            current["mode"], current["seed"] = label.group(1), int(label.group(2))
+    return [r for r in runs if r["steps"] and r["mode"] is not None]
+
+
+def collect(paths: list[str]) -> tuple[dict[tuple[str, int], dict], list[dict]]:
+    """Every run of the logs by (mode, seed), a later log's run superseding an earlier one's; the superseded."""
+    kept: dict[tuple[str, int], dict] = {}
+    superseded: list[dict] = []
+    for path in paths:
+        with open(path, errors="replace") as f:
+            for run in runs_of_log(f):
+                run["log"] = Path(path).name
+                key = (run["mode"], run["seed"])
+                if key in kept:
+                    old = kept[key]
+                    superseded.append({"mode": old["mode"], "seed": old["seed"], "log": old["log"],
+                                       "by": run["log"]})
+                kept[key] = run
+    return kept, superseded
+
+
+def _mean(xs) -> float:
+    xs = [x for x in xs if not math.isnan(x)]
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def _se(xs) -> float:
+    xs = [x for x in xs if not math.isnan(x)]
+    if len(xs) < 2:
+        return math.nan
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+
+
+def run_summary(run: dict) -> dict[str, float]:
+    """A run's means over its steps, its trainer cost per 1,000 response tokens."""
+    steps = run["steps"]
+    out = {k: _mean(s[k] for s in steps) for k in FIELDS}
+    out["trainer_s_per_1k_tokens"] = 1000 * _mean(s["trainer_busy_s"] / s["response_tokens"] for s in steps
+                                                  if s["response_tokens"] > 0)
+    return out
+
+
+def uncontended_step_s(s: dict[str, float], contention: float) -> float:
+    """The step with the trainer's time divided by ``contention`` (the rollout as measured)."""
+    return max(s["rollout_end_s"] + s["last_unit_cost_s"] / contention,
+               s["first_unit_ready_s"] + s["trainer_busy_s"] / contention)
+
+
+def budget(kept: dict[tuple[str, int], dict]) -> dict:
+    """Per mode: the means over its runs (± se over runs) and, for the pipelined modes, the paired figures against
+    the same seed's sync run."""
+    summaries = {key: run_summary(run) for key, run in kept.items()}
+    modes = sorted({m for m, _ in summaries}, key=lambda m: (m != BASE, m))
+    out: dict = {}
+    for mode in modes:
+        seeds = sorted(s for m, s in summaries if m == mode)
+        rows = [summaries[(mode, s)] for s in seeds]
+        entry = {"seeds": seeds, "runs": len(rows),
+                 "mean": {k: _mean(r[k] for r in rows) for k in rows[0]},
+                 "se": {k: _se([r[k] for r in rows]) for k in rows[0]}}
+        if mode != BASE:
+            paired = [(summaries[(mode, s)], summaries[(BASE, s)]) for s in seeds if (BASE, s) in summaries]
+            if paired:
+                contention = [p["trainer_s_per_1k_tokens"] / b["trainer_s_per_1k_tokens"] for p, b in paired]
+                cut = [100 * (p["rollout_to_train_end_s"] / b["rollout_to_train_end_s"] - 1) for p, b in paired]
+                bound = [100 * (uncontended_step_s(p, c) / b["rollout_to_train_end_s"] - 1)
+                         for (p, b), c in zip(paired, contention)]
+                stretch = [p["rollout_end_s"] / b["rollout_end_s"] for p, b in paired]
+                entry["vs_sync"] = {
+                    "pairs": len(paired),
+                    "contention": {"mean": _mean(contention), "se": _se(contention)},
+                    "rollout_stretch": {"mean": _mean(stretch), "se": _se(stretch)},
+                    "step_cut_pct": {"mean": _mean(cut), "se": _se(cut)},
+                    "uncontended_cut_pct": {"mean": _mean(bound), "se": _se(bound)},
+                }
+        out[mode] = entry
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m verl_pipe.bench.learn_budget", description=__doc__.split("\n")[0])
+    ap.add_argument("logs", nargs="+", help="the learning bench's part logs, in the order they ran")
+    ap.add_argument("--out", help="write the budget as JSON here")
+    args = ap.parse_args(argv)
+    kept, superseded = collect(args.logs)
+    if not kept:
+        print("no run with a rolloutpipe timeline in the logs", file=sys.stderr)
+        return 1
+    result = {"logs": [Path(p).name for p in args.logs], "superseded": superseded, "modes": budget(kept)}
+    for mode, e in result["modes"].items():
+        m = e["mean"]
+        line = (f"{mode:8s} runs {e['runs']}: step {m['rollout_to_train_end_s']:.2f}s | rollout end "
+                f"{m['rollout_end_s']:.2f}s | trainer busy {m['trainer_busy_s']:.2f}s ({m['trainer_busy_in_rollout_s']:.2f}s "
+                f"in the rollout; old log-probs {m['old_log_prob_s']:.2f}s) | first unit {m['first_unit_ready_s']:.2f}s | "
+                f"left after the rollout {m['last_unit_cost_s']:.2f}s | efficiency {m['pipeline_efficiency']:.3f} | "
+                f"{m['trainer_s_per_1k_tokens']:.3f} s per 1k tokens")
+        vs = e.get("vs_sync")
+        if vs:
+            line += (f"\n         vs sync (n={vs['pairs']}): contention x{vs['contention']['mean']:.2f} ± "
+                     f"{vs['contention']['se']:.2f}, rollout x{vs['rollout_stretch']['mean']:.2f}, step "
+                     f"{vs['step_cut_pct']['mean']:+.1f}% ± {vs['step_cut_pct']['se']:.1f}%, uncontended "
+                     f"{vs['uncontended_cut_pct']['mean']:+.1f}% ± {vs['uncontended_cut_pct']['se']:.1f}%")
+        print(line)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
