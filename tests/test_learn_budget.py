@@ -54,17 +54,22 @@ def test_a_later_log_supersedes_a_run_and_the_budget_pairs_by_seed(tmp_path):
     assert vs["contention"]["mean"] == pytest.approx(1.1)  # 5.5 against 5.0 s per 1,000 tokens
     assert vs["step_cut_pct"]["mean"] == pytest.approx(-20.0)
     assert vs["rollout_stretch"]["mean"] == pytest.approx(1.1)
-    # uncontended: max(4.4 + 2.0/1.1, 1.0 + 5.5/1.1) = 6.22 s (the tail binds) against sync's 9.0
-    assert vs["uncontended_cut_pct"]["mean"] == pytest.approx(100 * ((4.4 + 2.0 / 1.1) / 9.0 - 1))
+    # uncontended: the bound max(4.4 + 2.0/1.1, 1.0 + 5.5/1.1) = 6.22 s (the tail binds) against 6.5 s as measured,
+    # the step 7.2 s scaled by it, against sync's 9.0
+    assert vs["uncontended_cut_pct"]["mean"] == pytest.approx(100 * (7.2 * (4.4 + 2.0 / 1.1) / 6.5 / 9.0 - 1))
     assert math.isnan(vs["step_cut_pct"]["se"])  # one pair: no standard error
     out = tmp_path / "b.json"
     assert main([str(a), str(b), "--out", str(out)]) == 0
-    assert json.loads(out.read_text())["modes"]["cgp"]["runs"] == 1
+    saved = json.loads(out.read_text())
+    assert saved["modes"]["cgp"]["runs"] == 1 and saved["modes"]["cgp"]["vs_sync"]["step_cut_pct"]["se"] is None
 
 
-def test_uncontended_step_takes_the_binding_bound():
-    s = {"rollout_end_s": 4.0, "last_unit_cost_s": 2.0, "first_unit_ready_s": 1.0, "trainer_busy_s": 6.0}
+def test_uncontended_step_scales_the_step_by_its_binding_bound():
+    s = {"rollout_end_s": 4.0, "last_unit_cost_s": 2.0, "first_unit_ready_s": 1.0, "trainer_busy_s": 6.0,
+         "rollout_to_train_end_s": 7.0}
     assert uncontended_step_s(s, 1.0) == 7.0 and uncontended_step_s(s, 2.0) == 5.0
+    # a step far from its bound (it waits for particular groups) keeps that distance
+    assert uncontended_step_s({**s, "rollout_to_train_end_s": 14.0}, 2.0) == 10.0
 
 
 def test_no_timeline_in_the_logs_is_an_error(tmp_path, capsys):
@@ -72,3 +77,33 @@ def test_no_timeline_in_the_logs_is_an_error(tmp_path, capsys):
     p.write_text("nothing here\n")
     assert main([str(p)]) == 1
     assert "no run with a rolloutpipe timeline" in capsys.readouterr().err
+
+
+def test_drift_pairs_step_time_and_length_by_seed_per_window():
+    from verl_pipe.bench.learn_budget import drift
+
+    def run(mode, seed, step_s, length, arm="main"):
+        return {"mode": mode, "seed": seed, "arm": arm,
+                "steps": [{"step_s": step_s, "response_length": length}] * 4}
+
+    learn = {"steps": 4, "runs": [run("sync", 0, 10.0, 50.0), run("sync", 1, 10.0, 40.0),
+                                  run("cgp", 0, 8.0, 55.0), run("cgp", 1, 9.0, 44.0),
+                                  run("sync", 100, 1.0, 1.0, arm="aa")]}
+    got = drift(learn, [(0, 2), (2, 4)])
+    assert list(got) == ["cgp", "sync (A/A)"]
+    assert got["sync (A/A)"][0]["pairs"] == 1 and got["sync (A/A)"][0]["step_time_pct"]["mean"] == pytest.approx(-90.0)
+    first = got["cgp"][0]
+    assert first["steps"] == [1, 2] and first["pairs"] == 2
+    assert first["step_time_pct"]["mean"] == pytest.approx(-15.0) and first["step_time_pct"]["se"] == pytest.approx(5.0)
+    assert first["response_length_pct"]["mean"] == pytest.approx(10.0)
+
+
+def test_a_suffix_keeps_a_differently_configured_parts_runs_apart(tmp_path):
+    a, b = tmp_path / "fill_a.log", tmp_path / "fill_b.log"
+    a.write_text("".join(_log("sync", 0, 5.0, 1000, 9.0) + _log("cgp_fgd", 0, 5.5, 1000, 9.5)))
+    b.write_text("".join(_log("cgp_fgd", 0, 5.5, 1000, 7.0)))
+    kept, superseded = collect([str(a), str(b)], {"fill_a.log": "+dispatch"})
+    assert superseded == [] and sorted(kept) == [("cgp_fgd", 0), ("cgp_fgd+dispatch", 0), ("sync", 0)]
+    assert budget(kept)["cgp_fgd+dispatch"]["vs_sync"]["step_cut_pct"]["mean"] == pytest.approx(100 * (9.5 / 9.0 - 1))
+    with pytest.raises(SystemExit):
+        main([str(a), "--suffix", "nonsense"])

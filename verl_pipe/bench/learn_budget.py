@@ -9,10 +9,15 @@ and reports per mode what bounds the step:
   readiness, the work left after the rollout (``last_unit_cost_s``), the step's ideal bound and its efficiency;
 - the trainer's cost per 1,000 response tokens, against the same seed's sync run (``contention``: > 1 where work
   done beside the rollout costs more than sync's after it);
-- ``uncontended_cut_pct``: the step the pipelined run would take if its trainer work cost what sync's costs
-  (``max(rollout end + left-over work / contention, first unit ready + busy / contention)``: the timeline's ideal
-  bound with the trainer's time divided by the contention, the rollout as measured), against sync's step. An
-  estimate of what the host's sharing costs the pipeline, not a measurement.
+- ``uncontended_cut_pct``: the step the pipelined run would take if its trainer work cost what sync's costs,
+  against sync's step: the step scaled by its bound with the trainer's time divided by the contention over its
+  bound as measured (the bound ``max(rollout end + left-over work, first unit ready + busy)``, the timeline's ideal
+  bound; the rollout as measured; the step's distance from its bound kept). An estimate of what the host's
+  sharing costs the pipeline, not a measurement.
+
+With ``--learn-json`` (the merged comparison), per window of steps and pipelined mode: the paired differences
+against sync of the step time and of the mean response length (``drift``): a mode whose policy writes longer
+responses gives each step more work, which eats into what pipelining saves.
 
 Runs of a log that a later log reruns (same mode and seed) are superseded by the later one, as the bench's
 ``--merge --supersede`` does. verl's peer prints no ``rolloutpipe/*`` timeline and is left out.
@@ -29,6 +34,7 @@ import re
 import sys
 from pathlib import Path
 
+from verl_pipe.bench.learn_stats import AA_SEED_OFFSET
 from verl_pipe.core.variants import BASE
 
 # per-step figures read from a metrics line: our name -> the metric's key
@@ -83,14 +89,20 @@ def runs_of_log(lines) -> list[dict]:
     return [r for r in runs if r["steps"] and r["mode"] is not None]
 
 
-def collect(paths: list[str]) -> tuple[dict[tuple[str, int], dict], list[dict]]:
-    """Every run of the logs by (mode, seed), a later log's run superseding an earlier one's; the superseded."""
+def collect(paths: list[str], suffixes: dict[str, str] | None = None
+            ) -> tuple[dict[tuple[str, int], dict], list[dict]]:
+    """Every run of the logs by (mode, seed), a later log's run superseding an earlier one's; the superseded.
+    ``suffixes``: a log's file name -> a suffix for its pipelined modes' names (a part run with other overrides,
+    e.g. ``rolloutpipe.cgp.unit_fill=dispatch``, kept apart from the same mode's runs in other logs)."""
     kept: dict[tuple[str, int], dict] = {}
     superseded: list[dict] = []
     for path in paths:
+        suffix = (suffixes or {}).get(Path(path).name, "")
         with open(path, errors="replace") as f:
             for run in runs_of_log(f):
                 run["log"] = Path(path).name
+                if run["mode"] != BASE:
+                    run["mode"] += suffix
                 key = (run["mode"], run["seed"])
                 if key in kept:
                     old = kept[key]
@@ -122,10 +134,15 @@ def run_summary(run: dict) -> dict[str, float]:
     return out
 
 
-def uncontended_step_s(s: dict[str, float], contention: float) -> float:
-    """The step with the trainer's time divided by ``contention`` (the rollout as measured)."""
+def _bound(s: dict[str, float], contention: float = 1.0) -> float:
     return max(s["rollout_end_s"] + s["last_unit_cost_s"] / contention,
                s["first_unit_ready_s"] + s["trainer_busy_s"] / contention)
+
+
+def uncontended_step_s(s: dict[str, float], contention: float) -> float:
+    """The step with the trainer's time divided by ``contention`` (the rollout as measured), at the step's measured
+    distance from its bound."""
+    return s["rollout_to_train_end_s"] * _bound(s, contention) / _bound(s)
 
 
 def budget(kept: dict[tuple[str, int], dict]) -> dict:
@@ -159,23 +176,72 @@ def budget(kept: dict[tuple[str, int], dict]) -> dict:
     return out
 
 
+AA = f"{BASE} (A/A)"  # drift's row of the A/A arm: sync at seed s + AA_SEED_OFFSET against sync at seed s
+
+
+def drift(learn: dict, windows: list[tuple[int, int]]) -> dict:
+    """Per pipelined mode (and the A/A arm, ``AA``) and window of steps [a, b) (0-based): the paired % differences
+    against sync at the same seed (main arm) of the summed step time and the mean response length; mean and se over
+    the seeds."""
+    runs = {(r["mode"], r["seed"]): r for r in learn["runs"] if r.get("arm", "main") == "main"}
+    aa = [r for r in learn["runs"] if r.get("arm") == "aa"]
+    for r in aa:
+        runs[(AA, int(r["seed"]) - AA_SEED_OFFSET)] = r
+    out: dict = {}
+    for mode in sorted({m for m, _ in runs if m != BASE}, key=lambda m: (m == AA, m)):
+        seeds = sorted(s for m, s in runs if m == mode and (BASE, s) in runs)
+        rows = []
+        for a, b in windows:
+            step, length = [], []
+            for seed in seeds:
+                p, q = runs[(mode, seed)]["steps"][a:b], runs[(BASE, seed)]["steps"][a:b]
+                if not p or len(p) != len(q):
+                    continue
+                step.append(100 * (sum(x["step_s"] for x in p) / sum(x["step_s"] for x in q) - 1))
+                length.append(100 * (sum(x["response_length"] for x in p) / sum(x["response_length"] for x in q) - 1))
+            rows.append({"steps": [a + 1, b], "pairs": len(step),
+                         "step_time_pct": {"mean": _mean(step), "se": _se(step)},
+                         "response_length_pct": {"mean": _mean(length), "se": _se(length)}})
+        out[mode] = rows
+    return out
+
+
+def _finite(x):
+    """NaN (a figure with too few runs, e.g. the se of one pair) as JSON null."""
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m verl_pipe.bench.learn_budget", description=__doc__.split("\n")[0])
     ap.add_argument("logs", nargs="+", help="the learning bench's part logs, in the order they ran")
     ap.add_argument("--out", help="write the budget as JSON here")
+    ap.add_argument("--suffix", action="append", default=[], metavar="LOG=SUFFIX",
+                    help="name the pipelined modes of log file LOG with SUFFIX appended (repeatable)")
+    ap.add_argument("--learn-json", help="the merged learning comparison: the step-time and length drift per window")
+    ap.add_argument("--window", type=int, default=10, help="steps per drift window (default 10)")
     args = ap.parse_args(argv)
-    kept, superseded = collect(args.logs)
+    bad = [x for x in args.suffix if "=" not in x]
+    if bad:
+        ap.error(f"--suffix: {bad[0]!r} is not LOG=SUFFIX")
+    kept, superseded = collect(args.logs, dict(x.split("=", 1) for x in args.suffix))
     if not kept:
         print("no run with a rolloutpipe timeline in the logs", file=sys.stderr)
         return 1
-    result = {"logs": [Path(p).name for p in args.logs], "superseded": superseded, "modes": budget(kept)}
+    result = {"logs": [Path(p).name for p in args.logs], "suffixes": args.suffix, "superseded": superseded,
+              "modes": budget(kept)}
     for mode, e in result["modes"].items():
         m = e["mean"]
         line = (f"{mode:8s} runs {e['runs']}: step {m['rollout_to_train_end_s']:.2f}s | rollout end "
                 f"{m['rollout_end_s']:.2f}s | trainer busy {m['trainer_busy_s']:.2f}s ({m['trainer_busy_in_rollout_s']:.2f}s "
                 f"in the rollout; old log-probs {m['old_log_prob_s']:.2f}s) | first unit {m['first_unit_ready_s']:.2f}s | "
                 f"left after the rollout {m['last_unit_cost_s']:.2f}s | efficiency {m['pipeline_efficiency']:.3f} | "
-                f"{m['trainer_s_per_1k_tokens']:.3f} s per 1k tokens")
+                f"{m['response_tokens']:.0f} response tokens, {m['trainer_s_per_1k_tokens']:.3f} trainer s per 1k")
         vs = e.get("vs_sync")
         if vs:
             line += (f"\n         vs sync (n={vs['pairs']}): contention x{vs['contention']['mean']:.2f} ± "
@@ -183,8 +249,19 @@ def main(argv: list[str] | None = None) -> int:
                      f"{vs['step_cut_pct']['mean']:+.1f}% ± {vs['step_cut_pct']['se']:.1f}%, uncontended "
                      f"{vs['uncontended_cut_pct']['mean']:+.1f}% ± {vs['uncontended_cut_pct']['se']:.1f}%")
         print(line)
+    if args.learn_json:
+        learn = json.loads(Path(args.learn_json).read_text())
+        steps = int(learn["steps"])
+        windows = [(a, min(a + args.window, steps)) for a in range(0, steps, args.window)] + [(0, steps)]
+        result["learn_json"] = Path(args.learn_json).name
+        result["drift"] = drift(learn, windows)
+        for mode, rows in result["drift"].items():
+            for r in rows:
+                print(f"{mode:8s} steps {r['steps'][0]}-{r['steps'][1]} vs sync (n={r['pairs']}): step time "
+                      f"{r['step_time_pct']['mean']:+.1f}% ± {r['step_time_pct']['se']:.1f}%, response length "
+                      f"{r['response_length_pct']['mean']:+.1f}% ± {r['response_length_pct']['se']:.1f}%")
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+        Path(args.out).write_text(json.dumps(_finite(result), indent=1, sort_keys=True) + "\n")
     return 0
 
 
