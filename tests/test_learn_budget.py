@@ -54,6 +54,7 @@ def test_a_later_log_supersedes_a_run_and_the_budget_pairs_by_seed(tmp_path):
     assert vs["contention"]["mean"] == pytest.approx(1.1)  # 5.5 against 5.0 s per 1,000 tokens
     assert vs["step_cut_pct"]["mean"] == pytest.approx(-20.0)
     assert vs["rollout_stretch"]["mean"] == pytest.approx(1.1)
+    assert vs["response_tokens_pct"]["pairs"] == [pytest.approx(0.0)]
     # uncontended: the bound max(4.4 + 2.0/1.1, 1.0 + 5.5/1.1) = 6.22 s (the tail binds) against 6.5 s as measured,
     # the step 7.2 s scaled by it, against sync's 9.0
     assert vs["uncontended_cut_pct"]["mean"] == pytest.approx(100 * (7.2 * (4.4 + 2.0 / 1.1) / 6.5 / 9.0 - 1))
@@ -107,3 +108,14 @@ def test_a_suffix_keeps_a_differently_configured_parts_runs_apart(tmp_path):
     assert budget(kept)["cgp_fgd+dispatch"]["vs_sync"]["step_cut_pct"]["mean"] == pytest.approx(100 * (9.5 / 9.0 - 1))
     with pytest.raises(SystemExit):
         main([str(a), "--suffix", "nonsense"])
+
+
+def test_max_step_compares_runs_over_the_same_steps(tmp_path):
+    a = tmp_path / "p.log"
+    lines = _log("sync", 0, 5.0, 1000, 9.0, steps=3) + _log("cgp", 0, 5.0, 1000, 7.0, steps=1)
+    a.write_text("".join(lines))
+    out = tmp_path / "b.json"
+    assert main([str(a), "--max-step", "1", "--out", str(out)]) == 0
+    saved = json.loads(out.read_text())
+    assert saved["max_step"] == 1 and saved["modes"]["sync"]["runs"] == 1
+    assert runs_of_log(lines)[0]["steps"][2]["step"] == 3

@@ -82,7 +82,7 @@ def runs_of_log(lines) -> list[dict]:
                 current = {"mode": None, "seed": None, "steps": []}
                 runs.append(current)
             if FIELDS["trainer_busy_s"] in m:
-                current["steps"].append({k: m.get(key, math.nan) for k, key in FIELDS.items()})
+                current["steps"].append({"step": int(m["step"]), **{k: m.get(key, math.nan) for k, key in FIELDS.items()}})
         label = _LABEL.search(line)
         if label and current is not None and current["mode"] is None:
             current["mode"], current["seed"] = label.group(1), int(label.group(2))
@@ -165,11 +165,13 @@ def budget(kept: dict[tuple[str, int], dict]) -> dict:
                 bound = [100 * (uncontended_step_s(p, c) / b["rollout_to_train_end_s"] - 1)
                          for (p, b), c in zip(paired, contention)]
                 stretch = [p["rollout_end_s"] / b["rollout_end_s"] for p, b in paired]
+                tokens = [100 * (p["response_tokens"] / b["response_tokens"] - 1) for p, b in paired]
                 entry["vs_sync"] = {
                     "pairs": len(paired),
                     "contention": {"mean": _mean(contention), "se": _se(contention)},
                     "rollout_stretch": {"mean": _mean(stretch), "se": _se(stretch)},
                     "step_cut_pct": {"mean": _mean(cut), "se": _se(cut)},
+                    "response_tokens_pct": {"mean": _mean(tokens), "se": _se(tokens), "pairs": tokens},
                     "uncontended_cut_pct": {"mean": _mean(bound), "se": _se(bound)},
                 }
         out[mode] = entry
@@ -223,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="write the budget as JSON here")
     ap.add_argument("--suffix", action="append", default=[], metavar="LOG=SUFFIX",
                     help="name the pipelined modes of log file LOG with SUFFIX appended (repeatable)")
+    ap.add_argument("--max-step", type=int, help="only steps 1..N of every run (runs cut short compared alike)")
     ap.add_argument("--learn-json", help="the merged learning comparison: the step-time and length drift per window")
     ap.add_argument("--window", type=int, default=10, help="steps per drift window (default 10)")
     args = ap.parse_args(argv)
@@ -230,10 +233,14 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"--suffix: {bad[0]!r} is not LOG=SUFFIX")
     kept, superseded = collect(args.logs, dict(x.split("=", 1) for x in args.suffix))
+    if args.max_step is not None:
+        for run in kept.values():
+            run["steps"] = [st for st in run["steps"] if st["step"] <= args.max_step]
     if not kept:
         print("no run with a rolloutpipe timeline in the logs", file=sys.stderr)
         return 1
-    result = {"logs": [Path(p).name for p in args.logs], "suffixes": args.suffix, "superseded": superseded,
+    result = {"logs": [Path(p).name for p in args.logs], "suffixes": args.suffix, "max_step": args.max_step,
+              "superseded": superseded,
               "modes": budget(kept)}
     for mode, e in result["modes"].items():
         m = e["mean"]
@@ -245,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         vs = e.get("vs_sync")
         if vs:
             line += (f"\n         vs sync (n={vs['pairs']}): contention x{vs['contention']['mean']:.2f} ± "
-                     f"{vs['contention']['se']:.2f}, rollout x{vs['rollout_stretch']['mean']:.2f}, step "
+                     f"{vs['contention']['se']:.2f}, rollout x{vs['rollout_stretch']['mean']:.2f}, response tokens "
+                     f"{vs['response_tokens_pct']['mean']:+.1f}%, step "
                      f"{vs['step_cut_pct']['mean']:+.1f}% ± {vs['step_cut_pct']['se']:.1f}%, uncontended "
                      f"{vs['uncontended_cut_pct']['mean']:+.1f}% ± {vs['uncontended_cut_pct']['se']:.1f}%")
         print(line)
