@@ -34,8 +34,9 @@ import re
 import sys
 from pathlib import Path
 
-from verl_pipe.bench.learn_stats import AA_SEED_OFFSET
+from verl_pipe.bench.learn_stats import AA_SEED_OFFSET, mean_sd
 from verl_pipe.core.variants import BASE
+from verl_pipe.plan.verl_log import parse_line
 
 # per-step figures read from a metrics line: our name -> the metric's key
 FIELDS = {
@@ -51,23 +52,16 @@ FIELDS = {
     "response_tokens": "rolloutpipe/response_tokens",
     "old_log_prob_s": "timing_s/old_log_prob",
 }
-_STEP = re.compile(r"(?:^|\s)step:(\d+) - ")
-_PAIR = re.compile(r"([\w/@.\-]+):(?:np\.\w+\()?(-?[\d.]+(?:e-?\d+)?|nan|inf)\)?(?= - |\s*$)")
 _LABEL = re.compile(r"\[learn\] (\S+) seed (\d+) step \d+:")
 
 
 def step_metrics(line: str) -> dict[str, float] | None:
-    """The numeric metrics of one ``step:N - key:value - ...`` line (None: not such a line)."""
-    m = _STEP.search(line)
-    if m is None:
+    """The numeric metrics of one ``step:N - key:value - ...`` line, its step as ``step`` (None: not such a line);
+    verl's console format, read as the planner reads a verl log (verl_pipe/plan/verl_log.py)."""
+    parsed = parse_line(line)
+    if parsed is None:
         return None
-    out = {"step": float(m.group(1))}
-    for key, value in _PAIR.findall(line[m.start():]):
-        try:
-            out[key] = float(value)
-        except ValueError:
-            continue
-    return out
+    return {**parsed[1], "step": float(parsed[0])}
 
 
 def runs_of_log(lines) -> list[dict]:
@@ -112,17 +106,18 @@ def collect(paths: list[str], suffixes: dict[str, str] | None = None
     return kept, superseded
 
 
+def _finite_values(xs) -> list[float]:
+    return [x for x in xs if not math.isnan(x)]
+
+
 def _mean(xs) -> float:
-    xs = [x for x in xs if not math.isnan(x)]
-    return sum(xs) / len(xs) if xs else math.nan
+    xs = _finite_values(xs)
+    return mean_sd(xs)[0] if xs else math.nan
 
 
 def _se(xs) -> float:
-    xs = [x for x in xs if not math.isnan(x)]
-    if len(xs) < 2:
-        return math.nan
-    m = sum(xs) / len(xs)
-    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+    xs = _finite_values(xs)
+    return mean_sd(xs)[1] / math.sqrt(len(xs)) if len(xs) >= 2 else math.nan
 
 
 def run_summary(run: dict) -> dict[str, float]:

@@ -85,22 +85,30 @@ def parse_value(text: str) -> float | None:
         return None
 
 
+def parse_line(raw: str) -> tuple[int, dict[str, float]] | None:
+    """(step, metrics) of one console line ``step:N - key:value - ...`` (an actor prefix and ANSI colours allowed),
+    else None."""
+    m = _LINE.search(_ANSI.sub("", raw).rstrip())
+    if not m:
+        return None
+    got: dict[str, float] = {}
+    for part in m.group(2).split(" - "):
+        key, sep, val = part.rpartition(":")
+        if sep and key.strip():
+            v = parse_value(val)
+            if v is not None:
+                got[key.strip()] = v
+    return int(m.group(1)), got
+
+
 def parse_console(text: str) -> dict[int, dict[str, float]]:
     """{step: metrics} from console output; a step logged on several lines (verl logs validation metrics on a line
     of their own) is merged."""
     steps: dict[int, dict[str, float]] = {}
     for raw in text.splitlines():
-        line = _ANSI.sub("", raw).rstrip()
-        m = _LINE.search(line)
-        if not m:
-            continue
-        got = steps.setdefault(int(m.group(1)), {})
-        for part in m.group(2).split(" - "):
-            key, sep, val = part.rpartition(":")
-            if sep and key.strip():
-                v = parse_value(val)
-                if v is not None:
-                    got[key.strip()] = v
+        parsed = parse_line(raw)
+        if parsed is not None:
+            steps.setdefault(parsed[0], {}).update(parsed[1])
     return steps
 
 
