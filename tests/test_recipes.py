@@ -229,3 +229,13 @@ def test_make_demo_trains_the_long_tail_recipe_pipelined(configs):
     rp = cfg.rolloutpipe
     assert rp.mode == "cgp" and rp.fgd.enable in ("auto", True) and rp.workload is None
     assert rp.tiny_assets.task == "chain" and cfg.data.max_response_length >= 200
+
+
+def test_chain_recipe_runs_bypass_and_group_granularity(configs):
+    """The chain recipe (main_grpo's default) takes vLLM's log-probs as the old log-probs, which needs the rollout to
+    return them, and trains CGP at group granularity, whose micro-batches must divide n (docs/cgp.md)."""
+    cfg = configs["tiny_cpu_chain"]
+    assert cfg.algorithm.rollout_correction.bypass_mode is True
+    assert cfg.actor_rollout_ref.rollout.calculate_log_probs is True
+    assert cfg.rolloutpipe.cgp.granularity == "group"
+    assert cfg.actor_rollout_ref.rollout.n % cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 0

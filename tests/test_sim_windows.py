@@ -36,3 +36,31 @@ def test_simulate_setting_compares_every_window_with_cgp():
     row = {"setting": "notail-x", "stack": "bench", "requests": 32, "max_num_seqs": 8, "kv_capacity_tokens": 1,
            "baseline_order": "group_major", "client_s_per_request": 0.0, "modes": modes}
     assert "cgp_fgd[adaptive]" in format_rows([row])
+
+
+def test_sim_tail_models_group_granularity_and_every_knowledge():
+    """sim_tail at group granularity: the same settings and knowledge, the trainer following the rollout group by
+    group, so less training is left after the rollout ends than with whole mini-batch units."""
+    from verl_pipe.bench.sim_tail import simulate_setting as tail_setting
+    from verl_pipe.sim.tail import Knowledge
+
+    summary = calibration_summary(calibrate(simulated_steps(), SHAPE))
+    setting = {"name": "longtail-x", "workload": {"kind": "lognormal", "median": 24, "sigma": 1.0, "rho": 0.7,
+                                                  "cap": 96, "prompts": 8, "cross_epoch": 0.6}}
+    knowledge = [Knowledge.parse(k) for k in ("off", "perfect", "predicted")]
+    after = {}
+    for gran in ("minibatch", "group"):
+        res = tail_setting(setting, SHAPE, 8, summary, knowledge, rounds=3, seed=0, prompt_len=30,
+                           unit_fill="completion", granularity=gran)
+        assert set(res["modes"]) == {"cgp", "cgp_fgd[off]", "cgp_fgd[perfect]", "cgp_fgd[predicted]"}
+        cgp = res["modes"]["cgp"]
+        after[gran] = cgp["rollout_to_train_end_s"] - cgp["rollout_end_s"]
+    assert after["group"] < after["minibatch"]
+
+
+def test_sim_tail_refuses_an_unknown_granularity(capsys):
+    from verl_pipe.bench.sim_tail import main
+
+    with pytest.raises(SystemExit):
+        main(["--config", "conf/bench/fgd_tail.yaml", "--calibration", "x.json", "--granularity", "unit"])
+    assert "--granularity" in capsys.readouterr().err

@@ -5,13 +5,13 @@ can give (the bound: perfect knowledge) and what the predictor gives.
         --calibration docs/bench/bench_queue_after_cuts_2026-12-02.json \
         --calibration docs/bench/bench_fgd_order_2026-12-02.json \
         [--knowledge off,perfect,perfect~0.5,predicted,siblings,shuffled] [--unit-fill completion,dispatch] \
-        [--rounds 12] [--out FILE.json]
+        [--granularity minibatch,group] [--rounds 12] [--out FILE.json]
 
 Pure Python (Hydra's compose for the stacks' shapes, the simulator; no Ray, no vLLM), like ``sim_windows``. Each
 setting (settings with ``knobs`` are controls of the real bench and skipped) runs ``rounds`` steps of one run (its
 repeated prompts carry their history from step to step, verl_pipe/sim/tail.py): cgp, and cgp_fgd once per length
 knowledge (``off`` is FGD's rank order, ``perfect`` the bound, ``perfect~e`` perfect with a log-normal error of
-sigma e), at mini-batch granularity, per unit fill. Reported: mean rollout→train end and its change against cgp,
+sigma e), per unit fill and CGP granularity (``rolloutpipe.cgp.granularity``; default mini-batch). Reported: mean rollout→train end and its change against cgp,
 per-step paired differences' standard error, and the predictor's rank correlation per source.
 """
 
@@ -24,7 +24,7 @@ import statistics
 from verl_pipe.bench.sim_windows import load_calibrations, stack_shape, write_rows
 from verl_pipe.core.admission import TrainerRatio, rest_order
 from verl_pipe.core.lengths import prediction_quality
-from verl_pipe.core.variants import PIPELINED_BASE
+from verl_pipe.core.variants import GRANULARITIES, PIPELINED_BASE
 from verl_pipe.sim.calib import simulate_like
 from verl_pipe.sim.records import engine_from_summary, trainer_from_summary
 from verl_pipe.sim.tail import Knowledge, RunPredictor
@@ -33,9 +33,11 @@ FIGURES = ("rollout_to_train_end_s", "rollout_end_s", "first_unit_ready_s")
 
 
 def simulate_setting(setting: dict, shape, num_groups: int, calibration: dict, knowledge: list[Knowledge],
-                     rounds: int, seed: int, prompt_len: float, unit_fill: str, trainer_scale: float = 1.0) -> dict:
+                     rounds: int, seed: int, prompt_len: float, unit_fill: str, trainer_scale: float = 1.0,
+                     granularity: str = "minibatch") -> dict:
     """{mode: {figure means, vs_cgp_pct, paired_se_pct}} over ``rounds`` steps, and the predictor's quality;
-    ``trainer_scale`` scales the trainer's costs (another balance of trainer and rollout)."""
+    ``trainer_scale`` scales the trainer's costs (another balance of trainer and rollout); ``granularity`` is CGP's
+    (mini-batch units, or groups accumulated into them: almost no training left after the rollout)."""
     from verl_pipe.bench.settings import workload_for
 
     overlapped = engine_from_summary(calibration["engine_overlapped"], shape)
@@ -48,13 +50,13 @@ def simulate_setting(setting: dict, shape, num_groups: int, calibration: dict, k
         wl = workload_for(setting["workload"], num_groups, shape.n, seed=seed, round_=r)
         step = {"lengths": wl.lengths, "prompt_len": prompt_len, "weight_sync_s": 0.0, "unit_fill": unit_fill}
         order = rest_order(unit_fill, ratio.value)
-        last = simulate_like(step, "cgp", "minibatch", overlapped, trainer, shape)
+        last = simulate_like(step, "cgp", granularity, overlapped, trainer, shape)
         ratio.update(last["trainer_busy_s"], last["rollout_end_s"])
         runs.setdefault("cgp", []).append(last)
         for label, pred in predictors.items():
             lengths = pred.lengths(wl, r)
             runs.setdefault(f"cgp_fgd[{label}]", []).append(simulate_like(
-                dict(step, fgd_window=shape.fgd_window), "cgp_fgd", "minibatch", overlapped, trainer, shape,
+                dict(step, fgd_window=shape.fgd_window), "cgp_fgd", granularity, overlapped, trainer, shape,
                 predictions=lengths, rest_order=pred.knowledge.order or order))
             pred.learn(wl, r)
             if label == "predicted" and lengths is not None:
@@ -73,7 +75,8 @@ def simulate_setting(setting: dict, shape, num_groups: int, calibration: dict, k
 
 
 def study(cfg: dict, calibrations: dict, calibrate_as: dict, knowledge: list[Knowledge], unit_fills: list[str],
-          rounds: int, prompt_len: float, kv_tokens_per_gib: dict, trainer_scale: float = 1.0) -> list[dict]:
+          rounds: int, prompt_len: float, kv_tokens_per_gib: dict, trainer_scale: float = 1.0,
+          granularities: tuple[str, ...] = ("minibatch",)) -> list[dict]:
     from verl_pipe.bench.settings import stack_of
 
     rows = []
@@ -86,11 +89,11 @@ def study(cfg: dict, calibrations: dict, calibrate_as: dict, knowledge: list[Kno
             raise ValueError(f"setting {s['name']}: no calibration for {size!r} (have {sorted(calibrations)}); "
                              f"borrow one with --calibrate-as {stack}=<size>")
         shape, num_groups = stack_shape(cfg, stack, kv_tokens_per_gib[size])
-        for fill in unit_fills:
+        for gran, fill in ((g, f) for g in granularities for f in unit_fills):
             res = simulate_setting(s, shape, num_groups, calibrations[size], knowledge, rounds,
-                                   int(cfg.get("seed", 0)), prompt_len, fill, trainer_scale)
+                                   int(cfg.get("seed", 0)), prompt_len, fill, trainer_scale, gran)
             rows.append({"setting": s["name"], "stack": stack, "calibration": size, "unit_fill": fill,
-                         "trainer_scale": trainer_scale,
+                         "granularity": gran, "trainer_scale": trainer_scale,
                          "rounds": rounds, "max_num_seqs": shape.max_num_seqs,
                          "kv_capacity_tokens": shape.kv_capacity_tokens, **res})
     return rows
@@ -101,7 +104,8 @@ def format_rows(rows: list[dict]) -> str:
              "first unit ready s"]
     for r in rows:
         lines.append(f"{r['setting']} [{r['stack']}, max_num_seqs {r['max_num_seqs']}, KV {r['kv_capacity_tokens']} "
-                     f"tokens, unit_fill {r['unit_fill']}, {r['rounds']} steps, trainer x{r['trainer_scale']:g}: "
+                     f"tokens, unit_fill {r['unit_fill']}, granularity {r.get('granularity', 'minibatch')}, "
+                     f"{r['rounds']} steps, trainer x{r['trainer_scale']:g}: "
                      f"cgp's trainer work / rollout {r['cgp_trainer_to_rollout']:.2f}]")
         for m, e in r["modes"].items():
             vs = "" if m == PIPELINED_BASE else f"{e['vs_cgp_pct']:+6.1f}% ({e['paired_se_pct']:.1f})"
@@ -126,11 +130,15 @@ def main(argv=None) -> int:
     ap.add_argument("--knowledge", default="off,perfect,perfect~0.5,predicted,siblings,shuffled",
                     help="length knowledge of FGD, comma-separated (verl_pipe/sim/tail.py)")
     ap.add_argument("--unit-fill", default="completion,dispatch", help="unit fills, comma-separated")
+    ap.add_argument("--granularity", default="minibatch", help="CGP granularities, comma-separated (minibatch, group)")
     ap.add_argument("--rounds", type=int, default=12, help="steps per setting (one run: prompts repeat)")
     ap.add_argument("--settings", help="comma-separated setting names (default: all without knobs)")
     ap.add_argument("--trainer-scale", type=float, default=1.0, help="scale the trainer's costs (another balance)")
     ap.add_argument("--out", help="write the rows as JSON here")
     args = ap.parse_args(argv)
+    granularities = tuple(g.strip() for g in args.granularity.split(",") if g.strip())
+    if not granularities or set(granularities) - set(GRANULARITIES):
+        ap.error(f"--granularity: got {args.granularity!r}; allowed: {', '.join(GRANULARITIES)}, comma-separated")
     cals, per_gib, prompt_len = load_calibrations(args.calibration)
     cfg = load_config(args.config)
     if args.settings:
@@ -139,7 +147,7 @@ def main(argv=None) -> int:
     rows = study(cfg, cals, dict(a.split("=", 1) for a in args.calibrate_as),
                  [Knowledge.parse(k.strip()) for k in args.knowledge.split(",") if k.strip()],
                  [f.strip() for f in args.unit_fill.split(",") if f.strip()], args.rounds, prompt_len, per_gib,
-                 args.trainer_scale)
+                 args.trainer_scale, granularities)
     print(format_rows(rows))
     if args.out:
         write_rows(args.out, args.config, args.calibration, prompt_len, rows)
