@@ -11,7 +11,8 @@ Pure Python (Hydra's compose for the stacks' shapes, the simulator; no Ray, no v
 setting (settings with ``knobs`` are controls of the real bench and skipped) runs ``rounds`` steps of one run (its
 repeated prompts carry their history from step to step, verl_pipe/sim/tail.py): cgp, and cgp_fgd once per length
 knowledge (``off`` is FGD's rank order, ``perfect`` the bound, ``perfect~e`` perfect with a log-normal error of
-sigma e), per unit fill and CGP granularity (``rolloutpipe.cgp.granularity``; default mini-batch). Reported: mean rollout→train end and its change against cgp,
+sigma e), per unit fill and CGP granularity (``rolloutpipe.cgp.granularity``; default mini-batch; at group
+granularity the baseline is the cgp_group variant). Reported: mean rollout→train end and its change against cgp,
 per-step paired differences' standard error, and the predictor's rank correlation per source.
 """
 
@@ -30,6 +31,7 @@ from verl_pipe.sim.records import engine_from_summary, trainer_from_summary
 from verl_pipe.sim.tail import Knowledge, RunPredictor
 
 FIGURES = ("rollout_to_train_end_s", "rollout_end_s", "first_unit_ready_s")
+CGP_AT = {"minibatch": "cgp", "group": "cgp_group"}  # the baseline ("cgp" in the rows) at each CGP granularity
 
 
 def simulate_setting(setting: dict, shape, num_groups: int, calibration: dict, knowledge: list[Knowledge],
@@ -50,7 +52,9 @@ def simulate_setting(setting: dict, shape, num_groups: int, calibration: dict, k
         wl = workload_for(setting["workload"], num_groups, shape.n, seed=seed, round_=r)
         step = {"lengths": wl.lengths, "prompt_len": prompt_len, "weight_sync_s": 0.0, "unit_fill": unit_fill}
         order = rest_order(unit_fill, ratio.value)
-        last = simulate_like(step, "cgp", granularity, overlapped, trainer, shape)
+        # the cgp variant's granularity is fixed (mini-batch units, verl_pipe/core/variants.py); cgp_group is the same
+        # FIFO admission at group granularity, so the rows compare FGD with CGP at one granularity
+        last = simulate_like(step, CGP_AT[granularity], granularity, overlapped, trainer, shape)
         ratio.update(last["trainer_busy_s"], last["rollout_end_s"])
         runs.setdefault("cgp", []).append(last)
         for label, pred in predictors.items():
