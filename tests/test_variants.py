@@ -69,3 +69,11 @@ def test_name_of_decodes_through_pipelines():
     assert name_of("cgp", "minibatch") == PIPELINED_BASE
     assert name_of("cgp", "group", fgd=True) == FGD_VARIANT
     assert name_of("sync", "minibatch", fgd=True) is None
+
+
+def test_fifo_variant_is_cgp_without_fgd_at_each_granularity():
+    from verl_pipe.core.variants import fifo_variant
+
+    assert fifo_variant("minibatch") == "cgp" and fifo_variant("group") == "cgp_group"
+    with pytest.raises(ValueError, match="granularity"):
+        fifo_variant("unit")

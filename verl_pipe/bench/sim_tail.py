@@ -25,13 +25,12 @@ import statistics
 from verl_pipe.bench.sim_windows import load_calibrations, stack_shape, write_rows
 from verl_pipe.core.admission import TrainerRatio, rest_order
 from verl_pipe.core.lengths import prediction_quality
-from verl_pipe.core.variants import GRANULARITIES, PIPELINED_BASE
+from verl_pipe.core.variants import GRANULARITIES, PIPELINED_BASE, fifo_variant
 from verl_pipe.sim.calib import simulate_like
 from verl_pipe.sim.records import engine_from_summary, trainer_from_summary
 from verl_pipe.sim.tail import Knowledge, RunPredictor
 
 FIGURES = ("rollout_to_train_end_s", "rollout_end_s", "first_unit_ready_s")
-CGP_AT = {"minibatch": "cgp", "group": "cgp_group"}  # the baseline ("cgp" in the rows) at each CGP granularity
 
 
 def simulate_setting(setting: dict, shape, num_groups: int, calibration: dict, knowledge: list[Knowledge],
@@ -52,9 +51,9 @@ def simulate_setting(setting: dict, shape, num_groups: int, calibration: dict, k
         wl = workload_for(setting["workload"], num_groups, shape.n, seed=seed, round_=r)
         step = {"lengths": wl.lengths, "prompt_len": prompt_len, "weight_sync_s": 0.0, "unit_fill": unit_fill}
         order = rest_order(unit_fill, ratio.value)
-        # the cgp variant's granularity is fixed (mini-batch units, verl_pipe/core/variants.py); cgp_group is the same
-        # FIFO admission at group granularity, so the rows compare FGD with CGP at one granularity
-        last = simulate_like(step, CGP_AT[granularity], granularity, overlapped, trainer, shape)
+        # the baseline ("cgp" in the rows) is CGP's FIFO variant at this granularity: the cgp variant's own is fixed at
+        # mini-batch units, so the rows compare FGD with CGP at one granularity
+        last = simulate_like(step, fifo_variant(granularity), granularity, overlapped, trainer, shape)
         ratio.update(last["trainer_busy_s"], last["rollout_end_s"])
         runs.setdefault("cgp", []).append(last)
         for label, pred in predictors.items():

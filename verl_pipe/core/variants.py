@@ -153,6 +153,15 @@ def of_row(row: str) -> Variant:
         raise ValueError(f"unknown planner row {row!r}; choose from {', '.join(PLAN_ROWS)}") from None
 
 
+def fifo_variant(granularity: str) -> str:
+    """The variant of CGP with FIFO admission (no FGD) at ``granularity``: ``cgp`` (mini-batch units) or
+    ``cgp_group``."""
+    for name, v in VARIANTS.items():
+        if v.ours and pipelines(v.mode) and not v.fgd and v.granularity == granularity:
+            return name
+    raise ValueError(f"granularity {granularity!r}; allowed: {', '.join(GRANULARITIES)}")
+
+
 def modelled_as(name: str) -> Variant:
     """The variant the two-pool simulator models ``name`` as: itself, or its ``simulate_as`` (a tuned or synchronous
     peer as the simulated schedule it follows)."""
