@@ -80,6 +80,9 @@ def test_fgds_own_gain_over_cgp_is_paired_beside_the_tests_and_reported():
     assert "cgp_fgd vs cgp (descriptive) (n=5)" in report and "cgp_fgd vs sync (n=5)" in report
     assert "history 0.71 (96 groups)" in report
     assert compare(_runs(("sync", "cgp")))["secondary"] == {}
+    # at group granularity the FIFO arm is cgp_group: cgp_fgd is paired with it (FGD alone, same granularity)
+    grp = compare(_runs(("sync", "cgp_group", "cgp_fgd"), speed={"cgp_group": 0.8, "cgp_fgd": 0.6}))["secondary"]
+    assert list(grp) == ["cgp_fgd vs cgp_group"] and grp["cgp_fgd vs cgp_group"]["n"] == 5
 
 
 def test_a_mode_that_learns_less_fails_the_equivalence_test_and_never_reaches():
@@ -162,6 +165,25 @@ def test_val_key_finds_the_tasks_accuracy():
 def test_the_modes_come_from_the_variant_table():
     assert LEARN_MODES[0] == BASE and PEER_MODE in LEARN_MODES and set(HEADLINE_MODES) <= set(LEARN_MODES)
     assert not variant(PEER_MODE).ours and all(variant(m).ours for m in LEARN_MODES if m != PEER_MODE)
+
+
+def test_the_default_fifo_arm_runs_the_recipes_granularity():
+    # cgp_fgd takes the recipe's granularity; the FIFO arm it is compared with must run the same one, or
+    # "cgp_fgd vs the FIFO arm" measures FGD and granularity together
+    from verl_pipe.bench.learn import compose_task, default_modes
+
+    assert default_modes("minibatch") == (BASE, "cgp", "cgp_fgd", PEER_MODE)
+    assert default_modes("group") == (BASE, "cgp_group", "cgp_fgd", PEER_MODE)
+    assert set(default_modes("group")) <= set(LEARN_MODES)
+    with pytest.raises(ValueError, match="'token'.*minibatch, group"):
+        default_modes("token")
+    chain = compose_task([], recipe="tiny_cpu_chain")
+    fifo = default_modes(chain.rolloutpipe.cgp.granularity)[1]
+    assert fifo == "cgp_group"
+    assert compose_task(run_overrides(fifo, 0, 10, 5), recipe="tiny_cpu_chain").rolloutpipe.cgp.granularity == "group"
+    # the same recipe's cgp_fgd keeps the recipe's granularity
+    assert compose_task(run_overrides("cgp_fgd", 0, 10, 5),
+                        recipe="tiny_cpu_chain").rolloutpipe.cgp.granularity == "group"
 
 
 @pytest.mark.parametrize("mode", [m for m in LEARN_MODES if variant(m).ours])

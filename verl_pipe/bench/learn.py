@@ -2,7 +2,7 @@
 wall-clock?
 
     python -m verl_pipe.bench --learn --out learn.json [--charts DIR] [--steps 40] [--seeds 0,1,2,3,4]
-                              [--modes sync,cgp,cgp_fgd,verl_separate_async] [--val-every 5] [--no-aa]
+                              [--modes sync,cgp_group,cgp_fgd,...] [--val-every 5] [--no-aa]
                               [--recipe NAME] [--task NAME] [hydra overrides ...]
     python -m verl_pipe.bench --learn --merge part1.json part2.json ... --out learn.json [--charts DIR]
     python -m verl_pipe.bench --learn --reanalyze learn.json --out learn.json [--charts DIR]
@@ -41,16 +41,18 @@ from pathlib import Path
 
 from verl_pipe.bench import learn_stats as st
 from verl_pipe.bench.peer.learn import LEARN_MODE as PEER_MODE
-from verl_pipe.core.variants import BASE, variant
+from verl_pipe.core.variants import BASE, FGD_VARIANT, fifo_variant, variant
 from verl_pipe.main_grpo import DEFAULT_RECIPE  # main_grpo's config: its default task (the comparison's)
 
-# The modes the comparison runs by default: ours (RolloutPipeTrainer) and verl's on-policy separate_async.
-LEARN_MODES = (BASE, "cgp", "cgp_fgd", PEER_MODE)
+# The modes a comparison may run: ours (RolloutPipeTrainer) and verl's on-policy separate_async. By default it runs
+# default_modes(the recipe's granularity): cgp_fgd and the FIFO arm at the granularity the recipe trains at.
+LEARN_MODES = (BASE, "cgp", "cgp_group", FGD_VARIANT, PEER_MODE)
 # The README's one chart: accuracy against training wall-clock, sync vs CGP+FGD vs verl's peer.
 HEADLINE_MODES = (BASE, "cgp_fgd", PEER_MODE)
 # Descriptive pairings beside the pre-registered tests (each mode vs sync): FGD's own gain over FIFO admission
 # (issue 41 on a task whose model decides the lengths), paired by seed through the same block.
-SECONDARY_PAIRS = (("cgp_fgd", "cgp"),)
+# cgp_fgd runs the recipe's granularity, so the pair that isolates FGD is the one whose FIFO arm ran the same.
+SECONDARY_PAIRS = ((FGD_VARIANT, "cgp"), (FGD_VARIANT, "cgp_group"))
 VAL_KEY = "val-core/verl_pipe/digit_math/acc/mean@1"  # the task's data source (math_data.DATA_SOURCE), greedy @1
 STEP_KEYS = {"reward": "critic/score/mean", "response_length": "response_length/mean", "step_s": "timing_s/step",
              "entropy": "actor/entropy"}
@@ -70,6 +72,12 @@ def val_key(metrics: dict) -> str | None:
     if len(keys) > 1:
         raise ValueError(f"several validation accuracies ({keys}): the learning bench compares one task")
     return keys[0] if keys else None
+
+
+def default_modes(granularity: str) -> tuple[str, ...]:
+    """The modes a comparison runs when ``--modes`` is not given: sync, the FIFO pipelined arm at the recipe's
+    ``rolloutpipe.cgp.granularity`` (so that cgp_fgd against it measures FGD alone), cgp_fgd and verl's peer."""
+    return (BASE, fifo_variant(granularity), FGD_VARIANT, PEER_MODE)
 
 
 def run_keys(mode: str, seed: int, steps: int, val_every: int) -> list[str]:
@@ -529,7 +537,8 @@ def task_info(overrides: list[str], recipe: str = DEFAULT_RECIPE) -> dict:
             "train_sha256_16": _digest(cfg.data.train_files), "val_sha256_16": _digest(cfg.data.val_files),
             "model": str(cfg.actor_rollout_ref.model.path), "task": cfg.rolloutpipe.tiny_assets.get("task"),
             "val_size": pq.read_metadata(cfg.data.val_files).num_rows,
-            "max_response_length": int(cfg.data.max_response_length)}
+            "max_response_length": int(cfg.data.max_response_length),
+            "granularity": str(cfg.rolloutpipe.cgp.granularity)}
 
 
 def parse_supersede(spec: str | None, reason: str | None) -> dict:
@@ -608,7 +617,8 @@ def _parser():
     ap.add_argument("--charts")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--seeds", default="0,1,2,3,4")
-    ap.add_argument("--modes", default=",".join(LEARN_MODES))
+    ap.add_argument("--modes", help=f"of {', '.join(LEARN_MODES)}; default: sync, the FIFO arm at the recipe's "
+                    "rolloutpipe.cgp.granularity (cgp or cgp_group), cgp_fgd and verl's peer")
     ap.add_argument("--val-every", type=int, default=5)
     ap.add_argument("--no-aa", action="store_true", help="leave out the A/A runs (sync at seed + 100)")
     ap.add_argument("--recipe", default=DEFAULT_RECIPE,
@@ -646,13 +656,14 @@ def _power_cli(paths: list[str], out: str) -> int:
     return 0
 
 
-def _run_cli(args, ap, overrides: list[str], seeds: list[int], modes: list[str]) -> dict | None:
+def _run_cli(args, ap, overrides: list[str], seeds: list[int], modes: list[str] | None) -> dict | None:
     """The runs of this invocation (its schedule, or the --slice of it); None after --dry-run."""
     t0 = time.perf_counter()
     try:
         task = task_info(overrides, args.recipe)
     except ValueError as e:
         ap.error(str(e))
+    modes = modes or list(default_modes(task["granularity"]))
     if task["val_size"] < args.min_val_size:
         raise SystemExit(f"the task's validation set has {task['val_size']} questions ({task['val_files']}); the "
                          f"comparison needs >= {args.min_val_size} (--min-val-size to run it anyway)")
@@ -688,8 +699,8 @@ def cli(argv: list[str]) -> int:
     args, overrides = ap.parse_known_args(argv)
     if args.power:
         return _power_cli(args.power, args.out)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = [m for m in modes if m not in LEARN_MODES]
+    modes = [m.strip() for m in (args.modes or "").split(",") if m.strip()] or None  # None: default_modes
+    unknown = [m for m in modes or () if m not in LEARN_MODES]
     if unknown:
         ap.error(f"--modes: {unknown}; allowed: {', '.join(LEARN_MODES)}")
     if args.steps < 1 or args.val_every < 1:
