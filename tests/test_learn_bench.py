@@ -285,6 +285,17 @@ def test_merge_joins_parts_and_refuses_mismatches():
         merge([a, dict(b, val_every=10)])
     with pytest.raises(ValueError, match="task"):
         merge([a, dict(b, task={"val_sha256_16": "y"})])
+    # a key the bench records since a later version: an older part that lacks it still merges, the value is kept
+    g = dict(b, task={"val_sha256_16": "x", "granularity": "group"})
+    assert merge([a, g])["task"] == {"val_sha256_16": "x", "granularity": "group"}
+    with pytest.raises(ValueError, match="task"):
+        merge([dict(a, task={"val_sha256_16": "x", "granularity": "minibatch"}), g])
+    with pytest.raises(ValueError, match="task"):
+        merge([a, dict(b, task={"val_sha256_16": "x", "max_response_length": 320})])
+    # parts of one comparison share the schedule's design (a part without the record ran the cyclic one)
+    assert merge([a, b])["design"] == "cyclic" and merge([a, dict(b, design="cyclic")])["design"] == "cyclic"
+    with pytest.raises(ValueError, match="design"):
+        merge([a, dict(b, design="williams")])
 
 
 def test_merge_replaces_a_named_run_by_a_later_parts_rerun_and_keeps_the_old_one():

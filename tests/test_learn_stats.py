@@ -145,6 +145,32 @@ def test_schedule_rotates_the_modes_over_seeds_and_adds_the_aa_run():
         st.schedule([0, 100], modes, "sync")
 
 
+@pytest.mark.parametrize("k", [2, 3, 4, 5, 6])
+def test_williams_rows_balance_position_and_the_arm_before(k):
+    from collections import Counter
+    rows = st.williams_rows(k)
+    assert len(rows) == (2 * k if k % 2 else k) and all(sorted(r) == list(range(k)) for r in rows)
+    for pos in range(k):
+        assert Counter(r[pos] for r in rows) == {a: len(rows) // k for a in range(k)}
+    pairs = Counter((r[i], r[i + 1]) for r in rows for i in range(k - 1))
+    assert set(pairs) == {(a, b) for a in range(k) for b in range(k) if a != b}
+    assert set(pairs.values()) == {2 if k % 2 else 1}
+
+
+def test_a_williams_schedule_varies_what_runs_before_the_aa_arm():
+    modes = ["sync", "cgp", "cgp_fgd", "peer"]
+    plan = st.schedule(list(range(10)), modes, "sync", design="williams")
+    blocks = [plan[i:i + 5] for i in range(0, 50, 5)]
+    before_aa = {b[[a for _, _, a in b].index("aa") - 1][1:] for b in blocks if b[0][2] != "aa"}
+    assert len(before_aa) == 4  # every other arm runs just before it in some block (cyclic: always the peer)
+    cyclic = st.schedule(list(range(10)), modes, "sync")
+    assert {b[[a for _, _, a in b].index("aa") - 1][1] for b in (cyclic[i:i + 5] for i in range(0, 50, 5))
+            if b[0][2] != "aa"} == {"peer"}
+    assert st.schedule([7], modes, "sync", design="williams") == blocks[7]
+    with pytest.raises(ValueError, match="design"):
+        st.schedule([0], modes, "sync", design="latin")
+
+
 def test_aa_pairs_seed_s_with_seed_s_plus_offset():
     a = [{"seed": s} for s in (2, 0, 1)]
     b = [{"seed": s} for s in (100, 101, 102, 7)]

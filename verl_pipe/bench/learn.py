@@ -20,8 +20,9 @@ vLLM, verl's workers; verl's peer: its V1 separate_async trainer in its own subp
 verl_pipe/bench/peer/learn.py) for ``--steps`` GRPO steps, validating on the held-out questions before training and
 every ``--val-every`` steps (greedy, verl's ``val-core`` accuracy). A seed sets the data order and vLLM's sampling
 seed; every mode of one seed starts from the same weights and sees the same prompts in the same order. The A/A runs
-(sync at seed s + 100 for each main seed s) run in the same blocks. Within a block (one main seed) the arms run in an
-order rotated by the seed (learn_stats.schedule). Every step's reward, response length, step time, rollout->train end
+(sync at seed s + 100 for each main seed s) run in the same blocks. Within a block (one main seed) the arms run in the
+seed's row of a Williams design (``--design``, learn_stats.schedule: every arm in every position and after every other
+arm equally often; ``cyclic``, the earlier comparisons' rotation, is kept for their parts). Every step's reward, response length, step time, rollout->train end
 and (when validated) accuracy and validation time go into the JSON, each run with its composed config and provenance.
 
 The analysis is fixed before any run (verl_pipe/bench/learn_stats.py, docs/learning.md "Pre-registration") and
@@ -41,18 +42,19 @@ from pathlib import Path
 
 from verl_pipe.bench import learn_stats as st
 from verl_pipe.bench.peer.learn import LEARN_MODE as PEER_MODE
-from verl_pipe.core.variants import BASE, FGD_VARIANT, fifo_variant, variant
+from verl_pipe.core.variants import BASE, FGD_VARIANT, GRANULARITIES, fifo_variant, variant
 from verl_pipe.main_grpo import DEFAULT_RECIPE  # main_grpo's config: its default task (the comparison's)
 
 # The modes a comparison may run: ours (RolloutPipeTrainer) and verl's on-policy separate_async. By default it runs
 # default_modes(the recipe's granularity): cgp_fgd and the FIFO arm at the granularity the recipe trains at.
-LEARN_MODES = (BASE, "cgp", "cgp_group", FGD_VARIANT, PEER_MODE)
+FIFO_MODES = tuple(fifo_variant(g) for g in GRANULARITIES)  # cgp, cgp_group
+LEARN_MODES = (BASE, *FIFO_MODES, FGD_VARIANT, PEER_MODE)
 # The README's one chart: accuracy against training wall-clock, sync vs CGP+FGD vs verl's peer.
-HEADLINE_MODES = (BASE, "cgp_fgd", PEER_MODE)
+HEADLINE_MODES = (BASE, FGD_VARIANT, PEER_MODE)
 # Descriptive pairings beside the pre-registered tests (each mode vs sync): FGD's own gain over FIFO admission
 # (issue 41 on a task whose model decides the lengths), paired by seed through the same block.
 # cgp_fgd runs the recipe's granularity, so the pair that isolates FGD is the one whose FIFO arm ran the same.
-SECONDARY_PAIRS = ((FGD_VARIANT, "cgp"), (FGD_VARIANT, "cgp_group"))
+SECONDARY_PAIRS = tuple((FGD_VARIANT, fifo) for fifo in FIFO_MODES)
 VAL_KEY = "val-core/verl_pipe/digit_math/acc/mean@1"  # the task's data source (math_data.DATA_SOURCE), greedy @1
 STEP_KEYS = {"reward": "critic/score/mean", "response_length": "response_length/mean", "step_s": "timing_s/step",
              "entropy": "actor/entropy"}
@@ -558,6 +560,28 @@ def parse_supersede(spec: str | None, reason: str | None) -> dict:
     return out
 
 
+# Task keys recorded since a later version of the bench (granularity: 2026-12-06): a part written before lacks them,
+# so a merge compares them only where both parts have them and keeps the value the newer parts recorded.
+TASK_KEYS_ADDED = ("granularity",)
+
+
+def merged_task(tasks: list[dict | None]) -> dict | None:
+    """The one task every part ran: equal on every key, except a key of ``TASK_KEYS_ADDED`` that an older part lacks."""
+    out = tasks[0]
+    for t in tasks[1:]:
+        a, b = out or {}, t or {}
+        keys = (set(a) | set(b)) - {k for k in TASK_KEYS_ADDED if (k in a) != (k in b)}
+        if (out is None) != (t is None) or any(a.get(k) != b.get(k) for k in keys):
+            raise ValueError(f"cannot merge: task {t!r} != {tasks[0]!r}")
+        out = None if out is None else {**a, **{k: b[k] for k in TASK_KEYS_ADDED if k in b}}
+    return out
+
+
+def _part_key(part: dict, key: str):
+    """A part's setting; a part written before the bench recorded its schedule's design ran the cyclic one."""
+    return part.get(key, "cyclic") if key == "design" else part.get(key)
+
+
 def merge(results: list[dict], supersede: dict | None = None) -> dict:
     """Parts of one comparison merged: the same steps, validation cadence and task; no (mode, arm, seed) twice,
     except a main-arm (mode, seed) named in ``supersede`` ({(mode, seed): reason}): a later part's run (in the order
@@ -566,10 +590,11 @@ def merge(results: list[dict], supersede: dict | None = None) -> dict:
         raise ValueError("nothing to merge")
     supersede = supersede or {}
     first = results[0]
-    for key in ("steps", "val_every", "task"):
+    for key in ("steps", "val_every", "design"):
         for r in results[1:]:
-            if r.get(key) != first.get(key):
-                raise ValueError(f"cannot merge: {key} {r.get(key)!r} != {first.get(key)!r}")
+            if _part_key(r, key) != _part_key(first, key):
+                raise ValueError(f"cannot merge: {key} {_part_key(r, key)!r} != {_part_key(first, key)!r}")
+    task = merged_task([r.get("task") for r in results])
     kept, superseded = {}, []
     for r in results:
         for run in r["runs"]:
@@ -588,7 +613,8 @@ def merge(results: list[dict], supersede: dict | None = None) -> dict:
     if unused:
         raise ValueError(f"--supersede {', '.join(f'{m}@{s}' for m, s in unused)}: no later part reruns it")
     runs = [run for run, _ in kept.values()]
-    return {**{k: first.get(k) for k in ("steps", "val_every", "recipe", "overrides", "val_size", "task", "env")},
+    return {**{k: first.get(k) for k in ("steps", "val_every", "recipe", "overrides", "val_size", "env")}, "task": task,
+            "design": _part_key(first, "design"),
             "seeds": sorted({r["seed"] for r in runs if r.get("arm", "main") == "main"}),
             "modes": list(dict.fromkeys(r["mode"] for r in runs)), "runs": runs, "superseded": superseded,
             "parts": [r.get("out") for r in results], "elapsed_s": sum(r.get("elapsed_s") or 0 for r in results)}
@@ -619,6 +645,9 @@ def _parser():
     ap.add_argument("--seeds", default="0,1,2,3,4")
     ap.add_argument("--modes", help=f"of {', '.join(LEARN_MODES)}; default: sync, the FIFO arm at the recipe's "
                     "rolloutpipe.cgp.granularity (cgp or cgp_group), cgp_fgd and verl's peer")
+    ap.add_argument("--design", choices=st.DESIGNS, default="williams",
+                    help="the order of a block's arms: williams (balances position and the arm run just before; "
+                         "the default) or cyclic (the rotation the comparisons before 2026-12-07 ran)")
     ap.add_argument("--val-every", type=int, default=5)
     ap.add_argument("--no-aa", action="store_true", help="leave out the A/A runs (sync at seed + 100)")
     ap.add_argument("--recipe", default=DEFAULT_RECIPE,
@@ -667,7 +696,7 @@ def _run_cli(args, ap, overrides: list[str], seeds: list[int], modes: list[str] 
     if task["val_size"] < args.min_val_size:
         raise SystemExit(f"the task's validation set has {task['val_size']} questions ({task['val_files']}); the "
                          f"comparison needs >= {args.min_val_size} (--min-val-size to run it anyway)")
-    plan = list(enumerate(st.schedule(seeds, modes, BASE, aa=not args.no_aa and BASE in modes)))
+    plan = list(enumerate(st.schedule(seeds, modes, BASE, aa=not args.no_aa and BASE in modes, design=args.design)))
     if args.slice:
         try:
             plan = slice_plan(plan, args.slice)
@@ -681,7 +710,7 @@ def _run_cli(args, ap, overrides: list[str], seeds: list[int], modes: list[str] 
 
     result = {"steps": args.steps, "seeds": seeds, "modes": modes, "val_every": args.val_every,
               "recipe": args.recipe, "overrides": overrides, "val_size": task["val_size"], "task": task, "env": env_info(),
-              "schedule": [[i, *p] for i, p in plan], "slice": args.slice, "runs": []}
+              "design": args.design, "schedule": [[i, *p] for i, p in plan], "slice": args.slice, "runs": []}
     out = Path(args.out)
     partial = out.with_name(out.stem + "_partial.json")
     for i, (seed, mode, arm) in plan:

@@ -298,22 +298,45 @@ def aa_seed(seed: int) -> int:
     return seed + AA_SEED_OFFSET
 
 
-def schedule(seeds: list[int], modes: list[str], base: str, aa: bool = True) -> list[tuple[int, str, str]]:
+# How a block's arms are ordered (schedule): "cyclic" rotates one fixed order by the seed (each arm takes every
+# position equally often, but always follows the same arm); "williams" takes the block's row of a Williams design,
+# which also balances what runs just before each arm (first-order carry-over: every arm follows every other arm
+# equally often over k blocks, 2k where the number of arms k is odd). v2 of the chain comparison ran "cyclic" and its
+# A/A arm followed verl's peer in six of seven blocks (docs/learning.md, "Seven blocks").
+DESIGNS = ("cyclic", "williams")
+
+
+def williams_rows(k: int) -> list[list[int]]:
+    """The rows of a Williams design for ``k`` arms (a Latin square, two for odd k, whose rows are arm orders): over
+    all rows every arm runs in every position equally often, and every ordered pair of distinct arms is adjacent
+    equally often (once for even k, twice for odd k)."""
+    first = [(j + 1) // 2 if j % 2 else (k - j // 2) % k for j in range(k)]
+    rows = [[(x + r) % k for x in first] for r in range(k)]
+    return rows + ([row[::-1] for row in rows] if k % 2 else [])
+
+
+def schedule(seeds: list[int], modes: list[str], base: str, aa: bool = True,
+             design: str = "cyclic") -> list[tuple[int, str, str]]:
     """The runs in the order they run: (seed, mode, arm) with arm "main" or "aa".
 
     One block per main seed s: its modes and (``aa``) the A/A run of ``base`` at ``aa_seed(s)``, the block's
-    arms rotated by s (arms[s % k:] + arms[:s % k]), so each mode runs first, second, ... equally often over
-    consecutive seeds and a slow phase of the machine does not always hit the same mode; the order of a block
-    depends on its seed only, so a part run alone keeps it."""
+    arms ordered by s: ``cyclic`` rotates them by s (arms[s % k:] + arms[:s % k]), so each mode runs first, second,
+    ... equally often over consecutive seeds and a slow phase of the machine does not always hit the same mode;
+    ``williams`` takes row s of ``williams_rows(k)`` (cyclically), which balances the arm that runs just before too.
+    The order of a block depends on its seed only, so a part run alone keeps it."""
+    if design not in DESIGNS:
+        raise ValueError(f"design: got {design!r}; allowed: {', '.join(DESIGNS)}")
     arms = [(m, "main") for m in modes] + ([(base, "aa")] if aa else [])
     if len(set(arms)) != len(arms):
         raise ValueError(f"modes {modes}: each once")
     if aa and any(aa_seed(s) in seeds for s in seeds):
         raise ValueError(f"seeds {seeds}: the A/A seeds (seed + {AA_SEED_OFFSET}) must not be main seeds")
+    rows = williams_rows(len(arms))
     out = []
     for s in seeds:
         k = s % len(arms)
-        for mode, arm in arms[k:] + arms[:k]:
+        block = arms[k:] + arms[:k] if design == "cyclic" else [arms[i] for i in rows[s % len(rows)]]
+        for mode, arm in block:
             out.append((aa_seed(s) if arm == "aa" else s, mode, arm))
     return out
 
