@@ -137,27 +137,49 @@ def _cluster_tr1() -> str:
             f"{MINUS}{min(waits):.0f}% to {MINUS}{max(waits):.0f}% wait")
 
 
-LEARN = "learn_chain_2026-12-06.json"
+LEARN = "learn_chain_v2_7b_2026-12-06.json"
 
 
 def _signed(x: float, fmt: str) -> str:
     return (MINUS if x < 0 else "+") + format(abs(x), fmt)
 
 
+def _ends_where_sync_does(t: dict) -> str:
+    """The final-accuracy verdict in words, from the equivalence test's record."""
+    tost = t["tost"]
+    fig = f"final accuracy {_signed(tost['mean'], '.3f')} ± {tost['se']:.3f}"
+    if tost["equivalent"]:
+        return f"ends where sync does ({fig}, equivalent within ±{tost['margin']}"
+    lo, hi = tost["ci"]
+    return (f"is not shown to end where sync does ({fig}, 90% CI [{_signed(lo, '.3f')}, {_signed(hi, '.3f')}] "
+            f"not within ±{tost['margin']}")
+
+
+def _per_step(d: dict) -> str:
+    more = "less" if d["relative"] < 0 else "more"
+    return f"{abs(100 * d['relative']):.1f}% ± {100 * d['relative_se']:.1f}% {more} training time per step"
+
+
+def _sooner(t: dict) -> str:
+    tt = t["time_to_target"]
+    if tt["relative"] >= 0:
+        return f"{100 * tt['relative']:.1f}% ± {100 * tt['relative_se']:.1f}% later"
+    shown = "shown" if t["sooner_shown"] else "not significant"
+    return f"{-100 * tt['relative']:.1f}% ± {100 * tt['relative_se']:.1f}% sooner ({shown})"
+
+
 def _learning_caption() -> str:
+    """README's caption under the learning chart, every verdict worded from the merged comparison."""
     c = bench(LEARN)["comparison"]
-    t = c["tests"]["cgp_fgd"]
-    peer = c["tests"]["verl_separate_async_tuned"]["step_time"]
+    t, aa = c["tests"]["cgp_fgd"], c["aa"]
     n = {len(v["seeds"]) for v in c["summary"].values()}
-    assert n == {5} and c["aa"]["passes"] and t["tost"]["equivalent"] and not t["sooner_shown"]
-    tt, stp = t["time_to_target"], t["step_time"]
-    return (f"{ {5: '5'}[n.pop()]} seeds a mode paired by seed, {bench(LEARN)['val_size']} held-out questions, "
-            f"pre-registered): CGP+FGD ends where sync does (final accuracy {_signed(t['tost']['mean'], '.3f')} ± "
-            f"{t['tost']['se']:.3f}, equivalent within ±{t['tost']['margin']}; the A/A passes) with "
-            f"{-100 * stp['relative']:.1f}% ± {100 * stp['relative_se']:.1f}% less training time per step, and reaches "
-            f"sync's final accuracy less that margin {-100 * tt['relative']:.1f}% ± {100 * tt['relative_se']:.1f}% "
-            f"sooner (not significant). verl's peer: {_signed(100 * peer['relative'], '.1f')}% ± "
-            f"{100 * peer['relative_se']:.1f}% per step")
+    assert len(n) == 1, f"{LEARN}: the modes ran different numbers of seeds {n}"
+    aa_tt = aa["time_to_target"]
+    return (f"{n.pop()} seeds a mode paired by seed, {bench(LEARN)['val_size']} held-out questions, pre-registered): "
+            f"CGP+FGD {_ends_where_sync_does(t)}; the A/A {'passes' if aa['passes'] else 'fails'}) with "
+            f"{_per_step(t['step_time'])} and reaches sync's final accuracy less that margin {_sooner(t)}; the A/A's "
+            f"two sync arms differ by {abs(100 * aa_tt['relative']):.1f}% ± {100 * aa_tt['relative_se']:.1f}% there. "
+            f"verl's peer: {_per_step(c['tests']['verl_separate_async_tuned']['step_time'])}")
 
 
 FIGURES = {
@@ -252,7 +274,7 @@ FIGURES = {
     "README headline": ("README.md", lambda: (
         f"{ {3: 'three'}[len(mode(COAL, TINY, 'sync')['per_run'])]} rounds on 2026-12-01, "
         f"Sync T/R {setting(TINY, COAL)['sync_train_to_rollout_ratio']:.2f}")),
-    # README.md: the chart's caption, the powered learning comparison (learn_chain_2026-12-06.json, issue 39)
+    # README.md: the chart's caption, the powered learning comparison (v2, seven blocks; issue 39)
     "README learning chart": ("README.md", _learning_caption),
     # docs/results.md: the cluster-scale simulation (sim_cluster_grid_2026-12-02.json, python -m verl_pipe.sim --grid cluster_grid)
     "results cluster grid, 4+4": ("docs/results.md", lambda: (
