@@ -201,6 +201,11 @@ def test_rest_order_follows_the_bottleneck():
     assert rest_order("completion", 0.3) == "longest"  # the rollout is
     assert rest_order("completion", 1.0) == "rank"
     assert rest_order("dispatch", 2.0) == "rank"
+    # at group granularity the trainer takes each group as it completes: shortest first from a ratio of 1
+    assert rest_order("completion", 1.0, "group") == "shortest" and rest_order("completion", 0.9, "group") == "rank"
+    assert rest_order("completion", 0.3, "group") == "longest" and rest_order("dispatch", 2.0, "group") == "rank"
+    with pytest.raises(ValueError, match="granularity"):
+        rest_order("completion", 1.0, "token")
     r = TrainerRatio()
     assert r.update(None, 3.0) is None and r.update(2.0, 1.0) == 2.0 and r.update(1.0, 1.0) == 1.5
 

@@ -50,7 +50,7 @@ def simulate_setting(setting: dict, shape, num_groups: int, calibration: dict, k
     for r in range(rounds):
         wl = workload_for(setting["workload"], num_groups, shape.n, seed=seed, round_=r)
         step = {"lengths": wl.lengths, "prompt_len": prompt_len, "weight_sync_s": 0.0, "unit_fill": unit_fill}
-        order = rest_order(unit_fill, ratio.value)
+        order = rest_order(unit_fill, ratio.value, granularity)
         # the baseline ("cgp" in the rows) is CGP's FIFO variant at this granularity: the cgp variant's own is fixed at
         # mini-batch units, so the rows compare FGD with CGP at one granularity
         last = simulate_like(step, fifo_variant(granularity), granularity, overlapped, trainer, shape)

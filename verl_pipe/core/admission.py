@@ -52,12 +52,16 @@ REST_ORDERS = ("rank", "shortest", "longest")
 
 
 # rest_order's thresholds on the trainer's work over the rollout's duration (the run's recent steps): at or above
-# TRAINER_BOUND the trainer is the bottleneck, at or below ROLLOUT_BOUND the rollout is, in between neither clearly
-TRAINER_BOUND, ROLLOUT_BOUND = 1.5, 0.5
+# TRAINER_BOUND[granularity] the trainer is the bottleneck, at or below ROLLOUT_BOUND the rollout is, in between
+# neither clearly. At group granularity (rolloutpipe.cgp.granularity=group) the trainer takes each group as it
+# completes, so groups completed early pay as soon as the trainer's work matches the rollout's: 1.0, not 1.5
+# (the simulator's study: docs/fgd.md, "At group granularity: shortest first from a ratio of 1").
+TRAINER_BOUND = {"minibatch": 1.5, "group": 1.0}
+ROLLOUT_BOUND = 0.5
 RATIO_SMOOTHING = 0.5  # the weight of the latest step in the ratio's running mean (TrainerRatio)
 
 
-def rest_order(unit_fill: str, trainer_to_rollout: float | None) -> str:
+def rest_order(unit_fill: str, trainer_to_rollout: float | None, granularity: str = "minibatch") -> str:
     """How FGD orders the groups beyond the frontier by their predicted lengths, from the trainer's work over the
     rollout's duration in the run's recent steps (``TrainerRatio``).
 
@@ -65,11 +69,14 @@ def rest_order(unit_fill: str, trainer_to_rollout: float | None) -> str:
     never wait: complete as many groups as early as possible, shortest first. Where the rollout is (the trainer waits
     for it anyway), the step ends with the rollout's last group: start the long groups first (longest first: the
     makespan). In between, or where nothing was measured yet, rank (FGD's order before predictions). With
-    ``unit_fill=dispatch`` the units are fixed (sync's mini-batches) and complete in rank order: rank. The simulator's
-    study behind the thresholds: docs/fgd.md, "Length-aware order"."""
+    ``unit_fill=dispatch`` the units are fixed (sync's mini-batches) and complete in rank order: rank. The trainer
+    counts as the bottleneck from ``TRAINER_BOUND[granularity]`` on (CGP's ``rolloutpipe.cgp.granularity``). The
+    simulator's study behind the thresholds: docs/fgd.md, "Length-aware order"."""
+    if granularity not in TRAINER_BOUND:
+        raise ValueError(f"granularity: got {granularity!r}; allowed: {', '.join(TRAINER_BOUND)}")
     if unit_fill == "dispatch" or trainer_to_rollout is None:
         return "rank"
-    if trainer_to_rollout >= TRAINER_BOUND:
+    if trainer_to_rollout >= TRAINER_BOUND[granularity]:
         return "shortest"
     return "longest" if trainer_to_rollout <= ROLLOUT_BOUND else "rank"
 
