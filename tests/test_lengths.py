@@ -201,8 +201,8 @@ def test_rest_order_follows_the_bottleneck():
     assert rest_order("completion", 0.3) == "longest"  # the rollout is
     assert rest_order("completion", 1.0) == "rank"
     assert rest_order("dispatch", 2.0) == "rank"
-    # at group granularity the trainer takes each group as it completes: shortest first from a ratio of 1
-    assert rest_order("completion", 1.0, "group") == "shortest" and rest_order("completion", 0.9, "group") == "rank"
+    # per granularity (both at 1.5 until a real run supports the simulator's 1.0 at group granularity)
+    assert rest_order("completion", 1.5, "group") == "shortest" and rest_order("completion", 1.0, "group") == "rank"
     assert rest_order("completion", 0.3, "group") == "longest" and rest_order("dispatch", 2.0, "group") == "rank"
     with pytest.raises(ValueError, match="granularity"):
         rest_order("completion", 1.0, "token")

@@ -53,10 +53,10 @@ REST_ORDERS = ("rank", "shortest", "longest")
 
 # rest_order's thresholds on the trainer's work over the rollout's duration (the run's recent steps): at or above
 # TRAINER_BOUND[granularity] the trainer is the bottleneck, at or below ROLLOUT_BOUND the rollout is, in between
-# neither clearly. At group granularity (rolloutpipe.cgp.granularity=group) the trainer takes each group as it
-# completes, so groups completed early pay as soon as the trainer's work matches the rollout's: 1.0, not 1.5
-# (the simulator's study: docs/fgd.md, "At group granularity: shortest first from a ratio of 1").
-TRAINER_BOUND = {"minibatch": 1.5, "group": 1.0}
+# neither clearly. Per granularity: the simulator puts group granularity's crossover near 1.0 (the trainer takes each
+# group as it completes), but the real-stack run did not bear it out, so both stay at 1.5 until one does
+# (docs/fgd.md, "At group granularity: shortest first from a ratio of 1?").
+TRAINER_BOUND = {"minibatch": 1.5, "group": 1.5}
 ROLLOUT_BOUND = 0.5
 RATIO_SMOOTHING = 0.5  # the weight of the latest step in the ratio's running mean (TrainerRatio)
 
