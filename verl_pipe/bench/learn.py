@@ -22,8 +22,9 @@ every ``--val-every`` steps (greedy, verl's ``val-core`` accuracy). A seed sets 
 seed; every mode of one seed starts from the same weights and sees the same prompts in the same order. The A/A runs
 (sync at seed s + 100 for each main seed s) run in the same blocks. Within a block (one main seed) the arms run in the
 seed's row of a Williams design (``--design``, learn_stats.schedule: every arm in every position and after every other
-arm equally often; ``cyclic``, the earlier comparisons' rotation, is kept for their parts). Every step's reward, response length, step time, rollout->train end
-and (when validated) accuracy and validation time go into the JSON, each run with its composed config and provenance.
+arm equally often; ``cyclic``, the earlier comparisons' rotation, is kept for their parts). Every step's reward,
+response length, step time, rollout->train end and (when validated) accuracy and validation time go into the JSON,
+each run with its composed config and provenance.
 
 The analysis is fixed before any run (verl_pipe/bench/learn_stats.py, docs/learning.md "Pre-registration") and
 reported whichever way it comes out: final-accuracy equivalence (TOST paired by seed, margin 0.05), the A/A through
@@ -560,8 +561,8 @@ def parse_supersede(spec: str | None, reason: str | None) -> dict:
     return out
 
 
-# Task keys recorded since a later version of the bench (granularity: 2026-12-06): a part written before lacks them,
-# so a merge compares them only where both parts have them and keeps the value the newer parts recorded.
+# Task keys the bench records since a later version: a part written before lacks them, so a merge compares them only
+# where both parts have them and keeps the value the newer parts recorded.
 TASK_KEYS_ADDED = ("granularity",)
 
 
@@ -577,9 +578,9 @@ def merged_task(tasks: list[dict | None]) -> dict | None:
     return out
 
 
-def _part_key(part: dict, key: str):
-    """A part's setting; a part written before the bench recorded its schedule's design ran the cyclic one."""
-    return part.get(key, "cyclic") if key == "design" else part.get(key)
+def design_of(part: dict) -> str:
+    """A part's schedule design; a part written before the bench recorded it ran the cyclic one."""
+    return part.get("design", "cyclic")
 
 
 def merge(results: list[dict], supersede: dict | None = None) -> dict:
@@ -590,10 +591,13 @@ def merge(results: list[dict], supersede: dict | None = None) -> dict:
         raise ValueError("nothing to merge")
     supersede = supersede or {}
     first = results[0]
-    for key in ("steps", "val_every", "design"):
+    for key in ("steps", "val_every"):
         for r in results[1:]:
-            if _part_key(r, key) != _part_key(first, key):
-                raise ValueError(f"cannot merge: {key} {_part_key(r, key)!r} != {_part_key(first, key)!r}")
+            if r.get(key) != first.get(key):
+                raise ValueError(f"cannot merge: {key} {r.get(key)!r} != {first.get(key)!r}")
+    designs = sorted({design_of(r) for r in results})
+    if len(designs) > 1:
+        raise ValueError(f"cannot merge: the parts ran different schedule designs {designs}")
     task = merged_task([r.get("task") for r in results])
     kept, superseded = {}, []
     for r in results:
@@ -614,7 +618,7 @@ def merge(results: list[dict], supersede: dict | None = None) -> dict:
         raise ValueError(f"--supersede {', '.join(f'{m}@{s}' for m, s in unused)}: no later part reruns it")
     runs = [run for run, _ in kept.values()]
     return {**{k: first.get(k) for k in ("steps", "val_every", "recipe", "overrides", "val_size", "env")}, "task": task,
-            "design": _part_key(first, "design"),
+            "design": design_of(first),
             "seeds": sorted({r["seed"] for r in runs if r.get("arm", "main") == "main"}),
             "modes": list(dict.fromkeys(r["mode"] for r in runs)), "runs": runs, "superseded": superseded,
             "parts": [r.get("out") for r in results], "elapsed_s": sum(r.get("elapsed_s") or 0 for r in results)}
@@ -647,7 +651,7 @@ def _parser():
                     "rolloutpipe.cgp.granularity (cgp or cgp_group), cgp_fgd and verl's peer")
     ap.add_argument("--design", choices=st.DESIGNS, default="williams",
                     help="the order of a block's arms: williams (balances position and the arm run just before; "
-                         "the default) or cyclic (the rotation the comparisons before 2026-12-07 ran)")
+                         "the default) or cyclic (the rotation the earlier comparisons, v1 and v2, ran)")
     ap.add_argument("--val-every", type=int, default=5)
     ap.add_argument("--no-aa", action="store_true", help="leave out the A/A runs (sync at seed + 100)")
     ap.add_argument("--recipe", default=DEFAULT_RECIPE,

@@ -301,8 +301,7 @@ def aa_seed(seed: int) -> int:
 # How a block's arms are ordered (schedule): "cyclic" rotates one fixed order by the seed (each arm takes every
 # position equally often, but always follows the same arm); "williams" takes the block's row of a Williams design,
 # which also balances what runs just before each arm (first-order carry-over: every arm follows every other arm
-# equally often over k blocks, 2k where the number of arms k is odd). v2 of the chain comparison ran "cyclic" and its
-# A/A arm followed verl's peer in six of seven blocks (docs/learning.md, "Seven blocks").
+# equally often over k blocks, 2k where the number of arms k is odd). Why it matters: docs/learning.md, "Seven blocks".
 DESIGNS = ("cyclic", "williams")
 
 
