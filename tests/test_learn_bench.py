@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from verl_pipe.bench import learn_stats as st
-from verl_pipe.bench.learn import (HEADLINE_MODES, LEARN_MODES, PEER_MODE, STEP_KEYS, VAL_KEY, compare,
+from verl_pipe.bench.learn_charts import HEADLINE_MODES
+from verl_pipe.bench.learn import (LEARN_MODES, PEER_MODE, STEP_KEYS, VAL_KEY, compare,
                                    length_prediction, merge, run_overrides, sd_estimates, step_row, val_key)
 from verl_pipe.core.variants import BASE, variant
 
@@ -424,3 +425,28 @@ def test_length_prediction_summarizes_a_runs_group_records_per_source():
     assert length_prediction(wrong.record())["history"]["rank_correlation"] == -1.0
     assert length_prediction(step.record() + wrong.record())["history"]["groups"] == 6
     assert length_prediction([]) is None
+
+
+def test_the_readme_chart_puts_comparisons_side_by_side_and_refuses_a_part(tmp_path, capsys):
+    # python -m verl_pipe.bench.learn_charts: one panel per merged comparison; a part with no comparison is refused
+    # with its path named, nothing written
+    from verl_pipe.bench.learn import analyze_and_write
+    from verl_pipe.bench.learn_charts import main, panel_title
+
+    paths = []
+    for i, step_s in enumerate((1.0, 1.5)):
+        runs = [_run("sync", 0, [0.55, 0.6], step_s=step_s, val_every=1, before=0.5),
+                _run("cgp_fgd", 0, [0.6, 0.62], step_s=0.8 * step_s, val_every=1, before=0.5)]
+        paths.append(tmp_path / f"cmp{i}.json")
+        analyze_and_write({"steps": 2, "seeds": [0], "val_every": 1, "val_size": 128, "runs": runs,
+                           "design": "williams"}, paths[-1])
+    out = tmp_path / "readme" / "chart.png"
+    main([str(p) for p in paths] + ["--out", str(out)])
+    assert out.stat().st_size > 10_000
+    assert panel_title(paths[0], json.loads(paths[0].read_text())).endswith(
+        "1 seeds a mode, williams order, 128 questions, 2 steps")
+    part = tmp_path / "part.json"
+    part.write_text(json.dumps({"runs": [], "comparison": {"skipped": "no sync"}}))
+    with pytest.raises(SystemExit, match="part.json: no comparison to draw"):
+        main([str(paths[0]), str(part), "--out", str(tmp_path / "x.png")])
+    assert not (tmp_path / "x.png").exists()

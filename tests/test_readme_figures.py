@@ -137,7 +137,10 @@ def _cluster_tr1() -> str:
             f"{MINUS}{min(waits):.0f}% to {MINUS}{max(waits):.0f}% wait")
 
 
-LEARN = "learn_chain_v2_7b_2026-12-06.json"
+# the README chart's two panels (python -m verl_pipe.bench.learn_charts): v3 (sync vs CGP+FGD, the arms' order
+# balanced) and v2, the last comparison that ran verl's peer beside them
+LEARN = "learn_chain_v3_2026-12-07.json"
+LEARN_PEER = "learn_chain_v2_7b_2026-12-06.json"
 
 
 def _signed(x: float, fmt: str) -> str:
@@ -169,17 +172,24 @@ def _sooner(t: dict) -> str:
 
 
 def _learning_caption() -> str:
-    """README's caption under the learning chart, every verdict worded from the merged comparison."""
+    """README's caption under the learning chart, every verdict worded from the merged comparisons."""
     c = bench(LEARN)["comparison"]
     t, aa = c["tests"]["cgp_fgd"], c["aa"]
     n = {len(v["seeds"]) for v in c["summary"].values()}
     assert len(n) == 1, f"{LEARN}: the modes ran different numbers of seeds {n}"
     aa_tt = aa["time_to_target"]
-    return (f"{n.pop()} seeds a mode paired by seed, {bench(LEARN)['val_size']} held-out questions, pre-registered): "
-            f"CGP+FGD {_ends_where_sync_does(t)}; the A/A {'passes' if aa['passes'] else 'fails'}) with "
-            f"{_per_step(t['step_time'])} and reaches sync's final accuracy less that margin {_sooner(t)}; the A/A's "
-            f"two sync arms differ by {abs(100 * aa_tt['relative']):.1f}% ± {100 * aa_tt['relative_se']:.1f}% there. "
-            f"verl's peer: {_per_step(c['tests']['verl_separate_async_tuned']['step_time'])}")
+    peer = bench(LEARN_PEER)["comparison"]
+    pn = {len(v["seeds"]) for v in peer["summary"].values()}
+    assert len(pn) == 1, f"{LEARN_PEER}: the modes ran different numbers of seeds {pn}"
+    pt = peer["tests"]["verl_separate_async_tuned"]
+    return (f"{n.pop()} seeds a mode paired by seed, {bench(LEARN)['val_size']} held-out questions, the arms' "
+            f"order balanced, pre-registered): CGP+FGD {_ends_where_sync_does(t)}; the A/A "
+            f"{'passes' if aa['passes'] else 'fails'}) with {_per_step(t['step_time'])} and reaches sync's final "
+            f"accuracy less that margin {_sooner(t)}; the A/A's two sync arms differ by "
+            f"{abs(100 * aa_tt['relative']):.1f}% ± {100 * aa_tt['relative_se']:.1f}% there "
+            f"({'shown' if aa['sooner_shown'] else 'not shown'}). Right ({pn.pop()} seeds, another VM): verl's peer "
+            f"{'is equivalent too' if pt['tost']['equivalent'] else 'is not shown equivalent'} "
+            f"({_signed(pt['tost']['mean'], '.3f')} ± {pt['tost']['se']:.3f}) with {_per_step(pt['step_time'])}")
 
 
 FIGURES = {

@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 
 from verl_pipe.bench import learn_stats as st
+from verl_pipe.bench.learn_charts import write_charts
 from verl_pipe.bench.peer.learn import LEARN_MODE as PEER_MODE
 from verl_pipe.core.variants import BASE, FGD_VARIANT, GRANULARITIES, fifo_variant, variant
 from verl_pipe.main_grpo import DEFAULT_RECIPE  # main_grpo's config: its default task (the comparison's)
@@ -50,8 +51,6 @@ from verl_pipe.main_grpo import DEFAULT_RECIPE  # main_grpo's config: its defaul
 # default_modes(the recipe's granularity): cgp_fgd and the FIFO arm at the granularity the recipe trains at.
 FIFO_MODES = tuple(fifo_variant(g) for g in GRANULARITIES)  # cgp, cgp_group
 LEARN_MODES = (BASE, *FIFO_MODES, FGD_VARIANT, PEER_MODE)
-# The README's one chart: accuracy against training wall-clock, sync vs CGP+FGD vs verl's peer.
-HEADLINE_MODES = (BASE, FGD_VARIANT, PEER_MODE)
 # Descriptive pairings beside the pre-registered tests (each mode vs sync): FGD's own gain over FIFO admission
 # (issue 41 on a task whose model decides the lengths), paired by seed through the same block.
 # cgp_fgd runs the recipe's granularity, so the pair that isolates FGD is the one whose FIFO arm ran the same.
@@ -440,60 +439,6 @@ def format_report(result: dict) -> str:
                      else f"A/A {'PASSES' if passes else 'FAILS'} the equivalence test")
     lines += [f"note: {n}" for n in cmp.get("notes", [])]
     return "\n".join(lines)
-
-
-def write_charts(result: dict, out_dir: Path) -> list[Path]:
-    """Validation accuracy against training wall-clock for sync, CGP+FGD and verl's peer (the README's chart), and
-    against step and wall-clock for every mode; mean ± one standard error over seeds (main seeds)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    summary = result["comparison"]["summary"]
-    target = result["comparison"]["target_val_acc"]
-    paths = []
-
-    def draw(ax, mode, x):
-        c = summary[mode]["curve"]
-        xs = [p[x] for p in c]
-        m = [p["val_acc"] for p in c]
-        se = [p["se"] for p in c]
-        ax.plot(xs, m, marker="o", markersize=3, label=f"{mode} (n={len(summary[mode]['seeds'])})")
-        ax.fill_between(xs, [a - b for a, b in zip(m, se)], [a + b for a, b in zip(m, se)], alpha=0.2)
-
-    headline = [m for m in HEADLINE_MODES if m in summary]
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for mode in headline:
-        draw(ax, mode, "wall_s")
-    ax.axhline(target, color="grey", ls=":", lw=1, label=f"target {target:.3f} (sync's final - margin)")
-    ax.set_xlabel("training wall-clock (s, validation excluded)")
-    ax.set_ylabel("held-out accuracy (greedy)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(f"accuracy vs wall-clock: mean ± 1 se over seeds ({result.get('val_size')} questions)", fontsize=9)
-    fig.tight_layout()
-    paths.append(out_dir / "learning_acc_vs_wall.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for mode in summary:
-        draw(axes[0], mode, "step")
-        draw(axes[1], mode, "wall_s")
-    for ax, xl in zip(axes, ("GRPO step", "training wall-clock (s)")):
-        ax.axhline(target, color="grey", ls=":", lw=1)
-        ax.set_xlabel(xl)
-        ax.set_ylabel("held-out accuracy (greedy)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle("validation accuracy: mean ± 1 se over seeds")
-    fig.tight_layout()
-    paths.append(out_dir / "learning_val_acc.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
-    return paths
 
 
 # ---------------------------------------------------------------------------------------------------------- CLI
