@@ -350,6 +350,30 @@ def test_cli_reanalyzes_a_saved_comparison(tmp_path, capsys):
     assert "A/A PASSES" in capsys.readouterr().out
 
 
+def test_cli_pairs_against_another_base_and_refuses_one_not_run(tmp_path, capsys):
+    # --base cgp_group: FGD against FIFO admission (issue 41), every mode paired with the base, no A/A arm
+    from verl_pipe.bench.learn import cli
+
+    saved = tmp_path / "in.json"
+    saved.write_text(json.dumps({"steps": 30, "seeds": [0, 1, 2, 3, 4], "val_every": 5, "val_size": 512,
+                                 "runs": _runs(modes=("cgp_group", "cgp_fgd"), speed={"cgp_fgd": 0.9}, aa=False)}))
+    out = tmp_path / "out.json"
+    assert cli(["--learn", "--reanalyze", str(saved), "--out", str(out), "--base", "cgp_group"]) == 0
+    result = json.loads(out.read_text())
+    cmp = result["comparison"]
+    assert result["base"] == cmp["base"] == "cgp_group" and set(cmp["tests"]) == {"cgp_fgd"}
+    assert cmp["tests"]["cgp_fgd"]["step_time"]["relative"] == pytest.approx(-0.1) and cmp["aa"] is None
+    printed = capsys.readouterr().out
+    assert "cgp_fgd vs cgp_group (n=5)" in printed and "(cgp_group's final" in printed
+    # a reanalysis without --base keeps the base the runs recorded
+    assert cli(["--learn", "--reanalyze", str(out), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["comparison"]["base"] == "cgp_group"
+    with pytest.raises(SystemExit):  # the base must be one of the modes run
+        cli(["--learn", "--out", str(tmp_path / "x.json"), "--modes", "sync,cgp_fgd", "--base", "cgp_group",
+             "--dry-run"])
+    assert "--base cgp_group: not among the modes run" in capsys.readouterr().err
+
+
 def test_a_slice_of_the_schedule_keeps_its_order():
     from verl_pipe.bench.learn import slice_plan
 

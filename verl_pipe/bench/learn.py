@@ -397,7 +397,7 @@ def format_report(result: dict) -> str:
     cmp = result["comparison"]
     lines = [f"Learning comparison: {result['steps']} steps, seeds {result['seeds']}, validation every "
              f"{result['val_every']} steps on {result.get('val_size')} held-out questions (greedy); target for time "
-             f"to accuracy {cmp['target_val_acc']:.3f} (sync's final {cmp['sync_final_mean']:.3f} - margin "
+             f"to accuracy {cmp['target_val_acc']:.3f} ({cmp.get('base', BASE)}'s final {cmp['sync_final_mean']:.3f} - margin "
              f"{cmp['preregistered']['margin']})",
              f"{'mode':<20} {'val before':>10} {'final (mean ± se)':>18} {'train wall':>10} {'s/step':>7} "
              f"{'r→t end':>8} {'val s':>6} {'reached':>8}"]
@@ -416,9 +416,10 @@ def format_report(result: dict) -> str:
             lines.append(f"{mode:<20} length prediction, rank corr per run: history "
                          + (", ".join(f"{h['rank_correlation']:.2f} ({h['groups']} groups)" for h in hist) or "none")
                          + "; siblings " + (", ".join(f"{x:.2f}" for x in sib) or "none"))
-    blocks = [(f"{m} vs sync", t) for m, t in cmp["tests"].items()]
+    base = cmp.get("base", BASE)
+    blocks = [(f"{m} vs {base}", t) for m, t in cmp["tests"].items()]
     if cmp.get("aa"):
-        blocks.append(("A/A sync vs sync", cmp["aa"]))
+        blocks.append((f"A/A {base} vs {base}", cmp["aa"]))
     blocks += [(f"{n} (descriptive)", t) for n, t in (cmp.get("secondary") or {}).items()]
     for name, t in blocks:
         if "tost" in t:
@@ -598,6 +599,9 @@ def _parser():
                     help="the order of a block's arms: williams (balances position and the arm run just before; "
                          "the default) or cyclic (the rotation the earlier comparisons, v1 and v2, ran)")
     ap.add_argument("--val-every", type=int, default=5)
+    ap.add_argument("--base", choices=LEARN_MODES,
+                    help=f"the comparison's reference, every other mode paired against it (default {BASE}; with "
+                         "--reanalyze/--merge, the one the runs recorded); another base has no A/A arm")
     ap.add_argument("--no-aa", action="store_true", help="leave out the A/A runs (sync at seed + 100)")
     ap.add_argument("--recipe", default=DEFAULT_RECIPE,
                     help="the Hydra config (recipe) every run composes, ours and the peer's: the task")
@@ -645,7 +649,11 @@ def _run_cli(args, ap, overrides: list[str], seeds: list[int], modes: list[str] 
     if task["val_size"] < args.min_val_size:
         raise SystemExit(f"the task's validation set has {task['val_size']} questions ({task['val_files']}); the "
                          f"comparison needs >= {args.min_val_size} (--min-val-size to run it anyway)")
-    plan = list(enumerate(st.schedule(seeds, modes, BASE, aa=not args.no_aa and BASE in modes, design=args.design)))
+    base = args.base or BASE
+    if base not in modes:
+        ap.error(f"--base {base}: not among the modes run ({', '.join(modes)})")
+    aa = not args.no_aa and base == BASE and BASE in modes  # the A/A arm is sync's (sync at seed + 100)
+    plan = list(enumerate(st.schedule(seeds, modes, base, aa=aa, design=args.design)))
     if args.slice:
         try:
             plan = slice_plan(plan, args.slice)
@@ -659,7 +667,7 @@ def _run_cli(args, ap, overrides: list[str], seeds: list[int], modes: list[str] 
 
     result = {"steps": args.steps, "seeds": seeds, "modes": modes, "val_every": args.val_every,
               "recipe": args.recipe, "overrides": overrides, "val_size": task["val_size"], "task": task, "env": env_info(),
-              "design": args.design, "schedule": [[i, *p] for i, p in plan], "slice": args.slice, "runs": []}
+              "design": args.design, "base": base, "schedule": [[i, *p] for i, p in plan], "slice": args.slice, "runs": []}
     out = Path(args.out)
     partial = out.with_name(out.stem + "_partial.json")
     for i, (seed, mode, arm) in plan:
@@ -700,6 +708,8 @@ def cli(argv: list[str]) -> int:
         result = _run_cli(args, ap, overrides, seeds, modes)
         if result is None:
             return 0
+    if args.base:
+        result["base"] = args.base
     analyze_and_write(result, Path(args.out), Path(args.charts) if args.charts else None)
     return 0
 
@@ -708,7 +718,7 @@ def analyze_and_write(result: dict, out: Path, charts: Path | None = None) -> di
     """The pipeline after the runs: the pre-registered comparison, the report, the charts, the JSON at ``out``
     (a part without sync, or too little to compare, keeps its runs with the reason in "comparison")."""
     try:
-        result["comparison"] = compare(result["runs"])
+        result["comparison"] = compare(result["runs"], base=result.get("base", BASE))
         print(format_report(result))
         if charts is not None:
             result["charts"] = [str(p) for p in write_charts(result, charts)]
