@@ -365,6 +365,7 @@ def test_cli_pairs_against_another_base_and_refuses_one_not_run(tmp_path, capsys
     assert cmp["tests"]["cgp_fgd"]["step_time"]["relative"] == pytest.approx(-0.1) and cmp["aa"] is None
     printed = capsys.readouterr().out
     assert "cgp_fgd vs cgp_group (n=5)" in printed and "(cgp_group's final" in printed
+    assert "no A/A arm against the base cgp_group" in printed
     # a reanalysis without --base keeps the base the runs recorded
     assert cli(["--learn", "--reanalyze", str(out), "--out", str(out)]) == 0
     assert json.loads(out.read_text())["comparison"]["base"] == "cgp_group"

@@ -317,7 +317,8 @@ def compare(runs: list[dict], margin: float = st.MARGIN, alpha: float = st.ALPHA
     if n_min < st.MIN_SEEDS:
         notes.append(f"{n_min} seeds in a mode: the pre-registration asks >= {st.MIN_SEEDS}")
     if aa_result is None:
-        notes.append("no A/A runs (sync at seed + 100): the A/A test is missing")
+        notes.append(f"no A/A runs ({base} at seed + {st.AA_SEED_OFFSET}): the A/A test is missing" if base == BASE
+                     else f"no A/A arm against the base {base} (only {BASE} has one)")
     return {"preregistered": dict(st.PREREGISTERED, margin=margin, alpha=alpha), "base": base,
             "sync_final_mean": f_base, "target_val_acc": target, "summary": summary,
             "runs": {f"{m}/{a}/{sd}": v for (m, a, sd), v in times.items()}, "tests": tests, "aa": aa_result,
