@@ -2,7 +2,7 @@
 wall-clock?
 
     python -m verl_pipe.bench --learn --out learn.json [--charts DIR] [--steps 40] [--seeds 0,1,2,3,4]
-                              [--modes sync,cgp_group,cgp_fgd,...] [--val-every 5] [--no-aa]
+                              [--modes sync,cgp_group,cgp_fgd,...] [--val-every 5] [--no-aa] [--base MODE]
                               [--recipe NAME] [--task NAME] [hydra overrides ...]
     python -m verl_pipe.bench --learn --merge part1.json part2.json ... --out learn.json [--charts DIR]
     python -m verl_pipe.bench --learn --reanalyze learn.json --out learn.json [--charts DIR]
@@ -30,6 +30,8 @@ The analysis is fixed before any run (verl_pipe/bench/learn_stats.py, docs/learn
 reported whichever way it comes out: final-accuracy equivalence (TOST paired by seed, margin 0.05), the A/A through
 the same test, time to sync's final accuracy and step time (paired differences with standard errors). A benchmark:
 it prints figures and asserts nothing. It may be run in parts (``--seeds``/``--modes``) and merged (``--merge``).
+``--base MODE`` pairs every mode with another reference than sync (e.g. ``cgp_group``: FGD against FIFO admission,
+docs/fgd.md); such a comparison has no A/A arm.
 """
 
 from __future__ import annotations
@@ -398,8 +400,8 @@ def format_report(result: dict) -> str:
     cmp = result["comparison"]
     lines = [f"Learning comparison: {result['steps']} steps, seeds {result['seeds']}, validation every "
              f"{result['val_every']} steps on {result.get('val_size')} held-out questions (greedy); target for time "
-             f"to accuracy {cmp['target_val_acc']:.3f} ({cmp.get('base', BASE)}'s final {cmp['sync_final_mean']:.3f} - margin "
-             f"{cmp['preregistered']['margin']})",
+             f"to accuracy {cmp['target_val_acc']:.3f} ({cmp.get('base', BASE)}'s final {cmp['sync_final_mean']:.3f} "
+             f"- margin {cmp['preregistered']['margin']})",
              f"{'mode':<20} {'val before':>10} {'final (mean ± se)':>18} {'train wall':>10} {'s/step':>7} "
              f"{'r→t end':>8} {'val s':>6} {'reached':>8}"]
     for mode, s in cmp["summary"].items():
@@ -668,7 +670,8 @@ def _run_cli(args, ap, overrides: list[str], seeds: list[int], modes: list[str] 
 
     result = {"steps": args.steps, "seeds": seeds, "modes": modes, "val_every": args.val_every,
               "recipe": args.recipe, "overrides": overrides, "val_size": task["val_size"], "task": task, "env": env_info(),
-              "design": args.design, "base": base, "schedule": [[i, *p] for i, p in plan], "slice": args.slice, "runs": []}
+              "design": args.design, "base": base, "schedule": [[i, *p] for i, p in plan], "slice": args.slice,
+              "runs": []}
     out = Path(args.out)
     partial = out.with_name(out.stem + "_partial.json")
     for i, (seed, mode, arm) in plan:

@@ -49,7 +49,8 @@ def _acc_vs_wall(ax, result: dict, labels: dict | None = None) -> None:
     target = result["comparison"]["target_val_acc"]
     for mode in (m for m in HEADLINE_MODES if m in summary):
         draw_curve(ax, summary, mode, "wall_s", (labels or {}).get(mode))
-    ax.axhline(target, color="grey", ls=":", lw=1, label=f"target {target:.3f} (sync's final - margin)")
+    base = result["comparison"].get("base", BASE)
+    ax.axhline(target, color="grey", ls=":", lw=1, label=f"target {target:.3f} ({base}'s final - margin)")
     ax.set_xlabel("training wall-clock (s, validation excluded)")
     ax.set_ylabel("held-out accuracy (greedy)")
     ax.grid(alpha=0.3)
