@@ -297,6 +297,11 @@ def test_merge_joins_parts_and_refuses_mismatches():
     assert merge([a, b])["design"] == "cyclic" and merge([a, dict(b, design="cyclic")])["design"] == "cyclic"
     with pytest.raises(ValueError, match="design"):
         merge([a, dict(b, design="williams")])
+    # and the base they compare with (a part without the record compared with sync), kept for the analysis
+    assert merge([a, dict(b, base="sync")])["base"] == "sync"
+    assert merge([dict(a, base="cgp_group"), dict(b, base="cgp_group")])["base"] == "cgp_group"
+    with pytest.raises(ValueError, match="bases"):
+        merge([a, dict(b, base="cgp_group")])
 
 
 def test_merge_replaces_a_named_run_by_a_later_parts_rerun_and_keeps_the_old_one():

@@ -547,6 +547,9 @@ def merge(results: list[dict], supersede: dict | None = None) -> dict:
     designs = sorted({design_of(r) for r in results})
     if len(designs) > 1:
         raise ValueError(f"cannot merge: the parts ran different schedule designs {designs}")
+    bases = sorted({r.get("base", BASE) for r in results})  # a part written before --base compared with sync
+    if len(bases) > 1:
+        raise ValueError(f"cannot merge: the parts compare with different bases {bases}")
     task = merged_task([r.get("task") for r in results])
     kept, superseded = {}, []
     for r in results:
@@ -567,7 +570,7 @@ def merge(results: list[dict], supersede: dict | None = None) -> dict:
         raise ValueError(f"--supersede {', '.join(f'{m}@{s}' for m, s in unused)}: no later part reruns it")
     runs = [run for run, _ in kept.values()]
     return {**{k: first.get(k) for k in ("steps", "val_every", "recipe", "overrides", "val_size", "env")}, "task": task,
-            "design": design_of(first),
+            "design": design_of(first), "base": bases[0],
             "seeds": sorted({r["seed"] for r in runs if r.get("arm", "main") == "main"}),
             "modes": list(dict.fromkeys(r["mode"] for r in runs)), "runs": runs, "superseded": superseded,
             "parts": [r.get("out") for r in results], "elapsed_s": sum(r.get("elapsed_s") or 0 for r in results)}
@@ -655,7 +658,7 @@ def _run_cli(args, ap, overrides: list[str], seeds: list[int], modes: list[str] 
     base = args.base or BASE
     if base not in modes:
         ap.error(f"--base {base}: not among the modes run ({', '.join(modes)})")
-    aa = not args.no_aa and base == BASE and BASE in modes  # the A/A arm is sync's (sync at seed + 100)
+    aa = not args.no_aa and base == BASE  # the A/A arm is sync's (sync at seed + 100)
     plan = list(enumerate(st.schedule(seeds, modes, base, aa=aa, design=args.design)))
     if args.slice:
         try:

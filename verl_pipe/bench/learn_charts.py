@@ -14,6 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
+from verl_pipe.bench.charts import _plt
 from verl_pipe.bench.peer.learn import LEARN_MODE as PEER_MODE
 from verl_pipe.core.variants import BASE, FGD_VARIANT
 
@@ -21,15 +22,6 @@ from verl_pipe.core.variants import BASE, FGD_VARIANT
 HEADLINE_MODES = (BASE, FGD_VARIANT, PEER_MODE)
 LABELS = {BASE: "sync", FGD_VARIANT: "CGP+FGD", PEER_MODE: "verl separate_async (tuned)"}
 COLORS = {BASE: "C0", FGD_VARIANT: "C1", PEER_MODE: "C2"}  # a mode keeps its colour across panels
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def draw_curve(ax, summary: dict, mode: str, x: str, label: str | None = None) -> None:
