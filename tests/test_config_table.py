@@ -71,6 +71,7 @@ ROLLOUTPIPE_BAD = [
     (["rolloutpipe.fgd.policy=verl_pipe.core.frontier:Request"], "rolloutpipe.fgd.policy",
      "is not an admission policy"),
     (["rolloutpipe.fgd.lengths=oracle"], "rolloutpipe.fgd.lengths", "predicted"),
+    (["rolloutpipe.fgd.rest_order=lpt"], "rolloutpipe.fgd.rest_order", "auto, rank, shortest"),
     (["rolloutpipe.workload={kind: lognormal, median: 12, sigma: 0.8, rho: 0.7, cap: 32, prompts: 17}"],
      "rolloutpipe.workload.prompts", "a multiple of data.train_batch_size"),
     (["rolloutpipe.workload={kind: lognormal, median: 12, sigma: 0.8, rho: 0.7, cap: 32, cross_epoch: 1.5}"],
@@ -217,7 +218,7 @@ GOOD = [
     [CGP, "rolloutpipe.fgd.enable=true", "rolloutpipe.fgd.window=32", "rolloutpipe.fgd.frontier_groups=6"],
     [CGP, "rolloutpipe.fgd.enable=true", "rolloutpipe.fgd.window=auto"],
     [CGP, "rolloutpipe.fgd.enable=true", "rolloutpipe.fgd.policy=verl_pipe.core.frontier:FCFSPolicy",
-     "rolloutpipe.fgd.lengths=shuffled"],
+     "rolloutpipe.fgd.lengths=shuffled", "rolloutpipe.fgd.rest_order=longest"],
     ["rolloutpipe.workload={kind: lognormal, median: 12, sigma: 0.8, rho: 0.7, cap: 32, prompts: 32, "
      "cross_epoch: 0.6}"],
     [CGP, "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"],  # not part of the θ_k snapshot

@@ -210,6 +210,21 @@ def test_rest_order_follows_the_bottleneck():
     assert r.update(None, 3.0) is None and r.update(2.0, 1.0) == 2.0 and r.update(1.0, 1.0) == 1.5
 
 
+def test_a_configured_rest_order_wins_over_the_ratio_and_a_bad_one_names_the_key():
+    # rolloutpipe.fgd.rest_order: auto is the rule above; rank/shortest/longest fix the order whatever the ratio
+    assert rest_order("completion", 2.0, configured="auto") == "shortest"
+    assert rest_order("completion", 2.0, configured="longest") == "longest"
+    assert rest_order("completion", None, "group", configured="shortest") == "shortest"
+    assert rest_order("dispatch", 0.3, configured="longest") == "longest"
+    with pytest.raises(ValueError, match="rolloutpipe.fgd.rest_order"):
+        rest_order("completion", 1.0, configured="lpt")
+    from verl_pipe.trainer.knobs import StepKnobs
+
+    assert StepKnobs().fgd_rest_order == "auto" and StepKnobs(fgd_rest_order="longest").record()["fgd_rest_order"] == "longest"
+    with pytest.raises(ValueError, match="fgd_rest_order"):
+        StepKnobs(fgd_rest_order="lpt")
+
+
 # --- repeated prompts in the forced-length workload ----------------------------------------------------------------
 
 def test_repeated_prompts_cover_the_pool_once_per_epoch_in_a_new_order():

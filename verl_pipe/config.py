@@ -26,7 +26,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from verl_pipe import estimators
 from verl_pipe.assets import TASKS as _TINY_TASKS  # the embedded tiny tasks (that package imports nothing heavy)
-from verl_pipe.core.admission import FGD_LENGTHS
+from verl_pipe.core.admission import FGD_LENGTHS, REST_ORDER_CHOICES
 from verl_pipe.core.micro_batches import ORDERS as MICRO_BATCH_ORDERS
 from verl_pipe.core.release import UNIT_FILLS
 from verl_pipe.core.rollout_core import ON_REWARD_FAILURE
@@ -275,6 +275,7 @@ ROLLOUTPIPE: dict[str, Any] = {
         "window": FGD_WINDOW,
         "policy": _check_fgd_policy,
         "lengths": choice(*FGD_LENGTHS),
+        "rest_order": choice(*REST_ORDER_CHOICES),
     },
     "dispatch": {
         "order": DISPATCH_ORDER,

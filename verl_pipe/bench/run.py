@@ -54,7 +54,8 @@ def setting_knobs(configured, wl, setting: dict | None) -> dict:
     keys = length_keys(wl)
     keys = (tuple(((name, k), e) for k, e in keys) if keys is not None
             else tuple(((name, hash(tuple(map(tuple, wl.lengths))), g), 0) for g in range(wl.num_groups)))
-    return dict({"fgd_lengths": configured.fgd_lengths, "fgd_policy": configured.fgd_policy,
+    return dict({"fgd_lengths": configured.fgd_lengths, "fgd_rest_order": configured.fgd_rest_order,
+                 "fgd_policy": configured.fgd_policy,
                  "unit_fill": configured.unit_fill},
                 **((setting or {}).get("knobs") or {}), length_keys=keys)
 

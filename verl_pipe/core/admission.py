@@ -49,6 +49,10 @@ class StepAdmission:
 
 
 REST_ORDERS = ("rank", "shortest", "longest")
+# rolloutpipe.fgd.rest_order: auto (rest_order() picks from the trainer's work over the rollout's) or one of REST_ORDERS
+# for every step (a user who knows which pool is the bottleneck, or a study that fixes the order)
+REST_ORDER_AUTO = "auto"
+REST_ORDER_CHOICES = (REST_ORDER_AUTO,) + REST_ORDERS
 
 
 # rest_order's thresholds on the trainer's work over the rollout's duration (the run's recent steps): at or above
@@ -61,7 +65,8 @@ ROLLOUT_BOUND = 0.5
 RATIO_SMOOTHING = 0.5  # the weight of the latest step in the ratio's running mean (TrainerRatio)
 
 
-def rest_order(unit_fill: str, trainer_to_rollout: float | None, granularity: str = "minibatch") -> str:
+def rest_order(unit_fill: str, trainer_to_rollout: float | None, granularity: str = "minibatch",
+               configured: str = REST_ORDER_AUTO) -> str:
     """How FGD orders the groups beyond the frontier by their predicted lengths, from the trainer's work over the
     rollout's duration in the run's recent steps (``TrainerRatio``).
 
@@ -71,9 +76,14 @@ def rest_order(unit_fill: str, trainer_to_rollout: float | None, granularity: st
     makespan). In between, or where nothing was measured yet, rank (FGD's order before predictions). With
     ``unit_fill=dispatch`` the units are fixed (sync's mini-batches) and complete in rank order: rank. The trainer
     counts as the bottleneck from ``TRAINER_BOUND[granularity]`` on (CGP's ``rolloutpipe.cgp.granularity``). The
-    simulator's study behind the thresholds: docs/fgd.md, "Length-aware order"."""
+    simulator's study behind the thresholds: docs/fgd.md, "Length-aware order". ``configured`` other than ``auto``
+    (``rolloutpipe.fgd.rest_order``) is the order for every step, whatever the fill and the ratio."""
     if granularity not in TRAINER_BOUND:
         raise ValueError(f"granularity: got {granularity!r}; allowed: {', '.join(TRAINER_BOUND)}")
+    if configured not in REST_ORDER_CHOICES:
+        raise ValueError(f"rolloutpipe.fgd.rest_order: got {configured!r}; allowed: {', '.join(REST_ORDER_CHOICES)}")
+    if configured != REST_ORDER_AUTO:
+        return configured
     if unit_fill == "dispatch" or trainer_to_rollout is None:
         return "rank"
     if trainer_to_rollout >= TRAINER_BOUND[granularity]:

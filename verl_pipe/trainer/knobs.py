@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from verl_pipe.core.admission import DEFAULT_FGD_POLICY, FGD_LENGTHS, load_policy
+from verl_pipe.core.admission import DEFAULT_FGD_POLICY, FGD_LENGTHS, REST_ORDER_AUTO, REST_ORDER_CHOICES, load_policy
 from verl_pipe.core.frontier import AdaptiveWindow, resolve_window
 from verl_pipe.core.release import check_fill
 from verl_pipe.core.variants import GRANULARITIES, TRAINER_MODES, name_of, resolve_fgd
@@ -32,6 +32,9 @@ class StepKnobs:
     # rolloutpipe.fgd.lengths: predicted (FGD orders by the groups' length predictions), shuffled (the control: each
     # group gets another prompt's history), off (rank order only); predictions are recorded in every case
     fgd_lengths: str = "predicted"
+    # rolloutpipe.fgd.rest_order: FGD's order beyond the frontier with predictions; auto picks it per step from the
+    # trainer's work over the rollout's (core/admission.rest_order), rank/shortest/longest fix it
+    fgd_rest_order: str = REST_ORDER_AUTO
     # (prompt, epoch) per group for the length predictor's history, instead of the batch's dataset index and the
     # trainer's epoch (the bench's forced-length workloads draw lengths by their own prompts)
     length_keys: tuple | None = None
@@ -56,6 +59,8 @@ class StepKnobs:
         check_fill(self.unit_fill)
         if self.fgd_lengths not in FGD_LENGTHS:
             raise ValueError(f"fgd_lengths: got {self.fgd_lengths!r}; allowed: {', '.join(FGD_LENGTHS)}")
+        if self.fgd_rest_order not in REST_ORDER_CHOICES:
+            raise ValueError(f"fgd_rest_order: got {self.fgd_rest_order!r}; allowed: {', '.join(REST_ORDER_CHOICES)}")
         if self.workload is not None:  # the knobs' own copy: a caller's later edit does not reach a step
             object.__setattr__(self, "workload", copy.deepcopy(dict(self.workload)))
 
@@ -67,7 +72,7 @@ class StepKnobs:
         return {"variant": name_of(self.mode, self.granularity, self.fgd), "mode": self.mode,
                 "granularity": self.granularity, "fgd": self.fgd, "fgd_window": window_label(self.fgd_window),
                 "fgd_policy": self.fgd_policy, "fgd_lengths": self.fgd_lengths,
-                "length_keys": self.length_keys is not None,
+                "fgd_rest_order": self.fgd_rest_order, "length_keys": self.length_keys is not None,
                 "coalesce_log_probs": self.coalesce_log_probs, "unit_fill": self.unit_fill,
                 "baseline_order": self.baseline_order,
                 "baseline_window": self.baseline_window, "workload": copy.deepcopy(self.workload),
@@ -99,6 +104,7 @@ def configured(config) -> dict:
     return dict(mode=str(rp.mode), granularity=str(rp.cgp.granularity), fgd=rp.fgd.enable,
                 fgd_window=rp.fgd.window, fgd_policy=str(rp.fgd.get("policy") or DEFAULT_FGD_POLICY),
                 fgd_lengths=str(rp.fgd.get("lengths") or "predicted"),
+                fgd_rest_order=str(rp.fgd.get("rest_order") or REST_ORDER_AUTO),
                 coalesce_log_probs=bool(rp.cgp.coalesce_log_probs),
                 unit_fill=str(rp.cgp.get("unit_fill", "completion")),
                 baseline_order=rp.dispatch.order or verl_dispatch_order(config), baseline_window=rp.dispatch.window,

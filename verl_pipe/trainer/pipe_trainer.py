@@ -231,7 +231,8 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
                              baseline_window=knobs.baseline_window, baseline_order=knobs.baseline_order,
                              unit_fill=knobs.unit_fill, lengths=self.last_lengths,
                              order_by_length=knobs.fgd_lengths != "off", extra=self.admission_kwargs(batch, knobs),
-                             rest_order=rest_order(knobs.unit_fill, self.trainer_ratio.value, knobs.granularity))
+                             rest_order=rest_order(knobs.unit_fill, self.trainer_ratio.value, knobs.granularity,
+                                                   knobs.fgd_rest_order))
         cls = load_policy(knobs.fgd_policy) if knobs.fgd else self.baseline_policy_cls
         by_length = bool(knobs.fgd and step.order_by_length)  # what the step asks of FGD's policy
         self.last_admission = {"policy": f"{cls.__module__}:{cls.__qualname__}", "order_by_length": by_length,
