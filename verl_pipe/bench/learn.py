@@ -647,6 +647,9 @@ def _power_cli(paths: list[str], out: str) -> int:
 def _run_cli(args, ap, overrides: list[str], seeds: list[int], modes: list[str] | None) -> dict | None:
     """The runs of this invocation (its schedule, or the --slice of it); None after --dry-run."""
     t0 = time.perf_counter()
+    base = args.base or BASE
+    if modes is not None and base not in modes:  # before the task is composed (which may build its assets)
+        ap.error(f"--base {base}: not among the modes run ({', '.join(modes)})")
     try:
         task = task_info(overrides, args.recipe)
     except ValueError as e:
@@ -655,7 +658,6 @@ def _run_cli(args, ap, overrides: list[str], seeds: list[int], modes: list[str] 
     if task["val_size"] < args.min_val_size:
         raise SystemExit(f"the task's validation set has {task['val_size']} questions ({task['val_files']}); the "
                          f"comparison needs >= {args.min_val_size} (--min-val-size to run it anyway)")
-    base = args.base or BASE
     if base not in modes:
         ap.error(f"--base {base}: not among the modes run ({', '.join(modes)})")
     aa = not args.no_aa and base == BASE  # the A/A arm is sync's (sync at seed + 100)
