@@ -18,7 +18,7 @@ from verl_pipe.core.workload import lognormal
 from verl_pipe.plan import lengths as L
 from verl_pipe.plan.calibrate import calibrate_run
 from verl_pipe.plan.hardware import MODELS, profile
-from verl_pipe.plan.predict import PlanInputs, ProfileCosts, plan
+from verl_pipe.plan.predict import PlanInputs, ProfileCosts, Rollouts, plan
 from verl_pipe.plan.runconfig import CannotModel, Shape, shape_of
 from verl_pipe.sim.engine import CPU_TINY
 from verl_pipe.sim.simulate import simulate_step
@@ -47,6 +47,19 @@ def test_plan_predicts_the_dispatch_fill_no_faster_than_completion():
     for k in ("cgp", "cgp_group"):
         assert comp[k]["rollout_to_train_end_s"] <= disp[k]["rollout_to_train_end_s"] + 1e-9
         assert disp[k]["rollout_to_train_end_s"] <= disp["sync"]["rollout_to_train_end_s"] * 1.01
+
+
+def test_plan_takes_the_configured_order_beyond_the_frontier():
+    # rolloutpipe.fgd.rest_order reaches the planner's FGD rollout (with lengths known: --length-error)
+    assert shape_of(_cfg()).fgd_rest_order == "auto"
+    assert shape_of(_cfg(**{"rolloutpipe.fgd.rest_order": "longest"})).fgd_rest_order == "longest"
+    ro = {order: Rollouts(ProfileCosts(profile("h200"), MODELS["qwen3-1.7b"]),
+                          L.load("lognormal:median=1500,sigma=1.0,rho=0.7,cap=4096", n=SHAPE.n), 300, length_error=0.0)
+          .get(replace(SHAPE, fgd_rest_order=order), 0, "fgd", window=64, trainer_to_rollout=1.0)
+          for order in ("auto", "rank", "longest", "shortest")}
+    done = {k: v.completions for k, v in ro.items()}  # (time, group) in completion order
+    assert done["auto"] == done["rank"]  # the rule keeps rank at a ratio of 1.0
+    assert done["longest"] != done["shortest"] and done["longest"] != done["rank"]
 
 
 def test_plan_fixed_input():

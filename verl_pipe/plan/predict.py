@@ -195,7 +195,8 @@ class Rollouts:
             ) -> RolloutResult:
         """``kind``: "alone" (stock dispatch, the engine running alone: sync), "stock" (beside a busy trainer),
         "fgd" (with ``window``; with ``length_error`` set, ordered by the groups' lengths known up to that error, beyond
-        the frontier as ``trainer_to_rollout`` decides: verl_pipe/core/admission.py ``rest_order``)."""
+        the frontier as ``trainer_to_rollout`` decides, or as ``rolloutpipe.fgd.rest_order`` fixes it:
+        verl_pipe/core/admission.py ``rest_order``)."""
         engine = self.costs.engine(shape, "sync" if kind == "alone" else "cgp")
         if kind == "stock" and engine == self.costs.engine(shape, "sync"):
             kind = "alone"
@@ -205,7 +206,8 @@ class Rollouts:
             if kind == "fgd" and self.length_error is not None:
                 self._ro[key] = rollout_for_mode("cgp_fgd", wl, engine, R, gpu, window, unit_fill=shape.unit_fill,
                                                  lengths=oracle_lengths(wl, self.length_error, seed),
-                                                 rest_order=rest_order(shape.unit_fill, trainer_to_rollout))
+                                                 rest_order=rest_order(shape.unit_fill, trainer_to_rollout,
+                                                                       configured=shape.fgd_rest_order))
             elif kind == "fgd":
                 self._ro[key] = rollout_for_mode("cgp_fgd", wl, engine, R, gpu, window)
             else:
