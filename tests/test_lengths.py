@@ -220,9 +220,17 @@ def test_a_configured_rest_order_wins_over_the_ratio_and_a_bad_one_names_the_key
         rest_order("completion", 1.0, configured="lpt")
     from verl_pipe.trainer.knobs import StepKnobs
 
-    assert StepKnobs().fgd_rest_order == "auto" and StepKnobs(fgd_rest_order="longest").record()["fgd_rest_order"] == "longest"
+    assert StepKnobs().fgd_rest_order == "auto"
+    assert StepKnobs(fgd_rest_order="longest").record()["fgd_rest_order"] == "longest"
     with pytest.raises(ValueError, match="fgd_rest_order"):
         StepKnobs(fgd_rest_order="lpt")
+    # the bench's forced-length steps carry the configured order; a setting's knobs override it
+    from verl_pipe.bench.run import setting_knobs
+
+    wl = W.from_spec({"kind": "lognormal", "median": 40, "sigma": 1.0, "rho": 0.7, "cap": 512}, 4, 2, 0, seed=1)
+    configured = StepKnobs(fgd_rest_order="longest")
+    assert setting_knobs(configured, wl, None)["fgd_rest_order"] == "longest"
+    assert setting_knobs(configured, wl, {"name": "x", "knobs": {"fgd_rest_order": "rank"}})["fgd_rest_order"] == "rank"
 
 
 # --- repeated prompts in the forced-length workload ----------------------------------------------------------------
