@@ -648,18 +648,23 @@ def _run_cli(args, ap, overrides: list[str], seeds: list[int], modes: list[str] 
     """The runs of this invocation (its schedule, or the --slice of it); None after --dry-run."""
     t0 = time.perf_counter()
     base = args.base or BASE
-    if modes is not None and base not in modes:  # before the task is composed (which may build its assets)
-        ap.error(f"--base {base}: not among the modes run ({', '.join(modes)})")
+
+    def check_base(run_modes: list[str]) -> None:
+        if base not in run_modes:
+            ap.error(f"--base {base}: not among the modes run ({', '.join(run_modes)})")
+
+    if modes is not None:  # given: checked before the task is composed (which may build its assets)
+        check_base(modes)
     try:
         task = task_info(overrides, args.recipe)
     except ValueError as e:
         ap.error(str(e))
-    modes = modes or list(default_modes(task["granularity"]))
+    if modes is None:  # the defaults follow the task's granularity
+        modes = list(default_modes(task["granularity"]))
+        check_base(modes)
     if task["val_size"] < args.min_val_size:
         raise SystemExit(f"the task's validation set has {task['val_size']} questions ({task['val_files']}); the "
                          f"comparison needs >= {args.min_val_size} (--min-val-size to run it anyway)")
-    if base not in modes:
-        ap.error(f"--base {base}: not among the modes run ({', '.join(modes)})")
     aa = not args.no_aa and base == BASE  # the A/A arm is sync's (sync at seed + 100)
     plan = list(enumerate(st.schedule(seeds, modes, base, aa=aa, design=args.design)))
     if args.slice:
