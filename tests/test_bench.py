@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from verl_pipe.bench import run as bench
+from verl_pipe_lab.bench import run as bench
 from verl_pipe.sim.calib import (PaddedWorkload, StepShape, engine_intervals, fit_engine, fit_trainer, nonneg_lstsq,
                                    padded_tokens, sim_validation, simulate_like, trainer_cost_split,
                                    trainer_span_samples)
-from verl_pipe.bench.report import (MODES, REPORTED, check_schema, format_setting, format_sim_validation, format_sweep,
+from verl_pipe_lab.bench.report import (MODES, REPORTED, check_schema, format_setting, format_sim_validation, format_sweep,
                                     mode_entry, setting_entry, train_to_rollout_ratio)
 from verl_pipe.core.workload import from_spec
 from verl_pipe.sim.engine import CPU_TINY
@@ -395,7 +395,7 @@ def test_fit_with_a_copying_theta_k_swap():
 def test_bench_configs_name_their_stacks_and_modes(tmp_path):
     import yaml
 
-    from verl_pipe.bench.settings import CONF_DIR, load_config, stack_of
+    from verl_pipe_lab.bench.settings import CONF_DIR, load_config, stack_of
 
     cfg = load_config(CONF_DIR / "default.yaml")
     paper = [s for s in cfg["settings"] if s.get("stack") == "paper"]
@@ -414,7 +414,7 @@ def test_bench_configs_name_their_stacks_and_modes(tmp_path):
 
 
 def test_measured_peers_sit_beside_our_modes_validated_not_calibrated():
-    """verl's separate_async measured (verl_pipe/bench/peer): on-policy steps are re-simulated by the simulator's
+    """verl's separate_async measured (lab/verl_pipe_lab/bench/peer): on-policy steps are re-simulated by the simulator's
     model of it (its own rollout speed and mini-step gap fitted on them, our modes' fits untouched), the
     one-batch-ahead ones are reported with their staleness only."""
     steps = simulated_steps()
@@ -457,7 +457,7 @@ def test_measured_peers_sit_beside_our_modes_validated_not_calibrated():
 
 
 def test_paper_targets_are_checked_on_the_paper_settings_only():
-    from verl_pipe.bench.report import format_targets, paper_targets
+    from verl_pipe_lab.bench.report import format_targets, paper_targets
 
     fgd = {"reduction_vs_sync_pct": 45.0, "wait_reduction_vs_sync_pct": 70.0, "pipeline_efficiency": 0.97,
            "reduction_vs_verl_separate_async_pct": 16.0, "step_time_s": 10.0}
@@ -535,7 +535,7 @@ def test_modes_flag_picks_a_subset_in_the_configs_order_and_keeps_sync(capsys):
 
 def test_rotate_stacks_flips_the_peers_side_and_order():
     ap = bench._parser()
-    path = "conf/bench/peer_split_paper_tiny.yaml"
+    path = "lab/verl_pipe_lab/bench/conf/peer_split_paper_tiny.yaml"
     cfg, settings, _ = bench._bench_config(ap, ap.parse_args(["--config", path, "--out", "x.json"]))
     assert not cfg.get("peers_first") and settings[0]["peers"] == ["separate_sync", "tuned", "colocated"]
     cfg, settings, _ = bench._bench_config(ap, ap.parse_args(["--config", path, "--rotate-stacks", "--out", "x.json"]))

@@ -1,4 +1,4 @@
-"""``python -m verl_pipe.bench NAME``: the registry of the bench's named commands (verl_pipe/bench/commands.py).
+"""``python -m verl_pipe_lab.bench NAME``: the registry of the bench's named commands (lab/verl_pipe_lab/bench/commands.py).
 
 Pure: parses files and runs ``--help`` in a subprocess (no Ray, no model)."""
 
@@ -10,16 +10,16 @@ import sys
 import pytest
 
 from tests.checkout import ROOT
-from verl_pipe.bench import commands
-from verl_pipe.bench.commands import COMMANDS, chosen_command, register_command
+from verl_pipe_lab.bench import commands
+from verl_pipe_lab.bench.commands import COMMANDS, chosen_command, register_command
 
-TOOLS = ROOT / "verl_pipe" / "bench" / "tools"
+TOOLS = ROOT / "lab" / "verl_pipe_lab" / "bench" / "tools"
 
 
 def test_every_measurement_script_is_a_command_whose_main_takes_argv():
     scripts = {f.stem for f in TOOLS.glob("*.py") if f.stem != "__init__"}
     targets = {c.target.partition(":")[0].rpartition(".")[2]: c for c in COMMANDS.values()
-               if c.target.startswith("verl_pipe.bench.tools.")}
+               if c.target.startswith("verl_pipe_lab.bench.tools.")}
     assert set(targets) == scripts
     for name, cmd in targets.items():
         assert cmd.name == name
@@ -58,14 +58,14 @@ def _echo(argv):
 
 def test_help_lists_every_command_and_a_command_has_its_own_help():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    run = lambda *a: subprocess.run([sys.executable, "-m", "verl_pipe.bench", *a], cwd=ROOT, env=env,  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "verl_pipe_lab.bench", *a], cwd=ROOT, env=env,  # noqa: E731
                                     capture_output=True, text=True, timeout=120)
     out = run("--help")
     assert out.returncode == 0, out.stderr
     for c in COMMANDS.values():
         assert f"  {c.flag or c.name}  " in out.stdout
     out = run("paired_rounds", "--help")
-    assert out.returncode == 0 and "usage: python -m verl_pipe.bench paired_rounds" in out.stdout
+    assert out.returncode == 0 and "usage: python -m verl_pipe_lab.bench paired_rounds" in out.stdout
 
 
 def test_gpu_check_runs_where_only_torch_and_transformers_are():
@@ -73,9 +73,9 @@ def test_gpu_check_runs_where_only_torch_and_transformers_are():
     accelerator machine with torch and transformers only)."""
     code = ("import runpy, sys\n"
             "for m in ('verl', 'ray', 'vllm', 'yaml', 'omegaconf', 'hydra'): sys.modules[m] = None\n"
-            "sys.argv = ['python -m verl_pipe.bench', 'gpu_check', '--help']\n"
-            "runpy.run_module('verl_pipe.bench', run_name='__main__')\n")
+            "sys.argv = ['python -m verl_pipe_lab.bench', 'gpu_check', '--help']\n"
+            "runpy.run_module('verl_pipe_lab.bench', run_name='__main__')\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "usage: python -m verl_pipe.bench gpu_check" in out.stdout
+    assert "usage: python -m verl_pipe_lab.bench gpu_check" in out.stdout

@@ -1,4 +1,4 @@
-"""The multi-turn bench setting (conf/bench/multiturn.yaml, verl_pipe/bench/multiturn.py, multiturn_sim.py): it
+"""The multi-turn bench setting (lab/verl_pipe_lab/bench/conf/multiturn.yaml, lab/verl_pipe_lab/bench/multiturn.py, multiturn_sim.py): it
 composes on the multi-turn recipe (ours and the peer's) and passes our and verl's config checks; bad settings are
 refused naming the key; the analysis (FGD's effect, CGP+FGD vs the peer, the simulator's error per metric) on
 synthetic steps, and the calibration recovering a known engine from simulated steps. No Ray, no model."""
@@ -7,8 +7,8 @@ import pytest
 import yaml
 from omegaconf import OmegaConf, open_dict
 
-from verl_pipe.bench import multiturn as mtb
-from verl_pipe.bench import multiturn_sim as mts
+from verl_pipe_lab.bench import multiturn as mtb
+from verl_pipe_lab.bench import multiturn_sim as mts
 from verl_pipe.config import validate
 
 
@@ -59,7 +59,7 @@ def test_bad_settings_are_refused(cfg, tmp_path, change, match):
 
 
 def test_the_peer_runs_the_rounds_batches_on_the_recipe_with_the_multiturn_node(cfg):
-    from verl_pipe.bench.peer.runner import compose_spec, workload_seed
+    from verl_pipe_lab.bench.peer.runner import compose_spec, workload_seed
 
     spec = mtb.peer_spec(cfg, "onpolicy", repeats=3)
     warm = cfg["warmup_steps"] + cfg["calibration_steps"]
@@ -202,7 +202,7 @@ def test_the_calibration_recovers_the_engine_and_the_analysis_its_steps(cfg, tmp
 
 
 def test_the_peers_measured_steps_become_rounds_and_a_failure_is_reported(cfg, monkeypatch):
-    import verl_pipe.bench.peer as peer
+    import verl_pipe_lab.bench.peer as peer
 
     rounds = [{"round": r, "seed": r, "tasks": [f"train/{r}{g}" for g in range(2)]} for r in range(2)]
     metrics = {k: 1.0 for k in mtb.FIGURES}

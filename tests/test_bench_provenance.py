@@ -1,12 +1,12 @@
-"""What a bench result records about its stacks and host (verl_pipe/bench/provenance.py), on a fake composed config:
+"""What a bench result records about its stacks and host (lab/verl_pipe_lab/bench/provenance.py), on a fake composed config:
 no Hydra, Ray or vLLM."""
 
 import json
 
 from omegaconf import OmegaConf
 
-from verl_pipe.bench import run as bench
-from verl_pipe.bench.provenance import machine, stack_record
+from verl_pipe_lab.bench import run as bench
+from verl_pipe_lab.bench.provenance import machine, stack_record
 from tests.test_bench import SHAPE, simulated_steps
 
 

@@ -1,15 +1,15 @@
-"""The queue-bound bench config (conf/bench/queue.yaml) and the preemption counts it records: pure checks
+"""The queue-bound bench config (lab/verl_pipe_lab/bench/conf/queue.yaml) and the preemption counts it records: pure checks
 (the config loads, its stacks compose and validate, a queue exists on each, its results conform), nothing runs."""
 
 import json
 
 import pytest
 
-from verl_pipe.bench import run as bench
+from verl_pipe_lab.bench import run as bench
 from verl_pipe.sim.calib import PaddedWorkload
-from verl_pipe.bench.preemptions import PREEMPTIONS, counter_total, step_delta
-from verl_pipe.bench.report import check_schema, format_setting
-from verl_pipe.bench.sim_windows import stack_shape
+from verl_pipe_lab.bench.preemptions import PREEMPTIONS, counter_total, step_delta
+from verl_pipe_lab.bench.report import check_schema, format_setting
+from verl_pipe_lab.bench.sim_windows import stack_shape
 from verl_pipe.config import validate
 from verl_pipe.core.workload import from_spec
 from verl_pipe.launch.session import compose

@@ -1,5 +1,5 @@
 """The bench JSONs in docs/bench whose per-step files are kept (gzipped beside them, ``NAME_steps_DATE.json.gz``)
-regenerate from those steps: ``python -m verl_pipe.bench --reanalyze STEPS.json.gz --config BENCH.yaml`` (the bench
+regenerate from those steps: ``python -m verl_pipe_lab.bench --reanalyze STEPS.json.gz --config BENCH.yaml`` (the bench
 YAML the JSON recorded under ``config.bench_config``) rebuilds every figure of the JSON. The JSONs whose steps were
 not kept are the ones docs/metrics.md lists as such. No Ray, no vLLM: the analysis and the simulator only."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from verl_pipe.bench.run import BenchRunner, main
+from verl_pipe_lab.bench.run import BenchRunner, main
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "docs" / "bench"
@@ -20,7 +20,7 @@ NOT_FIGURES = {"elapsed_s", "steps_file", "reanalysis", "env", "charts"}  # char
 
 
 def bench_results() -> list[Path]:
-    """docs/bench's results of ``python -m verl_pipe.bench`` (not the learning curves, soaks or span tables)."""
+    """docs/bench's results of ``python -m verl_pipe_lab.bench`` (not the learning curves, soaks or span tables)."""
     out = []
     for p in sorted(BENCH.glob("*.json")):
         with open(p) as f:

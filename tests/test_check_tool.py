@@ -27,8 +27,8 @@ def test_files_map_to_the_modules_that_run_them():
     assert m("verl_pipe/rollout/tool_agent.py") == (), "the GPU tool recipe's loop: no CPU e2e runs it"
     assert "test_multinode" in m("verl_pipe/launch/stop_request.py")
     assert "test_zz_signals" in m("verl_pipe/main_grpo.py")
-    assert m("verl_pipe/bench/peer/runner.py") == ("test_bench_smoke",)
-    assert m("verl_pipe/bench/tools/pad_bench.py") == (), "measurement scripts: no e2e module runs them"
+    assert m("lab/verl_pipe_lab/bench/peer/runner.py") == ("test_bench_smoke",)
+    assert m("lab/verl_pipe_lab/bench/tools/pad_bench.py") == (), "measurement scripts: no e2e module runs them"
     assert m("verl_pipe/some_new_module.py") == check.CORE_E2E, "code no rule names: the step's modules"
     assert check.plan(["docs/x.md", "verl_pipe/trainer/checkpoints.py"]) == {
         "test_faults": ["verl_pipe/trainer/checkpoints.py"], "test_pipeline": ["verl_pipe/trainer/checkpoints.py"],

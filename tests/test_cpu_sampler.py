@@ -1,4 +1,4 @@
-"""The /proc sampler (verl_pipe/bench/cpu_sampler.py) on synthetic /proc trees, and once on the real one."""
+"""The /proc sampler (lab/verl_pipe_lab/bench/cpu_sampler.py) on synthetic /proc trees, and once on the real one."""
 
 import json
 import os
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from verl_pipe.bench.cpu_sampler import (DRIVER, SamplerProcess, descendants, format_overlap, interval_cores,
+from verl_pipe_lab.bench.cpu_sampler import (DRIVER, SamplerProcess, descendants, format_overlap, interval_cores,
                                          load_samples, overlap_cores, parse_stat, read_procs, snapshot,
                                          step_cpu_seconds)
 
@@ -29,7 +29,7 @@ def fake_proc(root, procs):
 
 
 TREE = {
-    100: ("python", 1, 500, 10, ["python", "-m", "verl_pipe.bench"]),
+    100: ("python", 1, 500, 10, ["python", "-m", "verl_pipe_lab.bench"]),
     101: ("raylet", 100, 50, 11, ["/venv/bin/raylet", "--foo"]),
     102: ("ray::WorkerDic", 101, 1000, 12, ["ray::WorkerDict.update_actor"]),
     103: ("ray::vLLMHttpSe", 101, 300, 13, ["ray::vLLMHttpServer"]),
@@ -130,8 +130,8 @@ def test_the_sampler_process_sees_this_process_work(tmp_path):
 
 
 def test_bench_results_carry_cores_during_overlap_per_mode():
-    from verl_pipe.bench import run as bench
-    from verl_pipe.bench.report import check_schema
+    from verl_pipe_lab.bench import run as bench
+    from verl_pipe_lab.bench.report import check_schema
     from tests.test_bench import SHAPE, simulated_steps
 
     steps = [s for s in simulated_steps(("sync", "cgp")) if s["setting"] == "longtail-a"]

@@ -1,4 +1,4 @@
-"""``python -m verl_pipe.bench driver_microbench`` (verl_pipe/bench/tools/driver_microbench.py) runs the real rollout
+"""``python -m verl_pipe_lab.bench driver_microbench`` (lab/verl_pipe_lab/bench/tools/driver_microbench.py) runs the real rollout
 driver (stream._StepRun over RolloutCore and the admission policy) on a fake engine, every layer to the step's end: a
 small run of each, no Ray, no vLLM."""
 
@@ -11,7 +11,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def bench():
-    return importlib.import_module("verl_pipe.bench.tools.driver_microbench")
+    return importlib.import_module("verl_pipe_lab.bench.tools.driver_microbench")
 
 
 def _args(**kw):

@@ -2,7 +2,8 @@
 
 Counted from the ``def`` line to the function's last line (decorators left out, docstring and comments included),
 for every function and method, nested ones too (a nested function counts inside its parent as well). The project's
-code is what the wheel ships (verl_pipe/, hydra_plugins/, conf/ and recipes/ as pyproject maps them) and tools/.
+code is what the wheel ships (verl_pipe/, hydra_plugins/, conf/ and recipes/ as pyproject maps them), the lab beside
+it (lab/) and tools/.
 
 A function that is long for a reason says so in its docstring, on a line of its own that starts ``Long because:``
 followed by the reason (e.g. ``Long because: one linear protocol whose steps share a dozen locals``). An empty
@@ -19,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MAX_LINES = 60
 REASON = "Long because:"
 _PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-DIRS = sorted({ROOT / "verl_pipe", ROOT / "hydra_plugins", ROOT / "tools",
+DIRS = sorted({ROOT / "verl_pipe", ROOT / "hydra_plugins", ROOT / "tools", ROOT / "lab",
                *(ROOT / d for d in _PYPROJECT["package-dir"].values())})
 
 # Over the limit, without a stated reason yet, each to be split (or given its reason) by whoever works on that code

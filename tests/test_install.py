@@ -44,13 +44,18 @@ def installed(tmp_path_factory) -> Path:
                     "-w", str(wheels), str(src)], check=True, env=env, timeout=600)
     (wheel,) = wheels.glob("verl_pipe-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for data in ("verl_pipe/conf/rolloutpipe_trainer.yaml", "verl_pipe/conf/bench/default.yaml",
+    for data in ("verl_pipe/conf/rolloutpipe_trainer.yaml",
                  "verl_pipe/conf/sim/cluster_grid.yaml", "verl_pipe/recipes/qwen3_1p7b_gsm8k_4x4.yaml",
                  "verl_pipe/recipes/run_qwen3_1p7b_gsm8k_4x4.sh", "verl_pipe/recipes/lib/fetch_model.sh",
                  "verl_pipe/recipes/lib/multiturn_agent_loops.yaml",
                  "verl_pipe/recipes/tiny_cpu_multiturn_cgp_fgd.yaml",
                  "hydra_plugins/verl_pipe_searchpath/verl_pipe_searchpath.py"):
         assert data in names, f"the wheel lacks {data}"
+    # The runtime's wheel ships no lab (lab/, its own distribution): no module of it, no bench config, no bench.
+    lab = [n for n in names if n.startswith(("verl_pipe_lab/", "verl_pipe/bench/", "verl_pipe/conf/bench/", "lab/"))
+           or "/bench/" in n]
+    assert not lab, f"the runtime's wheel carries the lab: {lab[:10]}"
+    assert any(n.startswith("verl_pipe/core/") for n in names)  # (the listing is the runtime's)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
     vpy = venv / "bin" / "python"
     site = subprocess.run([str(vpy), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],

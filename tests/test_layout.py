@@ -1,5 +1,7 @@
 """The repository's layout: conf/ and recipes/ at the top level ship as verl_pipe.conf and verl_pipe.recipes
 (pyproject's package-dir), pyproject lists every package of the tree, and verl_pipe's modules import no circle.
+Two packages: the runtime (verl_pipe, pyproject.toml) and the lab beside it (verl_pipe_lab, lab/pyproject.toml), which
+imports the runtime; the runtime never imports the lab.
 
 Pure: reads files and imports verl_pipe.conf / verl_pipe.recipes (no Ray, no model). The wheel itself is built and
 run outside the checkout in tests/test_install.py.
@@ -15,16 +17,19 @@ import verl_pipe.recipes
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+LAB = ROOT / "lab"  # the lab's distribution (verl-pipe-lab): its pyproject and its one package
+LAB_PYPROJECT = tomllib.loads((LAB / "pyproject.toml").read_text())["tool"]["setuptools"]
 # Where each package's directory is: the mapped ones (package-dir) and, for the rest, their own name's path.
 ROOTS = {"verl_pipe": ROOT / "verl_pipe", "hydra_plugins": ROOT / "hydra_plugins",
          **{pkg: ROOT / path for pkg, path in PYPROJECT["package-dir"].items()}}
+LAB_ROOTS = {"verl_pipe_lab": LAB / "verl_pipe_lab"}
 
 
-def _tree_packages() -> set[str]:
+def _tree_packages(roots: dict[str, Path] = ROOTS) -> set[str]:
     """Each root (hydra_plugins is a namespace package) and every directory under one that holds a file (not
     bytecode): each is a package of the wheel."""
     found = set()
-    for pkg, d in ROOTS.items():
+    for pkg, d in roots.items():
         for sub in [d, *d.rglob("*")]:
             if sub == d or sub.is_dir() and "__pycache__" not in sub.parts and any(
                     f.is_file() and f.suffix != ".pyc" for f in sub.iterdir()):
@@ -42,6 +47,21 @@ def test_conf_and_recipes_live_at_the_top_level():
 
 def test_pyproject_lists_every_package_of_the_tree():
     assert set(PYPROJECT["packages"]) == _tree_packages()
+    assert set(LAB_PYPROJECT["packages"]) == _tree_packages(LAB_ROOTS)
+    assert "package-dir" not in LAB_PYPROJECT  # the lab's packages sit under lab/ by their own names
+
+
+def test_the_lab_is_a_package_apart():
+    """The runtime's wheel lists no lab package and no bench config; the lab's lists only its own. A leftover
+    verl_pipe/bench or conf/bench (even holding only __pycache__) would be found as a namespace package."""
+    assert not [p for p in PYPROJECT["packages"] if p.startswith("verl_pipe_lab") or ".bench" in p]
+    assert not any("bench" in glob for globs in PYPROJECT["package-data"].values() for glob in globs)
+    assert all(p == "verl_pipe_lab" or p.startswith("verl_pipe_lab.") for p in LAB_PYPROJECT["packages"])
+    for leftover in (ROOT / "verl_pipe" / "bench", ROOT / "conf" / "bench"):
+        assert not leftover.exists(), f"{leftover.relative_to(ROOT)} is left from before the lab moved to lab/"
+    lab = tomllib.loads((LAB / "pyproject.toml").read_text())["project"]
+    runtime = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert lab["name"] == "verl-pipe-lab" and runtime["name"] in lab["dependencies"]
 
 
 def _files(d: Path) -> dict[str, bytes]:
@@ -71,8 +91,9 @@ def test_conf_and_recipes_come_from_the_same_tree_as_verl_pipe():
 
 
 def _modules() -> dict[str, Path]:
+    """Every module of the runtime (verl_pipe) and of the lab (verl_pipe_lab): name -> file."""
     mods = {}
-    for pkg, d in ROOTS.items():
+    for pkg, d in {**ROOTS, **LAB_ROOTS}.items():
         if not pkg.startswith("verl_pipe"):
             continue
         for f in d.rglob("*.py"):
@@ -84,8 +105,8 @@ def _modules() -> dict[str, Path]:
 
 
 def test_no_import_circles():
-    """No module of verl_pipe imports, at any level (function-level imports included), one that imports it back
-    (e.g. bench/run.py <-> bench/peer: both take the bench YAML's helpers from bench/settings.py). Importing a
+    """No module of verl_pipe or verl_pipe_lab imports, at any level (function-level imports included), one that
+    imports it back (e.g. bench/run.py <-> bench/peer: both take the bench YAML's helpers from bench/settings.py). Importing a
     submodule imports its parent packages first; that is not counted."""
     mods = _modules()
     edges = {m: set() for m in mods}
@@ -118,9 +139,10 @@ def test_no_import_circles():
 
 
 def test_peer_configurations_are_the_variant_tables():
-    """bench/settings.py checks a setting's ``peers`` against the variant table, not bench/peer (no circle)."""
-    from verl_pipe.bench.peer.configs import CONFIGS
-    from verl_pipe.core.variants import PEER_MODE_NAMES
+    """bench/settings.py checks a setting's ``peers`` against the lab's variant columns (verl_pipe_lab.bench.variants),
+    not bench/peer (no circle)."""
+    from verl_pipe_lab.bench.peer.configs import CONFIGS
+    from verl_pipe_lab.bench.variants import PEER_MODE_NAMES
 
     assert set(CONFIGS) == set(PEER_MODE_NAMES)
 
@@ -160,7 +182,7 @@ LAYERS = (
      "verl_pipe.data_check"),
     ("verl_pipe.launch", "verl_pipe.main_grpo"),
     ("verl_pipe.sim", "verl_pipe.plan"),
-    ("verl_pipe.bench",),
+    ("verl_pipe_lab",),  # the lab (lab/, a package of its own): above the whole runtime
 )
 # Imports against the layers still being mended, each with where it goes: (importer, imported). Only shrinks.
 PENDING: set[tuple[str, str]] = set()
@@ -192,13 +214,14 @@ def _imports(f: Path, module: str) -> list[tuple[int, str]]:
                 parts = pkg.split(".")
                 base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
             out += [(node.lineno, f"{base}.{a.name}") for a in node.names] + [(node.lineno, base)]
-    return [(line, n) for line, n in out if n.startswith("verl_pipe")]
+    return [(line, n) for line, n in out if n.split(".")[0] in ("verl_pipe", "verl_pipe_lab")]
 
 
 def test_every_module_has_a_layer_and_the_root_few():
     mods = _modules()
     assert not [m for m in mods if m.startswith("verl_pipe") and not m.startswith(("verl_pipe.conf", "verl_pipe.recipes"))
                 and m != "verl_pipe" and _layer(m) is None], "a package outside LAYERS"
+    assert any(m.startswith("verl_pipe_lab.bench.peer.") for m in mods)  # the lab's modules are scanned too
     loose = {f.stem for f in (ROOT / "verl_pipe").glob("*.py")}
     assert loose <= LOOSE, f"modules loose at the package root beyond {sorted(LOOSE)}: {sorted(loose - LOOSE)}"
     assert len(LOOSE - {"__init__"}) <= 6
@@ -206,8 +229,8 @@ def test_every_module_has_a_layer_and_the_root_few():
 
 def test_imports_only_go_down_the_layers():
     """core -> platform, assets -> rollout, trainer (with config, config_keys, estimators, data_check) -> launch -> sim, plan -> bench:
-    a module imports, at any level (function-level included), only modules of its own layer or below. The runtime
-    never imports the lab: nothing outside verl_pipe.bench imports it."""
+    a module imports, at any level (function-level included), only modules of its own layer or below. The lab
+    (verl_pipe_lab) is the top layer: the runtime never imports it (test_the_runtime_never_imports_the_lab)."""
     bad = []
     for m, f in _modules().items():
         mine = _layer(m)
@@ -221,6 +244,32 @@ def test_imports_only_go_down_the_layers():
     assert not bad, "imports against the layers:\n" + "\n".join(sorted(set(bad)))
 
 
+def test_the_runtime_never_imports_the_lab():
+    """No module of verl_pipe imports verl_pipe_lab, at any level, nor names one of its modules in a string (an
+    ``importlib`` target, a ``module:function`` or a dotted class path): the runtime runs with the lab not installed."""
+    bad = []
+    for m, f in _modules().items():
+        if m.split(".")[0] != "verl_pipe":
+            continue
+        bad += [f"{f.relative_to(ROOT)}:{line} imports {name}" for line, name in _imports(f, m)
+                if name.split(".")[0] == "verl_pipe_lab"]
+        bad += [f"{f.relative_to(ROOT)}:{node.lineno} names {node.value!r}" for node in ast.walk(ast.parse(f.read_text()))
+                if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and node.value.split(".")[0].split(":")[0] == "verl_pipe_lab"]
+    assert not bad, "the runtime reaches into the lab:\n" + "\n".join(bad)
+    runtime = [_layer(m) for m in _modules() if m.split(".")[0] == "verl_pipe" and _layer(m) is not None]
+    assert _layer("verl_pipe_lab.bench.run") > max(runtime)
+
+
+def test_the_layer_scan_sees_an_import_of_the_lab(tmp_path):
+    """The scan above flags a function-level import of the lab in a runtime module (so an empty result means
+    something)."""
+    f = tmp_path / "x.py"
+    f.write_text("def f():\n    from verl_pipe_lab.bench import run\n    import verl_pipe_lab\n")
+    assert sorted(n for _, n in _imports(f, "verl_pipe.trainer.x")) == [
+        "verl_pipe_lab", "verl_pipe_lab.bench", "verl_pipe_lab.bench.run"]
+
+
 def test_nothing_imports_an_entry_point():
     """An entry point (``__main__``) may sit above its package's layer (``_layer``) only because it is a root: no
     module imports one that is lifted so (the planner's own modules share plan/__main__'s run_plan, in one layer)."""
@@ -230,7 +279,7 @@ def test_nothing_imports_an_entry_point():
            for line, name in _imports(f, m) if any(name == e or name.startswith(e + ".") for e in lifted)]
     assert not bad, bad
     assert _layer("verl_pipe.assets.__main__") == LAUNCH_LAYER and _layer("verl_pipe.assets") < LAUNCH_LAYER
-    assert _layer("verl_pipe.bench.__main__") == _layer("verl_pipe.bench")
+    assert _layer("verl_pipe_lab.bench.__main__") == _layer("verl_pipe_lab.bench")
 
 
 def _name_literals(node: ast.AST, names: set[str]) -> list[str]:
@@ -260,7 +309,7 @@ def _branched_names(node: ast.AST, names: set[str]) -> list[str]:
 
 def test_no_branch_on_a_mode_name_outside_variants():
     """One vocabulary: every branch on a mode or variant name (``==``, ``!=``, ``in``, a dict literal keyed by names
-    and looked up at once) happens in verl_pipe/core/variants.py; elsewhere code asks the variant table
+    and looked up at once) happens in verl_pipe/core/variants.py; elsewhere (the lab too) code asks the variant table
     (``pipelines(mode)``, ``Variant.fgd``, ``of_row(row).colocated``, ``BASE``, ...). Names as JSON keys, as
     arguments, or in a tuple of rows to lay out are not branches."""
     from verl_pipe.core.variants import PLAN_ROWS, TRAINER_MODES, VARIANTS
@@ -269,7 +318,7 @@ def test_no_branch_on_a_mode_name_outside_variants():
     assert "verl_one_step_off" in names  # the planner's own row name for verl_separate_async_1off
     table = ROOT / "verl_pipe" / "core" / "variants.py"
     bad = []
-    for f in sorted((ROOT / "verl_pipe").rglob("*.py")):
+    for f in sorted([*(ROOT / "verl_pipe").rglob("*.py"), *LAB.rglob("*.py")]):
         if f == table:
             continue
         for node in ast.walk(ast.parse(f.read_text())):

@@ -1,4 +1,4 @@
-"""The learning comparison's pure parts (verl_pipe/bench/learn.py, verl_pipe/bench/peer/learn.py): the
+"""The learning comparison's pure parts (lab/verl_pipe_lab/bench/learn.py, lab/verl_pipe_lab/bench/peer/learn.py): the
 pre-registered analysis over runs, the per-step rows of our modes and of verl's peer, merging parts, the CLI's
 refusals. No Ray."""
 
@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from verl_pipe.bench import learn_stats as st
-from verl_pipe.bench.learn_charts import HEADLINE_MODES
-from verl_pipe.bench.learn import (LEARN_MODES, PEER_MODE, STEP_KEYS, VAL_KEY, compare,
+from verl_pipe_lab.bench import learn_stats as st
+from verl_pipe_lab.bench.learn_charts import HEADLINE_MODES
+from verl_pipe_lab.bench.learn import (LEARN_MODES, PEER_MODE, STEP_KEYS, VAL_KEY, compare,
                                    length_prediction, merge, run_overrides, sd_estimates, step_row, val_key)
 from verl_pipe.core.variants import BASE, variant
+from verl_pipe_lab.bench.variants import peer_config
 
 
 def _run(mode, seed, vals, step_s=1.0, val_every=5, before=0.3, arm="main"):
@@ -63,7 +64,7 @@ def test_an_equivalent_faster_mode_passes_and_reaches_sooner():
 
 
 def test_fgds_own_gain_over_cgp_is_paired_beside_the_tests_and_reported():
-    from verl_pipe.bench.learn import format_report
+    from verl_pipe_lab.bench.learn import format_report
 
     runs = _runs(("sync", "cgp", "cgp_fgd"), speed={"cgp": 0.8, "cgp_fgd": 0.6})
     lp = {"history": {"groups": 96, "rank_correlation": 0.71}, "siblings": {"groups": 128, "rank_correlation": 0.8},
@@ -171,7 +172,7 @@ def test_the_modes_come_from_the_variant_table():
 def test_the_default_fifo_arm_runs_the_recipes_granularity():
     # cgp_fgd takes the recipe's granularity; the FIFO arm it is compared with must run the same one, or
     # "cgp_fgd vs the FIFO arm" measures FGD and granularity together
-    from verl_pipe.bench.learn import compose_task, default_modes
+    from verl_pipe_lab.bench.learn import compose_task, default_modes
 
     assert default_modes("minibatch") == (BASE, "cgp", "cgp_fgd", PEER_MODE)
     assert default_modes("group") == (BASE, "cgp_group", "cgp_fgd", PEER_MODE)
@@ -201,7 +202,7 @@ def test_run_overrides_compose(mode):
 @pytest.mark.parametrize("mode", [m for m in LEARN_MODES if variant(m).ours])
 def test_the_variant_decides_the_mode_whatever_the_recipe(mode):
     # tiny_cpu_cgp_fgd turns CGP and FGD on; each run's mode is its variant's
-    from verl_pipe.bench.learn import compose_task
+    from verl_pipe_lab.bench.learn import compose_task
 
     cfg = compose_task(["rolloutpipe.workload=null", *run_overrides(mode, 0, 10, 5)], recipe="tiny_cpu_cgp_fgd")
     v = variant(mode)
@@ -211,7 +212,7 @@ def test_the_variant_decides_the_mode_whatever_the_recipe(mode):
 def test_the_task_must_let_the_model_decide_lengths_and_exist():
     from omegaconf import OmegaConf
 
-    from verl_pipe.bench.learn import TASK_KEY, compose_task, task_overrides
+    from verl_pipe_lab.bench.learn import TASK_KEY, compose_task, task_overrides
     from verl_pipe.launch.session import compose
 
     with pytest.raises(ValueError, match="rolloutpipe.workload"):
@@ -229,11 +230,11 @@ def test_the_task_must_let_the_model_decide_lengths_and_exist():
 
 
 def test_peer_spec_puts_the_learning_keys_after_the_peers_own():
-    from verl_pipe.bench.learn import run_keys
-    from verl_pipe.bench.peer.learn import LEARN_CONFIG, TRAINER_CLS, learn_spec
-    from verl_pipe.bench.peer.runner import compose_spec
+    from verl_pipe_lab.bench.learn import run_keys
+    from verl_pipe_lab.bench.peer.learn import LEARN_CONFIG, TRAINER_CLS, learn_spec
+    from verl_pipe_lab.bench.peer.runner import compose_spec
 
-    spec = learn_spec([], run_keys(PEER_MODE, 3, 20, 5), 20, 3, config=variant(PEER_MODE).peer_config)
+    spec = learn_spec([], run_keys(PEER_MODE, 3, 20, 5), 20, 3, config=peer_config(PEER_MODE))
     assert spec["config"] == LEARN_CONFIG and spec["workload"] is None and spec["trainer_cls"] == TRAINER_CLS
     cfg = compose_spec(spec)
     # the peer's speed-bench settings turn validation off; the learning run's keys win
@@ -243,10 +244,10 @@ def test_peer_spec_puts_the_learning_keys_after_the_peers_own():
     assert cfg.actor_rollout_ref.rollout.seed == 1003 and spec["config_name"] is None
     # the task's recipe reaches the peer as it reaches our modes
     spec = learn_spec(["rolloutpipe.workload=null"], run_keys(PEER_MODE, 3, 20, 5), 20, 3,
-                      config=variant(PEER_MODE).peer_config, config_name="tiny_cpu_cgp_fgd")
+                      config=peer_config(PEER_MODE), config_name="tiny_cpu_cgp_fgd")
     assert compose_spec(spec).rolloutpipe.fgd.window == 32  # set by that recipe only
     # verl's parameter_sync_step follows the recipe's own batch shape (the chain recipe: 32 prompts, mini-batches of 8)
-    spec = learn_spec([], run_keys(PEER_MODE, 0, 40, 5), 40, 0, config=variant(PEER_MODE).peer_config,
+    spec = learn_spec([], run_keys(PEER_MODE, 0, 40, 5), 40, 0, config=peer_config(PEER_MODE),
                       config_name="tiny_cpu_chain")
     cfg = compose_spec(spec)
     sync_step = cfg.trainer.v1.separate_async.parameter_sync_step
@@ -256,7 +257,7 @@ def test_peer_spec_puts_the_learning_keys_after_the_peers_own():
 
 
 def test_peer_rows_take_verls_metrics_and_exclude_validation_time():
-    from verl_pipe.bench.peer.learn import learn_rows
+    from verl_pipe_lab.bench.peer.learn import learn_rows
 
     def rec(step, t_end, val_total, val=None, val_s=None, before=None):
         return {"step": step, "metrics": {"rollout_to_train_end_s": 2.0, "trainer_wait_ratio": 0.1,
@@ -305,7 +306,7 @@ def test_merge_joins_parts_and_refuses_mismatches():
 
 
 def test_merge_replaces_a_named_run_by_a_later_parts_rerun_and_keeps_the_old_one():
-    from verl_pipe.bench.learn import parse_supersede
+    from verl_pipe_lab.bench.learn import parse_supersede
 
     a = {"steps": 30, "val_every": 5, "task": {"val_sha256_16": "x"}, "out": "p0.json",
          "runs": _runs(("sync", "cgp_fgd"), seeds=[0, 1])}
@@ -334,7 +335,7 @@ def test_merge_replaces_a_named_run_by_a_later_parts_rerun_and_keeps_the_old_one
 
 
 def test_cli_refuses_too_few_validations_and_unknown_modes(tmp_path):
-    from verl_pipe.bench.learn import cli
+    from verl_pipe_lab.bench.learn import cli
 
     with pytest.raises(SystemExit):
         cli(["--learn", "--out", str(tmp_path / "x.json"), "--modes", "sync,nope"])
@@ -343,7 +344,7 @@ def test_cli_refuses_too_few_validations_and_unknown_modes(tmp_path):
 
 
 def test_cli_reanalyzes_a_saved_comparison(tmp_path, capsys):
-    from verl_pipe.bench.learn import cli
+    from verl_pipe_lab.bench.learn import cli
 
     saved = tmp_path / "in.json"
     saved.write_text(json.dumps({"steps": 30, "seeds": [0, 1, 2, 3, 4], "val_every": 5, "val_size": 512,
@@ -357,8 +358,8 @@ def test_cli_reanalyzes_a_saved_comparison(tmp_path, capsys):
 
 def test_cli_pairs_against_another_base_and_refuses_one_not_run(tmp_path, capsys, monkeypatch):
     # --base cgp_group: FGD against FIFO admission (issue 41), every mode paired with the base, no A/A arm
-    from verl_pipe.bench import learn
-    from verl_pipe.bench.learn import cli
+    from verl_pipe_lab.bench import learn
+    from verl_pipe_lab.bench.learn import cli
 
     saved = tmp_path / "in.json"
     saved.write_text(json.dumps({"steps": 30, "seeds": [0, 1, 2, 3, 4], "val_every": 5, "val_size": 512,
@@ -385,7 +386,7 @@ def test_cli_pairs_against_another_base_and_refuses_one_not_run(tmp_path, capsys
 
 
 def test_a_slice_of_the_schedule_keeps_its_order():
-    from verl_pipe.bench.learn import slice_plan
+    from verl_pipe_lab.bench.learn import slice_plan
 
     plan = list(enumerate(st.schedule([0, 1], ["sync", "cgp"], "sync")))
     assert slice_plan(plan, "1:4") == plan[1:4] and slice_plan(plan, "4:") == plan[4:]
@@ -398,7 +399,7 @@ def test_a_slice_of_the_schedule_keeps_its_order():
 def test_one_seed_two_modes_go_from_runs_to_json_report_and_charts(tmp_path, capsys):
     # the smoke's shape (docs/learning.md): 1 seed, sync and cgp_fgd, 2 steps validated every step; no TOST (one
     # pair), but the report, the times, the JSON and both charts
-    from verl_pipe.bench.learn import analyze_and_write
+    from verl_pipe_lab.bench.learn import analyze_and_write
 
     runs = [_run("sync", 0, [0.55, 0.6], val_every=1, before=0.5),
             _run("cgp_fgd", 0, [0.6, 0.62], step_s=0.8, val_every=1, before=0.5)]
@@ -423,7 +424,7 @@ KEPT = [Path(__file__).resolve().parents[1] / "docs" / "bench" / "learn_plumbing
 def test_a_kept_real_run_reanalyzes_to_what_it_saved(path, tmp_path):
     # the real stack's JSON goes through today's analysis and charts: a change to the run records, to compare or
     # to the charts that would break --merge/--reanalyze of the full comparison's parts fails here
-    from verl_pipe.bench.learn import cli
+    from verl_pipe_lab.bench.learn import cli
 
     kept = json.loads(path.read_text())
     assert {r["mode"] for r in kept["runs"]} >= {BASE, "cgp_fgd"} and kept["task"]["val_size"] >= 128
@@ -462,10 +463,10 @@ def test_length_prediction_summarizes_a_runs_group_records_per_source():
 
 
 def test_the_readme_chart_puts_comparisons_side_by_side_and_refuses_a_part(tmp_path, capsys):
-    # python -m verl_pipe.bench.learn_charts: one panel per merged comparison; a part with no comparison is refused
+    # python -m verl_pipe_lab.bench.learn_charts: one panel per merged comparison; a part with no comparison is refused
     # with its path named, nothing written
-    from verl_pipe.bench.learn import analyze_and_write
-    from verl_pipe.bench.learn_charts import main, panel_title
+    from verl_pipe_lab.bench.learn import analyze_and_write
+    from verl_pipe_lab.bench.learn_charts import main, panel_title
 
     paths = []
     for i, step_s in enumerate((1.0, 1.5)):

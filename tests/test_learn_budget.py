@@ -1,11 +1,11 @@
-"""verl_pipe.bench.learn_budget: the learning bench's step lines read back per run, and the budget per mode."""
+"""verl_pipe_lab.bench.learn_budget: the learning bench's step lines read back per run, and the budget per mode."""
 
 import json
 import math
 
 import pytest
 
-from verl_pipe.bench.learn_budget import budget, collect, main, runs_of_log, step_metrics, uncontended_step_s
+from verl_pipe_lab.bench.learn_budget import budget, collect, main, runs_of_log, step_metrics, uncontended_step_s
 
 
 def _line(step, busy, tokens, rollout_end=4.0, first=1.0, left=2.0, total=7.0, prefix="(PipeTaskRunner pid=1) "):
@@ -81,7 +81,7 @@ def test_no_timeline_in_the_logs_is_an_error(tmp_path, capsys):
 
 
 def test_drift_pairs_step_time_and_length_by_seed_per_window():
-    from verl_pipe.bench.learn_budget import drift
+    from verl_pipe_lab.bench.learn_budget import drift
 
     def run(mode, seed, step_s, length, arm="main"):
         return {"mode": mode, "seed": seed, "arm": arm,

@@ -1,11 +1,11 @@
-"""The learning comparison's pre-registered statistics (verl_pipe/bench/learn_stats.py): pure, no Ray."""
+"""The learning comparison's pre-registered statistics (lab/verl_pipe_lab/bench/learn_stats.py): pure, no Ray."""
 
 import math
 import random
 
 import pytest
 
-from verl_pipe.bench import learn_stats as st
+from verl_pipe_lab.bench import learn_stats as st
 
 
 def test_t_distribution_matches_tables():

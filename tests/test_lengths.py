@@ -225,7 +225,7 @@ def test_a_configured_rest_order_wins_over_the_ratio_and_a_bad_one_names_the_key
     with pytest.raises(ValueError, match="fgd_rest_order"):
         StepKnobs(fgd_rest_order="lpt")
     # the bench's forced-length steps carry the configured order; a setting's knobs override it
-    from verl_pipe.bench.run import setting_knobs
+    from verl_pipe_lab.bench.run import setting_knobs
 
     wl = W.from_spec({"kind": "lognormal", "median": 40, "sigma": 1.0, "rho": 0.7, "cap": 512}, 4, 2, 0, seed=1)
     configured = StepKnobs(fgd_rest_order="longest")
@@ -331,7 +331,7 @@ def test_the_plug_in_example_of_extending_md_runs_as_documented():
 
 
 def test_paired_rounds_reports_the_length_predictions_rank_correlation():
-    from verl_pipe.bench.tools import paired_rounds as tool
+    from verl_pipe_lab.bench.tools import paired_rounds as tool
     rec = lambda p, a: {"source": "history", "n": 2, "predicted_tokens": p, "actual_mean_tokens": a,  # noqa: E731
                         "first_tokens": a, "first_sibling_tokens": a}
     steps = [{"setting": "s", "length_predictions": [rec(1, 10), rec(2, 30)]},
@@ -342,7 +342,7 @@ def test_paired_rounds_reports_the_length_predictions_rank_correlation():
 
 
 def test_paired_rounds_across_settings_pairs_each_mode_round_by_round():
-    from verl_pipe.bench.tools import paired_rounds as tool
+    from verl_pipe_lab.bench.tools import paired_rounds as tool
     st = lambda s, r, m, x: {"setting": s, "round": r, "mode": m, "metrics": {"rollout_to_train_end_s": x}}  # noqa
     steps = [st("off", 0, "cgp_fgd", 10.0), st("on", 0, "cgp_fgd", 9.0), st("off", 1, "cgp_fgd", 12.0),
              st("on", 1, "cgp_fgd", 10.0), st("off", 0, "cgp", 11.0), st("on", 0, "cgp", 11.5),

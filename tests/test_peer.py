@@ -1,13 +1,13 @@
-"""The verl separate_async benchmark peer's pure parts (verl_pipe/bench/peer): configurations -> overrides,
+"""The verl separate_async benchmark peer's pure parts (lab/verl_pipe_lab/bench/peer): configurations -> overrides,
 bench sizing -> runner spec, and recorded events / verl tags -> our StepTimeline metrics. No Ray."""
 
 import math
 
 import pytest
 
-from verl_pipe.bench.peer import bench_spec
-from verl_pipe.bench.peer.configs import MODE_NAMES, peer_overrides
-from verl_pipe.bench.peer.metrics import UNAVAILABLE, step_record, step_timeline, weight_versions
+from verl_pipe_lab.bench.peer import bench_spec
+from verl_pipe_lab.bench.peer.configs import MODE_NAMES, peer_overrides
+from verl_pipe_lab.bench.peer.metrics import UNAVAILABLE, step_record, step_timeline, weight_versions
 
 QUICK = ["data.train_batch_size=8", "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=2"]
 
@@ -37,7 +37,7 @@ def test_default_config_is_verls_one_batch_ahead():
 
 
 def test_tuned_and_sync_configs_run_verls_other_trainers_with_their_knobs():
-    from verl_pipe.bench.peer.configs import TUNED, VERL_STORAGE_UNITS, knobs_of
+    from verl_pipe_lab.bench.peer.configs import TUNED, VERL_STORAGE_UNITS, knobs_of
 
     t = peer_overrides("tuned", QUICK, steps=2)
     assert _value(t, "trainer.v1.trainer_mode") == "separate_async"
@@ -45,7 +45,7 @@ def test_tuned_and_sync_configs_run_verls_other_trainers_with_their_knobs():
     assert _value(t, "transfer_queue.backend.SimpleStorage.num_data_storage_units") == str(TUNED["storage_units"])
     assert _value(t, "actor_rollout_ref.rollout.agent.num_workers") == str(TUNED["agent_workers"])
     c = peer_overrides("colocated", QUICK, steps=2)
-    from verl_pipe.bench.peer.configs import AFTER_VALIDATION
+    from verl_pipe_lab.bench.peer.configs import AFTER_VALIDATION
 
     assert _value(c, "trainer.v1.trainer_mode") == "sync"
     assert AFTER_VALIDATION["sync_colocated"] == {"actor_rollout_ref.hybrid_engine": True}  # after our validation
@@ -183,7 +183,7 @@ def test_stop_runner_terminates_then_kills_the_session(ignores_sigterm):
     import subprocess
     import sys
 
-    from verl_pipe.bench.peer import stop_runner
+    from verl_pipe_lab.bench.peer import stop_runner
 
     code = ("import signal, sys, time\n"
             + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if ignores_sigterm else "")
@@ -195,7 +195,7 @@ def test_stop_runner_terminates_then_kills_the_session(ignores_sigterm):
 
 
 def test_workload_seeds_follow_the_bench():
-    from verl_pipe.bench.peer.runner import workload_seed
+    from verl_pipe_lab.bench.peer.runner import workload_seed
 
     assert [workload_seed(i, 0, 1) for i in range(4)] == [10_000, 0, 1, 2]  # warm-up, then rounds 0, 1, 2
     assert [workload_seed(i, 5, 0) for i in range(2)] == [5, 6]
@@ -203,7 +203,7 @@ def test_workload_seeds_follow_the_bench():
 
 def test_bench_spec_runs_the_peer_on_the_settings_own_stack():
     """A setting on a named stack (the paper regime) gives the peer that stack's overrides, as our modes get."""
-    from verl_pipe.bench.settings import CONF_DIR, load_config, stack_overrides
+    from verl_pipe_lab.bench.settings import CONF_DIR, load_config, stack_overrides
 
     cfg = load_config(CONF_DIR / "default.yaml")
     name = next(s["name"] for s in cfg["settings"] if s.get("stack") == "paper")

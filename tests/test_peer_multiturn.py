@@ -1,4 +1,4 @@
-"""verl's separate_async peer on the multi-turn setting (verl_pipe/bench/peer/hooks.py, runner.py): the peer's
+"""verl's separate_async peer on the multi-turn setting (lab/verl_pipe_lab/bench/peer/hooks.py, runner.py): the peer's
 agent-loop worker runs verl's own ``AgentLoopWorkerTQ._run_prompt`` (n sessions per prompt), and each session's
 trajectory gets its own sample index (verl's ``session_id``) and the bench round's episode seed, so a group gets the
 same episodes as in our modes. verl's worker code runs for real over a fake server manager, the tiny tokenizer and a
@@ -43,7 +43,7 @@ def _peer_worker(monkeypatch, cfg, server, tokenizer, recorder):
     from omegaconf import OmegaConf, open_dict
 
     import verl.trainer.ppo.v1.agent_loop_tq as tq_mod
-    from verl_pipe.bench.peer.hooks import PeerAgentLoopWorkerImpl
+    from verl_pipe_lab.bench.peer.hooks import PeerAgentLoopWorkerImpl
 
     monkeypatch.setattr(tq_mod.tq, "async_kv_put", recorder.kv_put)
     monkeypatch.setattr(tq_mod.AgentLoopWorkerTQ.__ray_actor_class__, "_agent_loop_postprocess",
@@ -61,7 +61,7 @@ def _peer_worker(monkeypatch, cfg, server, tokenizer, recorder):
 def _prompt(seed=None, index=11):
     p = {**row(index=index), "uid": "u0", "agent_name": AGENT_NAME, "global_steps": 1}
     if seed is not None:
-        from verl_pipe.bench.peer.hooks import EPISODE_SEED_KEY
+        from verl_pipe_lab.bench.peer.hooks import EPISODE_SEED_KEY
 
         p[EPISODE_SEED_KEY] = torch.tensor(seed)
     return p
@@ -126,7 +126,7 @@ def test_without_a_seed_the_peer_uses_the_configs(monkeypatch, tokenizer):
 
 
 def test_the_trainer_attaches_the_rounds_seed_per_prompt():
-    from verl_pipe.bench.peer.runner import workload_seed
+    from verl_pipe_lab.bench.peer.runner import workload_seed
 
     # the seed of each submission follows the bench: warm-up submissions 10_000 + k, round r seed + r
     assert [workload_seed(k, 3, 2) for k in range(5)] == [10_000, 10_001, 3, 4, 5]

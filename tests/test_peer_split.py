@@ -1,12 +1,12 @@
-"""docs/peer.md's gain split (verl_pipe/bench/peer/split.py): per-round pairing, gains in points, the target's line and
+"""docs/peer.md's gain split (lab/verl_pipe_lab/bench/peer/split.py): per-round pairing, gains in points, the target's line and
 the table readme_tables renders from a results JSON. Pure."""
 
 import math
 
 import pytest
 
-from verl_pipe.bench import readme_tables as rt
-from verl_pipe.bench.peer import split
+from verl_pipe_lab.bench import readme_tables as rt
+from verl_pipe_lab.bench.peer import split
 
 
 def _setting(**per_mode):
@@ -60,7 +60,7 @@ def test_colocated_phases_from_a_steps_file(tmp_path):
     import gzip
     import json
 
-    from verl_pipe.bench.peer import phases
+    from verl_pipe_lab.bench.peer import phases
 
     def step(r, gen):
         return {"setting": "longtail-x", "mode": "verl_colocated", "round": r, "model_size": "tiny",

@@ -1,11 +1,11 @@
-"""The peer's tuning sweep analysis (verl_pipe/bench/peer/tuning.py): the poll A/B pairs steps on the same workload
+"""The peer's tuning sweep analysis (lab/verl_pipe_lab/bench/peer/tuning.py): the poll A/B pairs steps on the same workload
 whatever the arms' order, knob stacks pair step by step with the tuned stacks' mean, the A/A compares the tuned stacks,
 and the table readme_tables renders. Pure."""
 
 import pytest
 
-from verl_pipe.bench import readme_tables as rt
-from verl_pipe.bench.peer import tuning
+from verl_pipe_lab.bench import readme_tables as rt
+from verl_pipe_lab.bench.peer import tuning
 
 
 def _step(r2t, poll=None, warmup=False, ready=1.0, start=1.5, wait=0.4):

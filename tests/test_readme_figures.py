@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_pipe.bench.readme_tables import MINUS, change
+from verl_pipe_lab.bench.readme_tables import MINUS, change
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,7 +137,7 @@ def _cluster_tr1() -> str:
             f"{MINUS}{min(waits):.0f}% to {MINUS}{max(waits):.0f}% wait")
 
 
-# the README chart's two panels (python -m verl_pipe.bench.learn_charts): v3 (sync vs CGP+FGD, the arms' order
+# the README chart's two panels (python -m verl_pipe_lab.bench.learn_charts): v3 (sync vs CGP+FGD, the arms' order
 # balanced) and v2, the last comparison that ran verl's peer beside them
 LEARN = "learn_chain_v3_2026-12-07.json"
 LEARN_PEER = "learn_chain_v2_7b_2026-12-06.json"

@@ -1,12 +1,12 @@
 """The README's and docs' marked benchmark tables match the JSONs in docs/bench they quote
-(verl_pipe/bench/readme_tables.py); a table that drifts from its JSON fails here. The README keeps one headline table;
+(lab/verl_pipe_lab/bench/readme_tables.py); a table that drifts from its JSON fails here. The README keeps one headline table;
 the measurements it carried until 2026-12-05 are in docs/results.md."""
 
 import re
 
 import pytest
 
-from verl_pipe.bench import readme_tables as rt
+from verl_pipe_lab.bench import readme_tables as rt
 
 README = rt.ROOT / "README.md"
 RESULTS = rt.ROOT / "docs" / "results.md"
@@ -17,7 +17,7 @@ def test_every_marked_table_matches_its_json():
     files = rt.markdown_files()
     assert README in files and RESULTS in files
     problems = [p for f in files for p in rt.check_text(f.read_text(), str(f.relative_to(rt.ROOT)))]
-    assert problems == [], "\n" + "\n".join(problems) + "\n(python -m verl_pipe.bench.readme_tables --write)"
+    assert problems == [], "\n" + "\n".join(problems) + "\n(python -m verl_pipe_lab.bench.readme_tables --write)"
 
 
 def test_the_readme_benchmark_tables_are_marked():

@@ -4,7 +4,7 @@ must predict what the fitted ones predict."""
 import pytest
 
 from verl_pipe.sim.calib import calibrate, calibration_summary, simulate_like
-from verl_pipe.bench.sim_windows import format_rows, simulate_setting
+from verl_pipe_lab.bench.sim_windows import format_rows, simulate_setting
 from verl_pipe.sim.records import engine_from_summary, trainer_from_summary
 from tests.test_bench import SHAPE, simulated_steps
 
@@ -41,7 +41,7 @@ def test_simulate_setting_compares_every_window_with_cgp():
 def test_sim_tail_models_group_granularity_and_every_knowledge():
     """sim_tail at group granularity: the same settings and knowledge, with both arms at that granularity (the cgp
     variant's is fixed at mini-batch, so the baseline is cgp_group there): the baseline's timeline changes with it."""
-    from verl_pipe.bench.sim_tail import simulate_setting as tail_setting
+    from verl_pipe_lab.bench.sim_tail import simulate_setting as tail_setting
     from verl_pipe.sim.tail import Knowledge
 
     summary = calibration_summary(calibrate(simulated_steps(), SHAPE))
@@ -59,8 +59,8 @@ def test_sim_tail_models_group_granularity_and_every_knowledge():
 
 
 def test_sim_tail_refuses_an_unknown_granularity(capsys):
-    from verl_pipe.bench.sim_tail import main
+    from verl_pipe_lab.bench.sim_tail import main
 
     with pytest.raises(SystemExit):
-        main(["--config", "conf/bench/fgd_tail.yaml", "--calibration", "x.json", "--granularity", "unit"])
+        main(["--config", "lab/verl_pipe_lab/bench/conf/fgd_tail.yaml", "--calibration", "x.json", "--granularity", "unit"])
     assert "--granularity" in capsys.readouterr().err

@@ -1,11 +1,11 @@
-"""The soak benchmark's pure parts (verl_pipe/bench/soak.py): the per-step slope fit and its verdict, the grouping of
-processes by kind. The run itself is a benchmark (`python -m verl_pipe.bench --soak 60`), not a test."""
+"""The soak benchmark's pure parts (lab/verl_pipe_lab/bench/soak.py): the per-step slope fit and its verdict, the grouping of
+processes by kind. The run itself is a benchmark (`python -m verl_pipe_lab.bench --soak 60`), not a test."""
 
 import random
 
 import pytest
 
-from verl_pipe.bench.soak import analyze, fit, format_report, process_kind
+from verl_pipe_lab.bench.soak import analyze, fit, format_report, process_kind
 
 
 def test_fit_recovers_a_known_slope_and_calls_a_leak_a_leak():
@@ -63,7 +63,7 @@ def test_a_soak_result_records_its_composed_config_and_the_machine(tmp_path, mon
     import json
 
     import verl_pipe.launch.session as session_mod
-    from verl_pipe.bench import soak
+    from verl_pipe_lab.bench import soak
 
     class FakeSession:
         startup_s = 0.0

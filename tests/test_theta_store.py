@@ -1,5 +1,5 @@
 """The θ_k store and the optimizer snapshot on CPU: plain modules in process, FSDP2 (world size 1, gloo) in a
-subprocess (``python -m verl_pipe.bench gpu_check --tiny``, and a short script for the unsharded-root case)."""
+subprocess (``python -m verl_pipe_lab.bench gpu_check --tiny``, and a short script for the unsharded-root case)."""
 
 import importlib
 import json
@@ -228,7 +228,7 @@ def _check_tiny_results(res: dict, world: int) -> None:
 
 def test_gpu_check_tiny_on_cpu(tmp_path):
     out = tmp_path / "gpu_check.json"
-    proc = _run(["-m", "verl_pipe.bench", "gpu_check", "--tiny", "--json", str(out)])
+    proc = _run(["-m", "verl_pipe_lab.bench", "gpu_check", "--tiny", "--json", str(out)])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())
     _check_tiny_results(res, world=1)
@@ -241,7 +241,7 @@ def test_gpu_check_tiny_sharded_over_two_ranks_under_torchrun(tmp_path):
     """WORLD_SIZE > 1: FSDP2 shards over both ranks, every rank checks its shards, only rank 0 reports."""
     out = tmp_path / "gpu_check.json"
     proc = _run(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-                 "verl_pipe.bench", "gpu_check", "--tiny", "--json", str(out)])
+                 "verl_pipe_lab.bench", "gpu_check", "--tiny", "--json", str(out)])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())
     _check_tiny_results(res, world=2)
@@ -252,7 +252,7 @@ def test_gpu_check_tiny_sharded_over_two_ranks_under_torchrun(tmp_path):
 
 
 def _gpu_check_module():
-    return importlib.import_module("verl_pipe.bench.tools.gpu_check")
+    return importlib.import_module("verl_pipe_lab.bench.tools.gpu_check")
 
 
 def test_gpu_check_sizes_its_batch_to_the_device():

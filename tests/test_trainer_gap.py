@@ -1,7 +1,7 @@
-"""The span-by-span table of the trainer's calls (verl_pipe/bench/trainer_gap.py) on a hand-made run."""
+"""The span-by-span table of the trainer's calls (lab/verl_pipe_lab/bench/trainer_gap.py) on a hand-made run."""
 
-from verl_pipe.bench.readme_tables import trainer_spans
-from verl_pipe.bench.trainer_gap import table
+from verl_pipe_lab.bench.readme_tables import trainer_spans
+from verl_pipe_lab.bench.trainer_gap import table
 
 
 def _rec(call, start, end, lengths, pid):

@@ -1,12 +1,12 @@
-"""The uncontended bound (verl_pipe/bench/uncontended.py) on hand-built timelines whose answer is known, and in the
+"""The uncontended bound (lab/verl_pipe_lab/bench/uncontended.py) on hand-built timelines whose answer is known, and in the
 bench's results."""
 
 import math
 
 import pytest
 
-from verl_pipe.bench import run as bench
-from verl_pipe.bench.uncontended import (first_work_s, mode_uncontended, step_tokens, step_uncontended,
+from verl_pipe_lab.bench import run as bench
+from verl_pipe_lab.bench.uncontended import (first_work_s, mode_uncontended, step_tokens, step_uncontended,
                                          sync_after_rates, uncontended_bound_s)
 from tests.test_bench import SHAPE, TRUE_TRAINER, simulated_steps
 
@@ -106,6 +106,6 @@ def test_build_result_reports_it_beside_pipeline_efficiency():
             e = s["modes"][mode]
             assert e["uncontended_efficiency"] == pytest.approx(e["pipeline_efficiency"], rel=1e-6)
             assert e["uncontended_lower_bound_s"] == pytest.approx(e["ideal_lower_bound_s"], rel=1e-6)
-    from verl_pipe.bench.report import format_setting
+    from verl_pipe_lab.bench.report import format_setting
 
     assert "unc eff" in format_setting(res["settings"][0])

@@ -1,5 +1,5 @@
-"""verl's V1 sync trainer's config from ours (verl_pipe/bench/peer/v1_sync.py) and the replay files
-(verl_pipe/bench/peer/replay.py). No Ray: composes configs and writes files."""
+"""verl's V1 sync trainer's config from ours (lab/verl_pipe_lab/bench/peer/v1_sync.py) and the replay files
+(lab/verl_pipe_lab/bench/peer/replay.py). No Ray: composes configs and writes files."""
 
 import pytest
 
@@ -19,7 +19,7 @@ def _ours():
 def test_verl_defaults_with_our_experiment():
     from omegaconf import OmegaConf
 
-    from verl_pipe.bench.peer.v1_sync import CPU_SETTINGS, shared_differences, v1_sync_config
+    from verl_pipe_lab.bench.peer.v1_sync import CPU_SETTINGS, shared_differences, v1_sync_config
 
     ours = _ours()
     cfg = v1_sync_config(ours, steps=3, overrides={"trainer.default_local_dir": "/tmp/x"})
@@ -47,7 +47,7 @@ def test_verl_defaults_with_our_experiment():
 def test_shared_differences_names_the_key():
     from omegaconf import open_dict
 
-    from verl_pipe.bench.peer.v1_sync import shared_differences, v1_sync_config
+    from verl_pipe_lab.bench.peer.v1_sync import shared_differences, v1_sync_config
 
     ours = _ours()
     cfg = v1_sync_config(ours)
@@ -61,13 +61,13 @@ def test_replay_file_and_overrides(tmp_path):
     import torch
     import yaml
 
-    from verl_pipe.bench.peer.replay import REPLAY_AGENT, replay_overrides, row_key, write_replay
+    from verl_pipe_lab.bench.peer.replay import REPLAY_AGENT, replay_overrides, row_key, write_replay
 
     rows = [{"index": i, "session": s, "prompt_ids": [1, 2, i], "response_ids": [7, s], "rollout_log_probs": None,
              "version": 0, "position": 2 * i + s} for i in range(2) for s in range(2)]
     path = write_replay(rows, tmp_path)
     (entry,) = yaml.safe_load(path.read_text())
-    assert entry["name"] == REPLAY_AGENT and entry["_target_"] == "verl_pipe.bench.peer.replay.ReplayAgentLoop"
+    assert entry["name"] == REPLAY_AGENT and entry["_target_"] == "verl_pipe_lab.bench.peer.replay.ReplayAgentLoop"
     saved = torch.load(entry["replay_path"], weights_only=False)
     assert saved[row_key(1, 0)] == {"prompt_ids": [1, 2, 1], "response_ids": [7, 0], "rollout_log_probs": None,
                                     "version": 0, "position": 2}
@@ -85,7 +85,7 @@ def test_replay_waits_for_rows_written_after_verl_started(tmp_path):
 
     import yaml
 
-    from verl_pipe.bench.peer import replay
+    from verl_pipe_lab.bench.peer import replay
 
     (entry,) = yaml.safe_load(replay.replay_agent_loop(tmp_path).read_text())
     rows = [{"index": 3, "session": 0, "prompt_ids": [1], "response_ids": [2], "version": 0}]

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from verl_pipe.core.variants import (BASE, FGD_VARIANT, ON_POLICY_PEER, OURS, PEER_MODE_NAMES, PEERS, PIPELINED_BASE,
-                                     PLAN_ROWS, TRAINER_MODES, V1_SYNC_TRAINER_MODE, VARIANTS, name_of, of_row,
-                                     pipelines, resolve_fgd, variant)
+from verl_pipe.core.variants import (BASE, FGD_VARIANT, ON_POLICY_PEER, OURS, PEERS, PIPELINED_BASE, PLAN_ROWS,
+                                     TRAINER_MODES, VARIANTS, name_of, of_row, pipelines, resolve_fgd, variant)
+from verl_pipe_lab.bench.variants import PEER_CONFIGS, PEER_MODE_NAMES, V1_SYNC_TRAINER_MODE, peer_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,7 +39,19 @@ def test_named_roles_are_variants_that_fit_them():
 
 def test_staleness_only_for_verls_default_one_batch_ahead():
     assert {k: v.staleness for k, v in VARIANTS.items() if v.staleness} == {"verl_separate_async_1off": 1}
-    assert variant("verl_separate_async_1off").peer_config == "default"
+    assert peer_config("verl_separate_async_1off") == "default"
+
+
+def test_the_labs_peer_configurations_are_keyed_by_the_runtimes_peers():
+    """The lab's column of the table (verl_pipe_lab/bench/variants.py): one peer configuration per variant of verl's
+    trainers, none for ours; the runtime's table names no configuration."""
+    assert list(PEER_CONFIGS) == list(PEERS) and set(PEERS) == set(VARIANTS) - set(OURS)
+    assert len(PEER_MODE_NAMES) == len(PEER_CONFIGS)
+    with pytest.raises(ValueError, match="'sync' is not one of verl's trainers"):
+        peer_config(BASE)
+    with pytest.raises(ValueError, match="unknown mode 'nope'"):
+        peer_config("nope")
+    assert not hasattr(variant(ON_POLICY_PEER), "peer_config")
 
 
 def test_planner_rows_map_to_variants_one_to_one():

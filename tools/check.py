@@ -34,11 +34,12 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
     ("tests/conftest.py", ()), ("verl_pipe/plan/*", ()), ("verl_pipe/sim/*", ()), ("conf/sim/*", ()),
     ("tools/check.py", ()),
     ("tests/e2e/faulty_reward.py", ("test_faults",)),
-    ("verl_pipe/bench/peer/v1_sync.py", ("test_verl_exact",)), ("verl_pipe/bench/peer/replay.py", ("test_verl_exact",)),
+    ("lab/verl_pipe_lab/bench/peer/v1_sync.py", ("test_verl_exact",)),
+    ("lab/verl_pipe_lab/bench/peer/replay.py", ("test_verl_exact",)),
     ("verl_pipe/trainer/actor_backend.py", (*CORE_E2E, "test_zz_kl_loss", "test_verl_exact")),
-    # the measurement scripts (python -m verl_pipe.bench NAME): run by hand on a live stack; their unit tests only
-    ("verl_pipe/bench/tools/*", ()),
-    ("verl_pipe/bench/*", ("test_bench_smoke",)), ("conf/bench/*", ("test_bench_smoke",)),
+    # the measurement scripts (python -m verl_pipe_lab.bench NAME): run by hand on a live stack; their unit tests only
+    ("lab/verl_pipe_lab/bench/tools/*", ()),
+    ("lab/*", ("test_bench_smoke",)),  # the lab's package: its bench, peer, configs and pyproject
     ("verl_pipe/platform/node_roles.py", ("test_multinode",)), ("verl_pipe/rollout/placement.py", ("test_multinode",)),
     ("tools/local_ray_cluster.py", ("test_multinode",)), ("recipes/multinode*", ("test_multinode",)),
     ("verl_pipe/launch/stop_request.py", ("test_multinode", "test_zz_signals")),

@@ -8,4 +8,4 @@
 set -u
 out=$1; shift
 exec "$(dirname "$0")/quiet_window.sh" "${out%.json}_load.log" "${out%.json}.log" \
-  timeout "${LEARN_PART_LIMIT_S:-2400}" "${PYTHON:-python}" -m verl_pipe.bench --learn --out "$out" "$@"
+  timeout "${LEARN_PART_LIMIT_S:-2400}" "${PYTHON:-python}" -m verl_pipe_lab.bench --learn --out "$out" "$@"

@@ -6,8 +6,8 @@
 #   2. the tuned configuration, verl's 8 storage units, verl's 8 agent-loop workers, the tuned configuration again:
 #      each its own stack on the same three workloads (step i: seed + i), the tuned stack before and after the knobs
 #      so a drift of the machine over the window shows as a difference between the two.
-# Analysis: python -m verl_pipe.bench.peer.tuning OUT_DIR --day DATE --out OUT_DIR/peer_tuning.json
-#   tools/peer_tuning.sh OUT_DIR [DATE]      (BENCH=conf/bench/....yaml for another setting; PYTHON=...)
+# Analysis: python -m verl_pipe_lab.bench.peer.tuning OUT_DIR --day DATE --out OUT_DIR/peer_tuning.json
+#   tools/peer_tuning.sh OUT_DIR [DATE]      (BENCH=lab/verl_pipe_lab/bench/conf/....yaml for another setting; PYTHON=...)
 set -u
 dir=$1; day=${2:-$(date -u +%F)}
 mkdir -p "$dir"
@@ -16,7 +16,7 @@ exec "$(dirname "$0")/quiet_window.sh" "$dir/peer_tuning_load_$day.log" "$dir/sw
   run() {  # name, extra args
     local name=$1; shift
     echo "[peer_tuning] $name start $(date -Is)"
-    timeout 900 "$py" -m verl_pipe.bench.peer --bench "$bench" --config tuned "$@" \
+    timeout 900 "$py" -m verl_pipe_lab.bench.peer --bench "$bench" --config tuned "$@" \
       --out "$dir/peer_tuning_${name}_$day.json" --log "$dir/peer_tuning_${name}_runner_$day.log"
     echo "[peer_tuning] $name exit $? at $(date -Is)"
   }
@@ -25,4 +25,4 @@ exec "$(dirname "$0")/quiet_window.sh" "$dir/peer_tuning_load_$day.log" "$dir/sw
   run storage8 --steps 3 --knob storage_units=8
   run workers8 --steps 3 --knob agent_workers=8
   run base_b --steps 3
-' bash "$dir" "$day" "${PYTHON:-python}" "${BENCH:-conf/bench/peer_split_quick.yaml}"
+' bash "$dir" "$day" "${PYTHON:-python}" "${BENCH:-lab/verl_pipe_lab/bench/conf/peer_split_quick.yaml}"

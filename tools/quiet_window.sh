@@ -4,7 +4,7 @@
 #   tools/quiet_window.sh LOAD_LOG OUT_LOG command [args...]
 # e.g. tools/quiet_window.sh docs/bench/logs/peer_split_paper_tiny_w1_load_DAY.log \
 #        docs/bench/logs/peer_split_paper_tiny_w1_DAY.log \
-#        python -m verl_pipe.bench --config conf/bench/peer_split_paper_tiny.yaml --out docs/bench/peer/...json
+#        python -m verl_pipe_lab.bench --config lab/verl_pipe_lab/bench/conf/peer_split_paper_tiny.yaml --out docs/bench/peer/...json
 set -u
 load_log=$1; out_log=$2; shift 2
 exec flock /tmp/verl_pipe_ray.lock bash -c '

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_pipe.bench.report import REPORTED, check_schema
+from verl_pipe_lab.bench.report import REPORTED, check_schema
 
 REPO = Path(__file__).resolve().parents[2]
 # The baseline and the product (``--modes``): cgp alone and cgp_group run the same pipeline with other knobs
@@ -27,7 +27,7 @@ SMOKE_SIZE = "tiny"
 
 
 def _quick() -> dict:
-    from verl_pipe.bench.settings import CONF_DIR, load_config
+    from verl_pipe_lab.bench.settings import CONF_DIR, load_config
 
     return load_config(CONF_DIR / "quick.yaml")
 
@@ -81,7 +81,7 @@ def test_the_bench_runs_and_writes_schema_and_charts(tmp_path):
     env.setdefault("VERL_PIPE_CACHE", str(REPO / ".cache" / "verl_pipe"))
     names = [s["name"] for s in smoke_settings(_quick())]
     assert names, "quick.yaml runs verl's peer on a setting (the smoke covers it)"
-    proc = subprocess.run([sys.executable, "-m", "verl_pipe.bench", "--quick", "--model-size", SMOKE_SIZE,
+    proc = subprocess.run([sys.executable, "-m", "verl_pipe_lab.bench", "--quick", "--model-size", SMOKE_SIZE,
                            "--settings", ",".join(names), "--modes", ",".join(SMOKE_MODES),
                            "--out", str(out), "--charts", str(charts)], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=smoke_time_limit_s())

@@ -4,8 +4,8 @@
 one real sync step of ours (vLLM generates, verl's FSDP2 actor trains, on our separate pools), then verl's V1 ``sync``
 trainer (what ``python -m verl.trainer.main_ppo`` runs by default: ``trainer.use_v1``, colocated actor and vLLM)
 driven through its own ``fit`` from verl's own ``ppo_trainer`` defaults with our experiment's settings
-(verl_pipe/bench/peer/v1_sync.py: SHARED_KEYS), in its own Ray cluster, its rollout replaced at verl's agent-loop
-seam by a replay of our step's responses (verl_pipe/bench/peer/replay.py). Same model, same first batch of the same
+(lab/verl_pipe_lab/bench/peer/v1_sync.py: SHARED_KEYS), in its own Ray cluster, its rollout replaced at verl's agent-loop
+seam by a replay of our step's responses (lab/verl_pipe_lab/bench/peer/replay.py). Same model, same first batch of the same
 data loader (same seed), same reward function. verl's trainer is started first and waits in its rollout for our
 responses, so its start-up overlaps our stack's.
 
@@ -105,8 +105,8 @@ def test_sync_step_equals_verls_own_v1_sync_trainer(tmp_path):
     import copy
     import time
 
-    from verl_pipe.bench.peer.replay import cancel_replay, replay_agent_loop, replay_overrides, write_rows
-    from verl_pipe.bench.peer.v1_sync import V1SyncRun, shared_differences, v1_sync_config
+    from verl_pipe_lab.bench.peer.replay import cancel_replay, replay_agent_loop, replay_overrides, write_rows
+    from verl_pipe_lab.bench.peer.v1_sync import V1SyncRun, shared_differences, v1_sync_config
     from verl_pipe.core.micro_batches import length_order
     from verl_pipe.launch.session import PipeSession, compose
     from verl_pipe.main_grpo import prepare_config

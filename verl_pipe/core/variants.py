@@ -4,8 +4,9 @@ Pure Python (no verl, Ray or torch). A variant name (``sync``, ``cgp``, ``cgp_gr
 trainer as a peer: ``verl_separate_async``, ``verl_separate_async_1off``, ``verl_separate_async_tuned``,
 ``verl_separate_sync``, ``verl_colocated``) stands for a trainer mode
 (``rolloutpipe.mode``), a granularity (``rolloutpipe.cgp.granularity``) and whether FGD admits the rollout
-(``rolloutpipe.fgd.enable``). The config's validation, the trainer, the simulator, the benchmark, the planner and the
-peer's configurations read names through this table; none of them decodes a name by itself. They ask it instead:
+(``rolloutpipe.fgd.enable``). The config's validation, the trainer, the simulator and the planner (and the lab
+beside the runtime, whose own columns of this table it keys by these names) read names through this table; none of
+them decodes a name by itself. They ask it instead:
 ``pipelines(mode)`` of a trainer mode, a variant's attributes (``is_base``, ``fgd``, ``colocated``, ``staleness``,
 ``row``), ``of_row`` of one of the planner's rows (``verl_one_step_off`` is its row of ``verl_separate_async_1off``),
 and the names of the roles some variants play (``BASE``, ``PIPELINED_BASE``, ``FGD_VARIANT``, ``ON_POLICY_PEER``).
@@ -29,9 +30,6 @@ FGD_VARIANT = "cgp_fgd"  # FGD admitting a pipelined rollout at a free granulari
 # (reduction_vs_verl_separate_async_pct), and the one whose steps fit verl's own trainer for the planner (its per-step
 # trainer spans, else its trainer busy total; the other peers borrow that fit: verl_pipe/plan/calibrate.py, validate.py)
 ON_POLICY_PEER = "verl_separate_async"
-# verl's trainer.v1.trainer_mode of its synchronous (colocated) trainer, the peer verl_colocated runs
-# (verl_pipe/bench/peer/v1_sync.py): verl's own value, not a variant of ours
-V1_SYNC_TRAINER_MODE = "sync"
 
 
 def pipelines(mode: str) -> bool:
@@ -46,7 +44,6 @@ class Variant:
     mode: str | None  # rolloutpipe.mode on RolloutPipeTrainer; None: verl's own trainer (a peer)
     granularity: str | None  # fixed granularity (verl's own trains mini-batches); None: the run picks one (cgp_fgd)
     fgd: bool = False  # frontier-group dispatch admits the rollout
-    peer_config: str | None = None  # a peer's configuration (verl_pipe/bench/peer/configs.py CONFIGS)
     simulated: bool = True  # the simulator's step models it on two pools (verl_pipe/sim/trainer.py, simulate.py)
     # rollout and training take turns on the same devices (verl's hybrid engine), not two pools: not a mode of the
     # two-pool step (simulated=False); verl_pipe/sim/colocated.py models it, its trainer on ``schedule_as``'s schedule
@@ -118,29 +115,24 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("cgp", "cgp", "minibatch"),
     Variant("cgp_group", "cgp", "group"),
     Variant("cgp_fgd", "cgp", None, fgd=True),
-    # verl 0.9.1's V1 separate_async trainer, run for real on our stack (verl_pipe/bench/peer): on-policy, and
-    # verl's default (one batch ahead, which the simulator does not model)
-    Variant("verl_separate_async", None, "minibatch", peer_config="onpolicy"),
-    Variant("verl_separate_async_1off", None, "minibatch", peer_config="default", simulated=False, staleness=1,
+    # verl 0.9.1's V1 separate_async trainer: on-policy, and verl's default (one batch ahead, which the simulator does
+    # not model)
+    Variant("verl_separate_async", None, "minibatch"),
+    Variant("verl_separate_async_1off", None, "minibatch", simulated=False, staleness=1,
             plan_row="verl_one_step_off"),
     # verl's trainers at their best (docs/peer.md): separate_async on-policy tuned for this work; verl's own
     # synchronous trainers, on separate pools (the experimental SeparateRayPPOTrainer) and colocated (V1 sync, verl's
     # main_ppo default: rollout and training take turns on every core). Not in the two-pool simulator; the colocated one
     # (rollout on every device, engines put to sleep, old log-prob and update on sync's schedule, weights reloaded
     # into the sleeping engines) is modelled in verl_pipe/sim/colocated.py.
-    Variant("verl_separate_async_tuned", None, "minibatch", peer_config="tuned", simulated=False,
-            simulate_as="verl_separate_async"),
-    Variant("verl_separate_sync", None, "minibatch", peer_config="separate_sync", simulated=False,
-            simulate_as="sync"),
-    Variant("verl_colocated", None, "minibatch", peer_config="colocated", simulated=False, colocated=True,
-            schedule_as="sync"),
+    Variant("verl_separate_async_tuned", None, "minibatch", simulated=False, simulate_as="verl_separate_async"),
+    Variant("verl_separate_sync", None, "minibatch", simulated=False, simulate_as="sync"),
+    Variant("verl_colocated", None, "minibatch", simulated=False, colocated=True, schedule_as="sync"),
 )}
 
-OURS = tuple(k for k, v in VARIANTS.items() if v.ours)  # the bench's modes of RolloutPipeTrainer
-# verl's own trainer, in the configurations the bench runs (verl_pipe/bench/peer/configs.py)
-PEERS = tuple(k for k, v in VARIANTS.items() if not v.ours and v.peer_config)
+OURS = tuple(k for k, v in VARIANTS.items() if v.ours)  # the variants of RolloutPipeTrainer
+PEERS = tuple(k for k, v in VARIANTS.items() if not v.ours)  # verl's own trainer, in each configuration compared
 SIMULATED = tuple(k for k, v in VARIANTS.items() if v.simulated)  # the simulator's modes
-PEER_MODE_NAMES = {v.peer_config: k for k, v in VARIANTS.items() if v.peer_config}  # peer configuration -> name
 PLAN_ROWS = {v.row: v for v in VARIANTS.values()}  # the planner's row name -> its variant
 
 

@@ -237,7 +237,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--calibrated-rollout-gpus", type=int,
                     help="verl log: rollout GPUs of the logged run (default: its GPU count from perf/*, colocated)")
     ap.add_argument("--calibrate-verl", metavar="FILE",
-                    help="fit verl's trainer on verl's own steps (a bench steps file or a verl_pipe.bench.peer --out "
+                    help="fit verl's trainer on verl's own steps (a bench steps file or a verl_pipe_lab.bench.peer --out "
                          "JSON) when --calibrate's run has none")
     ap.add_argument("--calibrated-train-gpus", type=int, help="trainer GPUs of the calibration run (default: config's; "
                                                               "a verl log: its GPU count from perf/*)")

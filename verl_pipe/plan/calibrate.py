@@ -6,7 +6,7 @@
   metrics) and, beside it, ``step_NNNNN.json`` (the step's Chrome trace: every request's submit and finish with its
   tokens and replica, every trainer call with its kind and unit, the units' groups). The events come from the
   trace, the step list and measured figures from steps.jsonl;
-- a bench's per-step file (``python -m verl_pipe.bench``: ``*_steps_*.json[.gz]``, e.g. the ones kept in
+- a bench's per-step file (``python -m verl_pipe_lab.bench``: ``*_steps_*.json[.gz]``, e.g. the ones kept in
   docs/bench): our modes' step timelines and, where the bench ran it, verl's peer steps (``train_spans``, lengths);
   ``FILE:SIZE`` picks one model size when the file holds several.
 
@@ -14,7 +14,7 @@ The fit of our side is the bench's (``verl_pipe.sim.calib``: engine decode cost 
 trainer cost per padded token and per call), so a planner calibration and a bench calibration are the same
 numbers. verl's own trainer is fitted on verl's own spans (``fit_verl_trainer``), never costed with ours when its
 steps are there: from the same source, or from ``--calibrate-verl FILE`` (a bench steps file, or the output of
-``python -m verl_pipe.bench.peer --out``).
+``python -m verl_pipe_lab.bench.peer --out``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The colocated model (``verl_pipe.sim.colocated``) against measured colocated steps: verl's V1 sync trainer run
-colocated by the bench's peer (``python -m verl_pipe.bench.peer``, configuration ``colocated``: verl's main_ppo
+colocated by the bench's peer (``python -m verl_pipe_lab.bench.peer``, configuration ``colocated``: verl's main_ppo
 default on every core), each step recorded with its lengths, its trainer spans, its phases (the engines' ``sleep``
 after the rollout, the in-process ``weight_reload`` at the step's end) and its measured step time.
 

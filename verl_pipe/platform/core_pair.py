@@ -45,7 +45,7 @@ def unit_of_work(kind: str):
 def spin(kind: str, core: int, seconds: float, start, out=None, nice: int = 0) -> None:
     """In a child process: pinned to ``core`` at ``nice``, one thread, ``kind`` of work for ``seconds`` from
     ``start.wait()`` (a barrier or an event); puts ``(core, rate)`` on ``out`` when given. Also the stand-in load of
-    verl_pipe/bench/tools/overlap_probe.py."""
+    lab/verl_pipe_lab/bench/tools/overlap_probe.py."""
     import torch
 
     os.sched_setaffinity(0, {core})

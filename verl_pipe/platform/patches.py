@@ -86,7 +86,7 @@ def patch_separate_async_logger(module=None) -> None:
     # layout): logging.Logger.info has no ``flush`` and raises TypeError, so the trainer cannot start. The
     # module logger is replaced by an adapter that drops the keyword (same logger, same level and handlers).
     # Not a platform matter (it fails on GPU too), but applied with the CPU patches because that is where
-    # verl_pipe runs separate_async (the benchmark peer, verl_pipe/bench/peer). Importing the module needs
+    # verl_pipe runs separate_async (the benchmark peer, lab/verl_pipe_lab/bench/peer). Importing the module needs
     # transfer_queue, so apply_cpu_patches only patches it when it is already imported; the peer's hooks call
     # this right after importing it.
     if module is None:

@@ -19,7 +19,7 @@ def _keep_linear_weights_for_reload() -> None:
     then replaces ``layer.weight`` by an empty Parameter (``remove_weight=True``). A weight update then fails
     in ``load_weights`` ('Parameter' object has no attribute 'weight_loader'). We keep the parameter and, after
     the first load, do not repack: verl calls ``process_weights_after_loading`` after every update, and each
-    repack left the previous packed copy behind (``python -m verl_pipe.bench --soak``: the VLLM::Worker process
+    repack left the previous packed copy behind (``python -m verl_pipe_lab.bench --soak``: the VLLM::Worker process
     grew by about one copy of the weights per update; with torch's linear on reloads it is flat and the steps are
     faster: docs/reliability.md, "Long runs: memory and step time (soak)").
     torch's linear on the fp32 CPU default uses ATen's GEMM; the weight updated in place by ``load_weights``

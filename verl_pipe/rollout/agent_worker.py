@@ -6,7 +6,7 @@ entry>, **kwargs)``. For an agent loop registered with verl's ``@register`` the 
 "<module.Class>"}`` and the kwargs are objects verl wraps so that Hydra leaves them alone (``DictConfigWrap``,
 ``ToolListWrap``); Hydra then only calls the class, after turning the kwargs into an OmegaConf config and back: far
 more of the driver's CPU per request than the call, in the process the trainer's loop shares (docs/cpu.md, "The
-driver alone, without Ray or vLLM": ``python -m verl_pipe.bench driver_microbench --verl-agent-loop``). Here such
+driver alone, without Ray or vLLM": ``python -m verl_pipe_lab.bench driver_microbench --verl-agent-loop``). Here such
 an entry's class is resolved once, as Hydra resolves it (``hydra.utils.get_class``), and called with the same kwargs;
 any other entry (one from ``rollout.agent.agent_loop_config_path``, with parameters of its own) still goes through
 Hydra. ``_run_agent_loop`` is verl's own method otherwise unchanged, but for the sampling params it hands on (vLLM's
@@ -86,7 +86,7 @@ class PipeAgentLoopWorker(AgentLoopWorker):
         """What verl's method returns (``tokenizer.pad`` of one flat list to ``(1, max_length)``, pad token id,
         int64, no truncation), built with torch: 3 calls per response in verl's post-processing, each cheaper here
         than through ``tokenizer.pad`` (its BatchEncoding and checks; docs/cpu.md, "The cuts", 2: ``python -m
-        verl_pipe.bench pad_bench``). verl's own method stays
+        verl_pipe_lab.bench pad_bench``). verl's own method stays
         for a tokenizer without a pad token id (tokenizer.pad refuses it) and for empty input."""
         pad_id = getattr(self.tokenizer, "pad_token_id", None)
         if not tokens or pad_id is None:

@@ -3,7 +3,7 @@
 ``asyncio.wait(tasks, return_when=FIRST_COMPLETED)`` checks that each of the tasks in flight is not a bare
 coroutine and adds and removes a done-callback on each of them at every call: O(in flight) per wake-up, so a step
 with N requests in flight costs O(N) per response and O(N^2) in all (the two wake-ups side by side: docs/cpu.md, "The
-driver alone, without Ray or vLLM", ``python -m verl_pipe.bench driver_microbench``). Here each task gets one
+driver alone, without Ray or vLLM", ``python -m verl_pipe_lab.bench driver_microbench``). Here each task gets one
 callback when it is added; a wake-up returns every added task that has finished
 since the previous wake-up (a task cancelled meanwhile included, as asyncio.wait does).
 

@@ -597,7 +597,7 @@ def sim_validation(steps: list[dict], shape: StepShape, target: float = 0.15,
     ``steps``: measured steps, each {"setting", "mode", "granularity", "timeline", "lengths", "prompt_len",
     "weight_sync_s", "metrics"}.
     """
-    # Re-simulated: our modes, and the measured peer on-policy (verl_pipe/bench/peer), the simulator's model of verl's
+    # Re-simulated: our modes, and the measured peer on-policy (lab/verl_pipe_lab/bench/peer), the simulator's model of verl's
     # trainer, with its own rollout speed and mini-step gap fitted on its steps (bench.peer_fit); its one-batch-ahead
     # configuration is not modelled. The engine and trainer fits are our modes'.
     steps = [s for s in steps if s["mode"] in SIMULATED]

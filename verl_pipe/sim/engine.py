@@ -56,7 +56,7 @@ class EngineParams:
 H100_QWEN3_1P7B = EngineParams()
 
 # The 2-core CPU runs of verl_pipe (tiny Qwen3, vLLM CPU on one AMD EPYC core). Calibrated by
-# `python -m verl_pipe.bench` (verl_pipe/sim/calib.py fit_engine: fit_engine_params on decode-step samples of the tiny-model
+# `python -m verl_pipe_lab.bench` (verl_pipe/sim/calib.py fit_engine: fit_engine_params on decode-step samples of the tiny-model
 # sync runs, rollout alone, batches <= 16): t ~ 0.14 ms + 0.39 ms per running sequence, prefill ~0.16 ms per
 # prompt token; t0/per_seq are only jointly identified near b = 16 (larger batches are an extrapolation).
 # KV: 1 GiB (rolloutpipe.cpu.kv_cache_gib) / 1 KiB per token (2 layers x 1 KV head x 64 x 2 x fp32).

@@ -2,7 +2,7 @@
 row order a stack ran with (from its recorded overrides), and which stack's engine fit a KV-capped stack borrows.
 
 Shared by the planner's calibration and validation (verl_pipe/plan/) and the bench's window table
-(verl_pipe/bench/sim_windows.py); pure (no Ray, vLLM or verl).
+(lab/verl_pipe_lab/bench/sim_windows.py); pure (no Ray, vLLM or verl).
 """
 
 from __future__ import annotations

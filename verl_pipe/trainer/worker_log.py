@@ -4,7 +4,7 @@ Off unless ``VERL_PIPE_WORKER_LOG`` names a file (the bench's ``--worker-log``, 
 every worker of our modes and of verl's peer inherits it). Each call appends one JSON line: the call's name, its
 start and end inside the worker (``time.time()``), and the rows' sequence lengths in the order the worker got them,
 with the micro-batch size, so the padding the engine computes over (verl_pipe/core/micro_batches.py) is known per call.
-``python -m verl_pipe.bench.trainer_gap`` matches the records to a bench run's trainer spans.
+``python -m verl_pipe_lab.bench.trainer_gap`` matches the records to a bench run's trainer spans.
 """
 
 from __future__ import annotations
