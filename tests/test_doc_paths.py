@@ -27,7 +27,7 @@ SUBPATH = re.compile(r"(?<![\w/.$-])((?:[a-z_]+/)+[a-z_0-9]+\.py)(?::(\w+))?")
 DOTTED = re.compile(r"(?<![\w.])((?:%s)(?:\.\w+)+)" % "|".join(PACKAGES or ["verl_pipe"]))
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 OUTPUT = re.compile(r"(?:--out|--out-dir|--charts|--update-doc|tee|>)\s*$")
-PLACEHOLDER = re.compile(r"DATE|NAME|RUN|MACHINE|<|COMMIT")
+PLACEHOLDER = re.compile(r"DATE|DAY|NAME|RUN|MACHINE|<|COMMIT")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 
 
