@@ -21,7 +21,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # the packages whose modules the docs name; verl_pipe_lab is the lab's package once it moves out of verl_pipe
 PACKAGES = [p for p in ("verl_pipe", "verl_pipe_lab") if (ROOT / p).is_dir()]
 TOP = ("docs", "tests", "conf", "tools", "recipes", "constraints", "hydra_plugins", "verl_pipe", "verl_pipe_lab")
-PATH = re.compile(r"(?<![\w/.$-])((?:%s)/[\w./*{},\[\]-]*[\w/*}\]])" % "|".join(TOP))
+PATH = re.compile(r"(?<![\w/.:$-])((?:%s)/[\w./*{},\[\]-]*[\w/*}\]])" % "|".join(TOP))
 # a module's file named relative to its package (core/variants.py, bench/peer/split.py:run)
 SUBPATH = re.compile(r"(?<![\w/.$-])((?:[a-z_]+/)+[a-z_0-9]+\.py)(?::(\w+))?")
 DOTTED = re.compile(r"(?<![\w.])((?:%s)(?:\.\w+)+)" % "|".join(PACKAGES or ["verl_pipe"]))
@@ -171,7 +171,8 @@ def test_the_checks_tell_a_missing_path_and_module_apart():
     text = ("`verl_pipe.main_grpo`, `verl_pipe.config.validate`, `verl_pipe.trainer_seam`, "
             "`verl_pipe.config.no_such_function`, `core/variants.py`, `trainer/seam.py`, `trainer_seam.py`, "
             "`core/nope.py`, `verl_pipe.conf`")
-    assert unknown_modules(text) == ["verl_pipe.trainer_seam", "verl_pipe.config.no_such_function", "core/nope.py"]
+    assert unknown_modules(text) == ["verl_pipe.trainer_seam", "verl_pipe.config.no_such_function", "core/nope.py",
+                                     "trainer_seam.py"]
 
 
 # docs/layout.md: every module once, by its path relative to the repository (verl_pipe/core/variants.py)
