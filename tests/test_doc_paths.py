@@ -136,13 +136,21 @@ def _stems() -> dict:
     return {"now": now, "gone": gone}
 
 
+def anchors(page: Path) -> set[str]:
+    """The anchors a page's headings make (GitHub's slugs), code blocks left out."""
+    text = FENCE.sub("", page.read_text())
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
 def broken_links(page: Path) -> list[str]:
+    """Relative links whose file does not exist, or whose anchor no heading of that page makes."""
     out = []
     for m in LINK.finditer(page.read_text()):
-        target = m.group(1).split("#", 1)[0]
-        if not target or re.match(r"[a-z]+:", target):
-            continue  # an anchor on the page, or a URL
-        if not (page.parent / target).exists():
+        if re.match(r"[a-z]+:", m.group(1)):
+            continue  # a URL
+        target, _, anchor = m.group(1).partition("#")
+        dest = page.parent / target if target else page
+        if not dest.exists() or (anchor and dest.suffix == ".md" and anchor not in anchors(dest)):
             out.append(m.group(1))
     return out
 
@@ -200,3 +208,48 @@ def test_layout_names_every_module_once_and_nothing_else():
     tree = set(tree_modules())
     assert sorted(tree - set(named)) == [], "modules missing from docs/layout.md"
     assert sorted(set(named) - tree) == [], "docs/layout.md names modules the tree does not hold"
+
+
+MAX_PAGE_LINES = 300
+MAX_TREE_BYTES = 12 * 1024 * 1024
+
+
+@pytest.mark.parametrize("page", sorted((ROOT / "docs").glob("*.md")), ids=lambda p: p.name)
+def test_a_page_says_how_it_works_in_at_most_300_lines(page):
+    n = len(page.read_text().splitlines())
+    assert n <= MAX_PAGE_LINES, (f"{page.name} has {n} lines (at most {MAX_PAGE_LINES}): condense it; dated journals and "
+                                 "superseded runs belong in git history, the one-line summary in docs/results.md")
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="not a git checkout")
+def test_the_tracked_tree_is_not_an_archive():
+    """`git ls-files | xargs du -cb` stays at most 12 MB: results are kept as their JSONs and gzipped logs; raw
+    console logs, pilots and superseded parts live in git history (docs/bench/REMOVED.tsv)."""
+    total = sum((ROOT / p).stat().st_size for p in _git("ls-files", "-z").split("\0") if p and (ROOT / p).is_file())
+    assert total <= MAX_TREE_BYTES, f"the tracked tree is {total / 2**20:.1f} MiB (at most {MAX_TREE_BYTES / 2**20:.0f})"
+
+
+def removed_rows() -> list[tuple[str, str]]:
+    rows = []
+    for line in (ROOT / "docs" / "bench" / "REMOVED.tsv").read_text().splitlines():
+        if line and not line.startswith("#") and not line.startswith("path\t"):
+            path, commit, _why = line.split("\t")
+            rows.append((path, commit))
+    return rows
+
+
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="not a git checkout")
+def test_every_removed_file_is_where_the_manifest_says():
+    """Each row of docs/bench/REMOVED.tsv names a file git history holds at the commit given (`git show COMMIT:PATH`
+    brings it back) and that the tree no longer tracks."""
+    rows = removed_rows()
+    assert rows
+    found = subprocess.run(["git", "cat-file", "--batch-check"], cwd=ROOT, capture_output=True, text=True,
+                           input="".join(f"{c}:{p}\n" for p, c in rows), check=True).stdout.splitlines()
+    assert [r for r, out in zip(rows, found) if out.endswith("missing")] == []
+    tracked = set(_git("ls-files", "docs").split())
+    assert sorted(p for p, _ in rows if p in tracked) == []
