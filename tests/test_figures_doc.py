@@ -1,6 +1,7 @@
 """docs/figures.md lists every figure of the README and docs/ with the JSON or log it comes from: every repository
 path it names exists (a renamed or deleted artifact, or a mistyped path, fails here). Paths in its commands that a
-rerun would write (a DATE, NAME, RUN or MACHINE placeholder) are not artifacts yet and are left out."""
+rerun would write (a DATE, NAME, RUN or MACHINE placeholder) are not artifacts yet and are left out, and so are files
+removed from the tree that a page cites from git history (`git show COMMIT:PATH`, listed in docs/bench/REMOVED.tsv)."""
 
 import re
 from pathlib import Path
@@ -9,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "docs" / "figures.md"
-PATH = re.compile(r"(?<![\w/.-])((?:docs|tests|conf|tools|verl_pipe|recipes)/[\w./*-]*[\w/*])")
+PATH = re.compile(r"(?<![\w/.:-])((?:docs|tests|conf|tools|verl_pipe|recipes)/[\w./*-]*[\w/*])")  # `git show C:PATH`: left out
 PLACEHOLDER = re.compile(r"DATE|NAME|RUN|MACHINE")
 
 
@@ -41,9 +42,10 @@ def test_every_path_named_in_figures_md_exists():
 
 def test_a_missing_or_placeholder_path_is_told_apart():
     text = ("`docs/bench/bench_2026-11-30.json` → `targets`; `docs/bench/logs/nope_2026-12-02.log`; "
-            "`--out docs/bench/quick_DATE.json`; `docs/bench/logs/pyspy_2026-12-02/`; docs/bench/trainer_gap_*_steps_2026-12-01.json.gz")
+            "`--out docs/bench/quick_DATE.json`; `docs/bench/trainer_gap_*_steps_2026-12-01.json.gz`; "
+            "`git show 3ab4b35:docs/bench/logs/pyspy_2026-12-02/`")
     paths = named_paths(text)
-    assert "docs/bench/quick_DATE.json" not in paths
+    assert "docs/bench/quick_DATE.json" not in paths and not any("pyspy" in p for p in paths)
     assert missing(paths) == ["docs/bench/logs/nope_2026-12-02.log"]
 
 

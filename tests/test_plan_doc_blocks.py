@@ -1,7 +1,8 @@
-"""docs/plan.md's three generated blocks are what their commands print today: the validation block
-(``python -m verl_pipe.plan --validate --update-doc docs/plan.md``, over the bench JSONs in docs/bench), the
-public-figures block (``python -m verl_pipe.plan.public --update-doc docs/plan.md``) and the GPU picture
-(``python -m verl_pipe.plan.gpu_picture --update-doc docs/plan.md``: Qwen3-1.7B on 8 H200, padding removed, verl's
+"""The planner's three generated blocks are what their commands print today: the validation block in
+docs/plan_validation.md (``python -m verl_pipe.plan --validate --update-doc docs/plan_validation.md``, over the bench
+JSONs in docs/bench), and in docs/plan_public.md the public-figures block (``python -m verl_pipe.plan.public
+--update-doc docs/plan_public.md``) and the GPU picture (``python -m verl_pipe.plan.gpu_picture --update-doc
+docs/plan_public.md``: Qwen3-1.7B on 8 H200, padding removed, verl's
 colocated default, the orchestration-cost sweep and its break-even). A bench JSON added or changed
 without regenerating the block, or a planner change that moves its figures, fails here. The public and GPU blocks' own
 running time ("(N s here)") differs run to run, and the validation block's "Skipped:" line names every JSON in
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PLAN_DOC = ROOT / "docs" / "plan.md"
+VALIDATION_DOC = ROOT / "docs" / "plan_validation.md"
+PUBLIC_DOC = ROOT / "docs" / "plan_public.md"
 RUNTIME = re.compile(r"\(\d+ s here\)")
 SKIPPED = re.compile(r"^Skipped: .*$", re.M)
 
@@ -39,19 +41,20 @@ def test_the_validation_block_is_current():
     from verl_pipe.plan.validate import BEGIN, END, markdown, validate
 
     fresh = SKIPPED.sub("Skipped: …", markdown(validate(ROOT / "docs" / "bench")))
-    diff = differing_lines(SKIPPED.sub("Skipped: …", block(PLAN_DOC.read_text(), BEGIN, END)), fresh)
-    assert diff == [], ("docs/plan.md's validation block is stale; regenerate it with "
-                        "`python -m verl_pipe.plan --validate --update-doc docs/plan.md`:\n" + "\n".join(diff[:20]))
+    diff = differing_lines(SKIPPED.sub("Skipped: …", block(VALIDATION_DOC.read_text(), BEGIN, END)), fresh)
+    assert diff == [], ("docs/plan_validation.md's validation block is stale; regenerate it with "
+                        "`python -m verl_pipe.plan --validate --update-doc docs/plan_validation.md`:\n"
+                        + "\n".join(diff[:20]))
 
 
 def test_the_public_block_is_current():
     from verl_pipe.plan.public import BEGIN, END, render
 
     fresh = RUNTIME.sub("(N s here)", render())
-    doc = RUNTIME.sub("(N s here)", block(PLAN_DOC.read_text(), BEGIN, END))
+    doc = RUNTIME.sub("(N s here)", block(PUBLIC_DOC.read_text(), BEGIN, END))
     diff = differing_lines(doc, fresh)
-    assert diff == [], ("docs/plan.md's public-figures block is stale; regenerate it with "
-                        "`python -m verl_pipe.plan.public --update-doc docs/plan.md`:\n" + "\n".join(diff[:20]))
+    assert diff == [], ("docs/plan_public.md's public-figures block is stale; regenerate it with "
+                        "`python -m verl_pipe.plan.public --update-doc docs/plan_public.md`:\n" + "\n".join(diff[:20]))
 
 
 def test_a_drifted_block_is_told():
@@ -79,7 +82,7 @@ def held_out_max(table: str) -> dict[str, float]:
 def test_the_results_page_quotes_the_blocks_held_out_errors():
     from verl_pipe.plan.validate import BEGIN, END
 
-    got = held_out_max(block(PLAN_DOC.read_text(), BEGIN, END))
+    got = held_out_max(block(VALIDATION_DOC.read_text(), BEGIN, END))
     phrase = (f"sync within {got['sync']:.0f}%, group granularity {got['cgp_group']:.0f}%, verl's peer "
               f"{got['verl_separate_async']:.0f}%, but cgp and cgp+fgd miss by up to {got['cgp']:.0f}% and "
               f"{got['cgp_fgd']:.0f}%")
@@ -91,7 +94,7 @@ def test_the_gpu_picture_block_is_current():
     from verl_pipe.plan.gpu_picture import BEGIN, END, render
 
     fresh = RUNTIME.sub("(N s here)", render())
-    doc = RUNTIME.sub("(N s here)", block(PLAN_DOC.read_text(), BEGIN, END))
+    doc = RUNTIME.sub("(N s here)", block(PUBLIC_DOC.read_text(), BEGIN, END))
     diff = differing_lines(doc, fresh)
-    assert diff == [], ("docs/plan.md's GPU picture block is stale; regenerate it with "
-                        "`python -m verl_pipe.plan.gpu_picture --update-doc docs/plan.md`:\n" + "\n".join(diff[:20]))
+    assert diff == [], ("docs/plan_public.md's GPU picture block is stale; regenerate it with "
+                        "`python -m verl_pipe.plan.gpu_picture --update-doc docs/plan_public.md`:\n" + "\n".join(diff[:20]))

@@ -1,4 +1,4 @@
-"""The README's and docs' prose figures (docs/results.md holds the README's measurements since 2026-12-05) quoted from
+"""The README's and docs' prose figures (docs/results.md: one line per registered study) quoted from
 a bench JSON in docs/bench match that JSON (the tables are
 checked by tests/test_readme_tables.py). Each entry below is a short phrase of the document with its figures
 computed from the JSON it cites, rounded as the text rounds them; a figure that drifts from its JSON, or a phrase
@@ -337,17 +337,17 @@ def test_a_drifted_figure_fails():
 
 def test_simulated_cgp_fgd_beats_verls_peer_on_every_cluster_setting():
     """docs/results.md's "beats verl's separate_async (simulated) on every setting", as is and at T/R = 1."""
-    assert "it beats verl's separate_async (simulated, see below) on every setting" in text("docs/results.md")
+    assert "beats verl's separate_async (simulated) on every setting" in text("docs/results.md")
     for s in bench(SIM)["settings"]:
         for modes in (s["modes"], _sim_at_tr1(s)):
             assert modes["cgp_fgd"]["reduction_vs_sync_pct"] > modes["verl_separate_async"]["reduction_vs_sync_pct"], s["name"]
 
 
-FAULT_LOG = ROOT / "docs" / "bench" / "logs" / "faults_e2e_2026-12-02.log"
+FAULT_LOG = ROOT / "docs" / "bench" / "logs" / "faults_e2e_2026-12-02.log.gz"
 
 
 def fault_figures(log: str) -> dict:
-    """The figures docs/results.md quotes from the fault and signal tests' printed lines and pytest's durations."""
+    """The figures docs/reliability.md quotes from the fault and signal tests' printed lines and pytest's durations."""
     def one(pattern: str) -> str:
         (got,) = re.findall(pattern, log)
         return got
@@ -361,15 +361,18 @@ def fault_figures(log: str) -> dict:
             "signals_call": one(r"([\d.]+)s call +tests/e2e/test_zz_signals.py")}
 
 
-def test_the_results_fault_times_are_the_logs():
-    f = fault_figures(FAULT_LOG.read_text(errors="replace"))
-    readme = text("docs/results.md")
+def test_the_reliability_page_fault_times_are_the_logs():
+    import gzip
+
+    with gzip.open(FAULT_LOG, "rt", errors="replace") as fh:
+        f = fault_figures(fh.read())
+    readme = text("docs/reliability.md")
     for phrase in (f"comes back with θ_k ({f['replica']} s here)",
                    f"θ_k at a step's start; {', '.join(f['deaths'][:-1])} and {f['deaths'][-1]} s)",
                    f"log-prob gap of its samples {f['gap']})", f"mid-step stops it in {f['sigterm']} s",
                    f"stops that one in {f['sigint']} s", f"stack was up in {f['setup']} s",
                    f"passed in {f['signals_call']} s in the fault run above"):
-        assert phrase in readme, f"docs/results.md: expected (from {FAULT_LOG.name}) {phrase!r}"
+        assert phrase in readme, f"docs/reliability.md: expected (from {FAULT_LOG.name}) {phrase!r}"
 
 
 def test_fault_figures_are_read_from_the_printed_lines():

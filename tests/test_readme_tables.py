@@ -82,7 +82,10 @@ def test_every_readme_table_with_measured_figures_is_marked(doc):
         if line.startswith("|") and not inside:
             table.append(line)
             continue
-        if table and any(figure.search(row) for row in table[2:]):
+        # docs/results.md's study index (header "| study |"): one line per registered study, each naming the JSON its
+        # figures are read from; the figures the README and the lead rely on are recomputed by test_readme_figures.py
+        index = doc.name == "results.md" and table and table[0].startswith("| study |")
+        if table and not index and any(figure.search(row) for row in table[2:]):
             unmarked.append(table[0])
         table = []
     assert unmarked == [], f"{doc.name}: tables with figures but no `<!-- table: ... -->` marker: {unmarked}"
