@@ -128,8 +128,7 @@ def _is_cpu_list(v) -> bool:
 
 
 def _check_model_size(value, key: str, config: DictConfig) -> None:
-    # Imports torch: only when this key is checked.
-    from verl_pipe.assets.model import MODEL_SIZES
+    from verl_pipe.assets.model_sizes import MODEL_SIZES
 
     _check_value(Rule("one of " + ", ".join(MODEL_SIZES), lambda v: isinstance(v, str) and v in MODEL_SIZES),
                  value, key)

@@ -118,7 +118,7 @@ def ensure_assets(cache_dir: Path | None = None, size: str = "tiny", task: str =
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     name = TASKS[task].cache_name(task, size)
     if not (cache_dir / name).is_dir():
-        from verl_pipe.assets.model import MODEL_SIZES
+        from verl_pipe.assets.model_sizes import MODEL_SIZES
 
         if size not in MODEL_SIZES:
             raise ValueError(f"unknown model size {size!r}; choose from {sorted(MODEL_SIZES)}")
