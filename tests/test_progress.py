@@ -30,6 +30,19 @@ def test_progress_text_says_done_of_total_elapsed_and_eta():
     assert progress_text("vLLM replicas starting", None, None, 90.0) == "vLLM replicas starting: 1m30s elapsed"
 
 
+def test_the_eta_leaves_out_the_wait_before_the_first_step():
+    """verl's SFT subprocess takes its start-up (imports, model load) before step 1: the ETA follows the steps' rate
+    from the first count on, not the elapsed time over the steps done."""
+    out, clock = io.StringIO(), Clock()
+    p = Progress("warm-start SFT", total=100, out=out, tty=False, clock=clock, log_every_s=10.0)
+    clock.t += 40.0  # start-up
+    p.update(1)  # the first count (its line: the throttle's first interval has passed)
+    assert out.getvalue() == "warm-start SFT: 1/100 steps (1%), 40s elapsed, ETA ?\n"
+    clock.t += 10.0
+    p.update(21)  # 20 steps in 10 s: 79 left, 40 s at that rate
+    assert out.getvalue().splitlines()[-1] == "warm-start SFT: 21/100 steps (21%), 50s elapsed, ETA 40s"
+
+
 def test_the_throttle_says_yes_once_per_interval():
     t = Throttle(30.0)
     assert [t.due(now) for now in (0.0, 1.0, 29.9, 30.0, 31.0, 59.9, 60.5)] == \

@@ -35,13 +35,19 @@ def eta_s(done: int, total: int | None, elapsed_s: float) -> float | None:
     return elapsed_s / done * max(0, total - done)
 
 
-def progress_text(what: str, done: int | None, total: int | None, elapsed_s: float, unit: str = "steps") -> str:
+_RATE_SO_FAR = object()
+
+
+def progress_text(what: str, done: int | None, total: int | None, elapsed_s: float, unit: str = "steps",
+                  eta: float | None | object = _RATE_SO_FAR) -> str:
     """e.g. ``warm-start: 120/720 steps (17%), 1m05s elapsed, ETA 5m25s``; without a count (a wait on something
-    else): ``starting vLLM replicas: 1m30s elapsed``."""
+    else): ``starting vLLM replicas: 1m30s elapsed``. ``eta``: the seconds left if known otherwise (None: unknown);
+    by default at the rate so far (``eta_s``)."""
     if done is None:
         return f"{what}: {duration(elapsed_s)} elapsed"
     count = f"{done}/{total} {unit} ({done / total:.0%})" if total else f"{done} {unit}"
-    eta = eta_s(done, total, elapsed_s)
+    if eta is _RATE_SO_FAR:
+        eta = eta_s(done, total, elapsed_s)
     return f"{what}: {count}, {duration(elapsed_s)} elapsed, ETA {duration(eta) if eta is not None else '?'}"
 
 
@@ -72,12 +78,19 @@ class Progress:
         self.clock = clock
         self.t0 = clock()
         self.done: int | None = None
+        self._first: tuple[float, int] | None = None  # (when, count) of the first count
         self.throttle = Throttle(tty_every_s if self.tty else log_every_s)
         self.throttle.due(self.t0)  # the first line comes after the first interval (start() says what begins)
         self._lock = threading.Lock()
 
     def text(self) -> str:
-        return progress_text(self.what, self.done, self.total, self.clock() - self.t0, self.unit)
+        now = self.clock()
+        eta = None
+        if self._first is not None and self.done is not None and self.total:
+            # the rate since the first count came: a subprocess's start-up before its first step is no step's time
+            t_first, d_first = self._first
+            eta = eta_s(self.done - d_first, self.total - d_first, now - t_first)
+        return progress_text(self.what, self.done, self.total, now - self.t0, self.unit, eta=eta)
 
     def _write(self, line: str, final: bool = False) -> None:
         if self.tty:
@@ -97,6 +110,8 @@ class Progress:
         with self._lock:
             if done is not None:
                 self.done = done
+                if self._first is None:
+                    self._first = (self.clock(), done)
             if self.throttle.due(self.clock()):
                 self._write(self.text())
 
