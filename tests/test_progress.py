@@ -106,5 +106,9 @@ def test_the_warm_start_follows_verls_sft_step_lines():
     """verl's console logger (concat_dict_to_str): ``step:N - key:value - ...``; anything else is not a step."""
     assert sft_step("step:120 - train/loss:0.53 - train/lr:0.003\n") == 120
     assert sft_step("step:7\n") == 7
-    for line in ("Epoch 1/1000:  12%|#2   | 3/25", "stepping: 3", "  step:3 - x:1", "Total time for train steps: 3s"):
+    # after the unfinished line of verl's tqdm bar, as the captured output has it
+    assert sft_step("Epoch 1/1000:   6%|▋         | 1/16 [00:02<00:36,  2.45s/it]step:2 - perf/max_memory_allocated_gb:0.0"
+                    " - train/loss:6.9\n") == 2
+    for line in ("Epoch 1/1000:  12%|#2   | 3/25", "stepping: 3", "global_step:3 - x:1", "train/step:3 - x",
+                 "Total time for train steps: 3s", "step:3x"):
         assert sft_step(line) is None, line

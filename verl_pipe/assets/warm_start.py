@@ -114,13 +114,14 @@ def run(spec: WarmStart, model_dir: Path, sft_file: Path, out_dir: Path, log=pri
 
 
 # verl's console logger writes a line per SFT step, "step:N - train/loss:... - ..." (verl.utils.logger.aggregate_logger
-# concat_dict_to_str, called by SFTTrainer.fit through Tracking.log): the step count the progress line follows.
-STEP_LINE = re.compile(r"^step:(\d+)\b")
+# concat_dict_to_str, called by SFTTrainer.fit through Tracking.log): the step count the progress line follows. In the
+# captured output it often follows the unfinished line of verl's tqdm bar ("Epoch 1/1000: 6%|...| 1/16 [...]step:2 - ").
+STEP_LINE = re.compile(r"(?:^|[^\w/])step:(\d+)(?: - |\s*$)")
 
 
 def sft_step(line: str) -> int | None:
     """The step number of one of verl's per-step SFT log lines; None for any other line."""
-    m = STEP_LINE.match(line)
+    m = STEP_LINE.search(line)
     return int(m.group(1)) if m else None
 
 

@@ -10,10 +10,9 @@ import ray
 @ray.remote(num_cpus=1)
 class PipeTaskRunner:
     def run(self, config, stop_file: str | None = None, run_id: str | None = None) -> dict:
-        from verl_pipe.launch.stop_request import StopCheck
-
         from verl_pipe.assets.progress import waiting
         from verl_pipe.config import rollout_replicas
+        from verl_pipe.launch.stop_request import StopCheck
 
         t0 = time.perf_counter()
         # The launcher's stop request, the trainer's stop check (RunLoop.stop_requested): a file on its node, and the
