@@ -26,7 +26,7 @@ def test_setting_composes_and_validates(cfg):
 
     c = mtb.compose_config(cfg)
     validate(c.copy(), check_paths=False)
-    with open_dict(c):  # what main_grpo.prepare_config derives
+    with open_dict(c):  # what the launcher derives (launch/prepare.py)
         c.rollout = {"nnodes": c.actor_rollout_ref.rollout.nnodes,
                      "n_gpus_per_node": c.actor_rollout_ref.rollout.n_gpus_per_node}
     OmegaConf.resolve(c)

@@ -91,14 +91,14 @@ def test_the_worked_solutions_of_the_built_splits_score_one(tmp_path):
 
 
 def test_it_is_the_chain_tasks_reward_in_a_run(tmp_path):
-    """main_grpo.prepare_config sets the task's reward when the run names none; verl loads it from that file."""
+    """launch.prepare.prepare_config sets the task's reward when the run names none; verl loads it from that file."""
     from omegaconf import open_dict
     from verl.trainer.ppo.reward import get_custom_reward_fn
 
     import verl_pipe.assets.chain_reward as chain_reward
     import verl_pipe.assets.reward as digit_reward
     from verl_pipe.launch.session import compose
-    from verl_pipe.main_grpo import prepare_config
+    from verl_pipe.launch.prepare import prepare_config
 
     assert TASKS["chain"].reward_module == "verl_pipe.assets.chain_reward"
     assert TASKS["digit_math"].reward_module == "verl_pipe.assets.reward"

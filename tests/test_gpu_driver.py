@@ -154,7 +154,7 @@ def test_an_unknown_cuda_major_warns(node):
 
 def test_the_preflight_runs_it_on_gpu_only(node, monkeypatch):
     from verl_pipe.launch import preflight
-    from verl_pipe.main_grpo import select_platform
+    from verl_pipe.launch.ray_start import select_platform
 
     run = smi("550.54.15", ("NVIDIA H100", "9.0"))
     preflight.check_gpu_driver(compose([]), **CU13, **{**node, "run": run})  # the CPU platform: not checked

@@ -20,7 +20,7 @@ PROBE = r"""
 import json, os, sys
 from omegaconf import OmegaConf
 from verl_pipe.config import validate
-from verl_pipe.main_grpo import ray_init_kwargs
+from verl_pipe.launch.ray_start import ray_init_kwargs
 from verl_pipe.launch.preflight import check_environment
 from verl_pipe.launch.session import compose
 

@@ -7,7 +7,7 @@ import re
 import sys
 from pathlib import Path
 
-from verl_pipe.main_grpo import attaches
+from verl_pipe.launch.ray_start import attaches
 from verl_pipe.platform.node_roles import ROLLOUT_RESOURCE, TRAINER_RESOURCE, pool_resource
 
 ROOT = Path(__file__).resolve().parents[1]

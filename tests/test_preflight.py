@@ -30,9 +30,9 @@ def test_gpu_run_refuses_a_cpu_environment():
 
 
 def test_gpu_launcher_checks_its_environment_and_blanks_the_workers(monkeypatch):
-    """main_grpo.select_platform on GPU: refuses leftovers here, and the runtime_env blanks them for Ray's
+    """ray_start.select_platform on GPU: refuses leftovers here, and the runtime_env blanks them for Ray's
     processes (verl and our plugin read an empty VERL_PLATFORM as unset)."""
-    from verl_pipe.main_grpo import select_platform
+    from verl_pipe.launch.ray_start import select_platform
 
     cfg = compose(GPU)
     monkeypatch.setenv("VERL_PLATFORM", "cpu")  # tests/conftest.py sets the CPU environment

@@ -1,7 +1,7 @@
-"""The Ray settings the launcher gives a long run (verl_pipe/main_grpo.py: RAY_ENV_DEFAULTS), pure: set where unset,
+"""The Ray settings the launcher gives a long run (verl_pipe/launch/ray_start.py: RAY_ENV_DEFAULTS), pure: set where unset,
 a user's own value kept."""
 
-from verl_pipe.main_grpo import RAY_ENV_DEFAULTS, ray_env_defaults
+from verl_pipe.launch.ray_start import RAY_ENV_DEFAULTS, ray_env_defaults
 
 
 def test_task_event_cap_and_metrics_off_are_set_unless_the_user_set_them():
@@ -23,7 +23,7 @@ def _launch_kwargs(extra_env: dict) -> dict:
     import subprocess
     import sys
 
-    code = ("import json, os\nfrom verl_pipe.main_grpo import ray_init_kwargs\nfrom verl_pipe.launch.session import compose\n"
+    code = ("import json, os\nfrom verl_pipe.launch.ray_start import ray_init_kwargs\nfrom verl_pipe.launch.session import compose\n"
             "k = ray_init_kwargs(compose([]))\n"
             "print('RESULT' + json.dumps({'include_dashboard': k.get('include_dashboard'), "
             "'env_vars': k['runtime_env']['env_vars'], "

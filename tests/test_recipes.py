@@ -12,6 +12,7 @@ import pytest
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl_pipe.config import validate
+from verl_pipe.config_keys import apply_pool_aliases
 from verl_pipe.launch.session import compose
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,9 +58,8 @@ def test_recipe_passes_verl_checks(configs, name):
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
     cfg = configs[name].copy()
-    with open_dict(cfg):  # what main_grpo.prepare_config derives for verl's separate-pool wiring
-        cfg.rollout = {"nnodes": cfg.actor_rollout_ref.rollout.nnodes,
-                       "n_gpus_per_node": cfg.actor_rollout_ref.rollout.n_gpus_per_node}
+    with open_dict(cfg):  # what the launcher derives for verl's separate-pool wiring (launch/prepare.py)
+        apply_pool_aliases(cfg)
     OmegaConf.resolve(cfg)
     validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
     for node in ("actor_rollout_ref.rollout", "actor_rollout_ref.actor", "algorithm",

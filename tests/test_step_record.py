@@ -28,7 +28,7 @@ def timeline() -> StepTimeline:
     return tl
 
 
-KNOBS = StepKnobs(mode="cgp")
+KNOBS = StepKnobs(mode="cgp", unit_fill="completion")
 
 
 class Trainer:
@@ -83,8 +83,9 @@ def test_metrics_record_and_summary(capsys):
     assert t.history.steps_run == 1 and t.history.rewards == [0.5]
     assert record["knobs"]["variant"] == "cgp" and record["knobs"]["sampling_overrides"] is False
     out = capsys.readouterr().out
-    assert out == summary_line(3, "cgp", t.metrics, tm) + "\n"
-    assert out.startswith("[verl_pipe] step 3 (cgp): reward 0.500 | resp_len 10.0 | rollout 6.00s | train 3.00s |")
+    assert out == summary_line(3, "cgp, minibatch granularity, completion fill", t.metrics, tm) + "\n"
+    assert out.startswith("[verl_pipe] step 3 (cgp, minibatch granularity, completion fill): reward 0.500 | "
+                          "resp_len 10.0 | rollout 6.00s | train 3.00s |")
 
 
 def test_no_batch_no_verl_metrics_and_no_recovery_key():
@@ -154,10 +155,13 @@ def test_the_run_totals_and_its_pipelining_line():
     tot = t.history.totals
     assert tot["trainer_busy_in_rollout_s"] == pytest.approx(2.0) and tot["trainer_busy_s"] == pytest.approx(6.0)
     assert tot["rollout_to_train_end_s"] == pytest.approx(16.0) and tot["rollout_end_s"] == pytest.approx(12.0)
-    assert t.history.modes == {"cgp"}
-    line = pipeline_line(tot, 2, t.history.modes)
+    assert t.history.modes == {"cgp"} and t.history.variants == {"cgp, minibatch granularity, completion fill"}
+    line = pipeline_line(tot, 2, t.history.variants)
+    assert line.startswith("[verl_pipe] pipelining (cgp, minibatch granularity, completion fill) over 2 steps")
     assert "trained 2.0s of its 6.0s while the rollout still ran (33%)" in line
     assert "rollout->train end 16.0s against 18.0s" in line and "2.0s (11%) saved" in line
+    # the saving says what it is computed from: the run's own timelines, an estimate of sync, not a sync run
+    assert "Computed from this run's step timelines" in line and "not a measured sync run" in line
 
 
 def test_a_sync_run_says_how_long_its_trainer_waited():
@@ -177,3 +181,29 @@ def test_done_line_keeps_a_first_runs_asset_build_apart_from_the_run():
     line = done_line({"steps": 40, "startup_s": 54.6}, 452.3, 517.5)
     assert line == "[verl_pipe] done: 40 steps in 452.3s (start-up 54.6s; before it, the config and assets 517.5s)"
     assert done_line({"steps": 3, "startup_s": 50.0}, 90.0, 0.2) == "[verl_pipe] done: 3 steps in 90.0s (start-up 50.0s)"
+
+
+@pytest.mark.parametrize("knobs, label", [
+    (StepKnobs(mode="cgp", granularity="group", fgd=True, unit_fill="dispatch"),
+     "cgp+fgd, group granularity, dispatch fill"),
+    (StepKnobs(mode="cgp", granularity="minibatch", fgd=True, unit_fill="completion"),
+     "cgp+fgd, minibatch granularity, completion fill"),
+    (StepKnobs(mode="cgp", granularity="group", fgd=False, unit_fill="completion"),
+     "cgp, group granularity, completion fill"),
+    (StepKnobs(mode="sync", granularity="minibatch"), "sync"),
+])
+def test_the_step_line_and_the_summary_name_the_variant_as_configured(knobs, label, capsys):
+    """Issue 61(d): the demo runs CGP + FGD at group granularity; its step lines and closing summary said ``(cgp)``.
+    They name mode, FGD, granularity and unit fill now (sync has neither granularity nor fill: it trains whole
+    mini-batches after the rollout)."""
+    from verl_pipe.core.variants import name_of
+    from verl_pipe.trainer.step_record import pipeline_line, variant_label
+
+    assert variant_label(knobs) == label
+    assert knobs.record()["variant"] == name_of(knobs.mode, knobs.granularity, knobs.fgd)  # the record's name stays
+    t = Trainer()
+    record_step(t, t.history, step=3, knobs=knobs, outcome=outcome(), timeline=timeline(), rollout_result=StepResult(),
+                data_index=[], step_s=1.0)
+    assert capsys.readouterr().out.startswith(f"[verl_pipe] step 3 ({label}): reward")
+    assert t.history.variants == {label}
+    assert f"({label})" in pipeline_line(t.history.totals, 1, t.history.variants)

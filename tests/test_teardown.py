@@ -89,13 +89,13 @@ def test_only_the_first_signal_interrupts_the_launcher(monkeypatch):
     second must not raise inside the teardown the first one started."""
     import signal
 
-    from verl_pipe import main_grpo
+    from verl_pipe.launch import launcher
 
-    monkeypatch.setattr(main_grpo, "_SIGNALS", [])
+    monkeypatch.setattr(launcher, "_SIGNALS", [])
     with pytest.raises(KeyboardInterrupt):
-        main_grpo._stop_on(signal.SIGINT, None)
-    main_grpo._stop_on(signal.SIGTERM, None)  # recorded, not raised
-    assert main_grpo._SIGNALS == [signal.SIGINT, signal.SIGTERM]
+        launcher._stop_on(signal.SIGINT, None)
+    launcher._stop_on(signal.SIGTERM, None)  # recorded, not raised
+    assert launcher._SIGNALS == [signal.SIGINT, signal.SIGTERM]
 
 
 def test_an_actor_death_that_surfaces_before_the_signal_handler_is_still_the_signals_stop(monkeypatch):
@@ -106,14 +106,14 @@ def test_an_actor_death_that_surfaces_before_the_signal_handler_is_still_the_sig
     import signal
     import threading
 
-    from verl_pipe import main_grpo
+    from verl_pipe.launch import launcher
 
-    monkeypatch.setattr(main_grpo, "_SIGNALS", [])
-    assert main_grpo._signalled(wait_s=0.1) is False
-    before = signal.signal(signal.SIGUSR1, main_grpo._stop_on)
+    monkeypatch.setattr(launcher, "_SIGNALS", [])
+    assert launcher._signalled(wait_s=0.1) is False
+    before = signal.signal(signal.SIGUSR1, launcher._stop_on)
     try:
         threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGUSR1)).start()  # arrives while _signalled waits
-        assert main_grpo._signalled(wait_s=5.0) is True
-        assert main_grpo._SIGNALS == [signal.SIGUSR1]
+        assert launcher._signalled(wait_s=5.0) is True
+        assert launcher._SIGNALS == [signal.SIGUSR1]
     finally:
         signal.signal(signal.SIGUSR1, before)

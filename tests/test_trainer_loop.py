@@ -55,7 +55,7 @@ def test_val_only_stops_after_the_first_validation():
 
 
 def test_a_stop_request_starts_no_new_step(tmp_path):
-    """The launcher touches its stop file when signalled (verl_pipe/main_grpo.py: request_stop): the loop starts no
+    """The launcher touches its stop file when signalled (verl_pipe/launch/launcher.py: request_stop): the loop starts no
     step after that and ends; without the file it runs on."""
     stop = tmp_path / "stop"
 

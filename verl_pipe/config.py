@@ -128,8 +128,7 @@ def _is_cpu_list(v) -> bool:
 
 
 def _check_model_size(value, key: str, config: DictConfig) -> None:
-    # Imports torch: only when this key is checked.
-    from verl_pipe.assets.model import MODEL_SIZES
+    from verl_pipe.assets.model_sizes import MODEL_SIZES
 
     _check_value(Rule("one of " + ", ".join(MODEL_SIZES), lambda v: isinstance(v, str) and v in MODEL_SIZES),
                  value, key)
@@ -378,7 +377,7 @@ def validate(config: DictConfig, check_paths: bool = True) -> None:
         raise _err("trainer.device", "is 'cpu' with rolloutpipe.platform=gpu; set trainer.device=cuda "
                                      "(or rolloutpipe.platform=cpu)")
     if check_paths:
-        _validate_paths(config)
+        validate_paths(config)
 
 
 def _check_verl_keys(config: DictConfig) -> None:
@@ -678,16 +677,21 @@ def is_hub_id(path: str) -> bool:
     return bool(HUB_ID.fullmatch(text)) and not text.startswith((".", "/", "~"))
 
 
-def _validate_paths(config: DictConfig) -> None:
+def validate_paths(config: DictConfig, unset_ok: bool = False) -> None:
+    """The model and data paths exist (or the model is a hub id). ``unset_ok``: an unset one passes (the launcher
+    fills it with the tiny assets after this check: verl_pipe/launch/prepare.py)."""
     model = config.actor_rollout_ref.model.path
-    if not model:
+    if not model and not unset_ok:
         raise _err("actor_rollout_ref.model.path", "is not set (set it, or rolloutpipe.tiny_assets.enable=true)")
-    if not Path(os.path.expanduser(str(model))).exists() and "://" not in str(model) and not is_hub_id(model):
+    if model and not Path(os.path.expanduser(str(model))).exists() and "://" not in str(model) \
+            and not is_hub_id(model):
         raise _err("actor_rollout_ref.model.path",
                    f"{model} does not exist, and it is not a Hugging Face hub id (owner/name, e.g. "
                    "Qwen/Qwen3-1.7B)")
     for key in ("train_files", "val_files"):
         files = config.data[key]
+        if not files and unset_ok:
+            continue
         if not files:
             raise _err(f"data.{key}", "is not set (set it, or rolloutpipe.tiny_assets.enable=true)")
         for f in [files] if isinstance(files, str) else list(files):

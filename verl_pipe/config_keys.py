@@ -11,8 +11,8 @@ own, not a hand list:
 - a mapping verl leaves open (an empty mapping or null in its YAML, or a dataclass field typed as a dict or Any: model
   overrides, engine kwargs, reward kwargs) takes any key, except where verl hands it to a callable as keyword arguments:
   ``ray_kwargs.ray_init`` goes to ``ray.init``, whose parameters are the keys allowed (``CALLEE_KWARGS``);
-- ``rolloutpipe:`` has its own table (verl_pipe/config.py ROLLOUTPIPE), and the launcher's own additions
-  (``LAUNCHER_KEYS``) are allowed.
+- ``rolloutpipe:`` has its own table (verl_pipe/config.py ROLLOUTPIPE); the top-level ``rollout:`` of verl's separated
+  trainers holds the rollout pool's size, aliases of ours (``POOL_ALIASES``), and nothing else.
 """
 
 from __future__ import annotations
@@ -26,9 +26,20 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-# Top-level keys the launcher writes itself (verl_pipe/main_grpo.py prepare_config: verl's one-step-off wiring reads
-# the rollout pool's size there), and our own section (its table is verl_pipe/config.py's).
-LAUNCHER_KEYS = ("rollout", "rolloutpipe")
+# Our own section (its table is verl_pipe/config.py's).
+LAUNCHER_KEYS = ("rolloutpipe",)
+# verl's separated trainers (one_step_off_policy, fully_async_policy) size the rollout pool with a top-level
+# ``rollout:`` node and copy it into actor_rollout_ref.rollout (verl 0.9.1: one_step_off_policy/main_ppo.py,
+# fully_async_main.py). Here those keys are aliases of ours (``POOL_ALIASES``: the launcher copies a set one over,
+# verl_pipe/launch/prepare.py) and the launcher writes the pool's size back to ``rollout`` (verl's
+# create_resource_pool_manager reads it there); their other keys there are refused naming ours (``POOL_REFUSED``).
+POOL_ALIASES = {"nnodes": "actor_rollout_ref.rollout.nnodes",
+                "n_gpus_per_node": "actor_rollout_ref.rollout.n_gpus_per_node"}
+POOL_REFUSED = {
+    "n": "verl's fully-async key; the responses per prompt are actor_rollout_ref.rollout.n here",
+    "total_rollout_steps": "verl's fully-async key; the run's length is trainer.total_training_steps here "
+                           "(trainer.total_epochs bounds it)",
+}
 # Keys verl 0.9.1's code reads that its YAML does not declare: (path, verl function that reads it). A test checks
 # that each function's source reads the key, so the list cannot outlive verl's code.
 READ_BY_VERL = {
@@ -42,6 +53,55 @@ CALLEE_KWARGS = {"ray_kwargs.ray_init": "ray.init"}
 
 class UnknownKeyError(ValueError):
     pass
+
+
+def pool_alias_problems(config: DictConfig) -> list[tuple[str, str]]:
+    """(path, message) for each key under the top-level ``rollout:`` that is not one of verl's pool-size aliases
+    (``POOL_ALIASES``) set to null or an integer >= 1."""
+    node = config.get("rollout")
+    if node is None:
+        return []
+    if not isinstance(node, DictConfig):
+        return [("rollout", f"got {node!r}; allowed: a mapping with keys {', '.join(POOL_ALIASES)} (verl's separated "
+                            "trainers' rollout pool size, aliases of " + ", ".join(POOL_ALIASES.values()) + ")")]
+    problems = []
+    for key in node.keys():
+        key, path = str(key), f"rollout.{key}"
+        if key in POOL_ALIASES:
+            value = node.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                problems.append((path, f"got {value!r}; allowed: null or an integer >= 1 (an alias of "
+                                       f"{POOL_ALIASES[key]})"))
+        elif key in POOL_REFUSED:
+            if node.get(key) is not None:
+                problems.append((path, f"not supported: {POOL_REFUSED[key]}"))
+        else:
+            problems.append((path, f"unknown key{_suggest(key, set(POOL_ALIASES), 'rollout')}; the top-level rollout "
+                                   "holds verl's separated-trainer pool size only: "
+                                   + ", ".join(f"rollout.{k} (= {v})" for k, v in POOL_ALIASES.items())))
+    return problems
+
+
+def apply_pool_aliases(config: DictConfig) -> list[str]:
+    """Copies each pool-size alias set under the top-level ``rollout:`` to the key it stands for (verl's separated
+    trainers do the same: the top-level value wins), then writes the pool's size back there for verl's
+    create_resource_pool_manager. Returns a note per value an alias changed. Refuses a bad key or value first
+    (``pool_alias_problems``). ``config`` must be open (open_dict)."""
+    problems = pool_alias_problems(config)
+    if problems:
+        raise UnknownKeyError(f"{problems[0][0]}: {problems[0][1]}")
+    node = config.get("rollout")
+    notes = []
+    for key, target in POOL_ALIASES.items():
+        value = node.get(key) if node is not None else None
+        if value is None:
+            continue
+        current = OmegaConf.select(config, target)
+        if current != value:
+            notes.append(f"rollout.{key}={value} (verl's separated-trainer key) sets {target} (was {current})")
+            OmegaConf.update(config, target, value, merge=False)
+    config.rollout = {k: OmegaConf.select(config, t) for k, t in POOL_ALIASES.items()}
+    return notes
 
 
 @functools.lru_cache(maxsize=1)
@@ -178,6 +238,9 @@ def unknown_keys(config: DictConfig) -> list[tuple[str, str]]:
             key = str(key)
             path = f"{prefix}.{key}" if prefix else key
             if (not prefix and key in LAUNCHER_KEYS) or path in READ_BY_VERL:
+                continue
+            if not prefix and key == "rollout":  # verl's separated trainers' pool size: aliases of ours
+                problems.extend(pool_alias_problems(config))
                 continue
             if key not in allowed:
                 shown = sorted(k for k in allowed if not k.startswith("_"))

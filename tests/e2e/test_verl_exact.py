@@ -109,7 +109,7 @@ def test_sync_step_equals_verls_own_v1_sync_trainer(tmp_path):
     from verl_pipe_lab.bench.peer.v1_sync import V1SyncRun, shared_differences, v1_sync_config
     from verl_pipe.core.micro_batches import length_order
     from verl_pipe.launch.session import PipeSession, compose
-    from verl_pipe.main_grpo import prepare_config
+    from verl_pipe.launch.prepare import prepare_config
 
     t0 = time.perf_counter()
     ours = prepare_config(compose(PINNED + [f"trainer.default_local_dir={tmp_path / 'ckpt'}"]))

@@ -72,13 +72,18 @@ def _paths(root: Path, task: str = "digit_math") -> AssetPaths:
 def _build(root: Path, size: str, task: str = "digit_math") -> None:
     # Imported here: building pulls in torch/transformers, which callers that only need paths should not pay for.
     from verl_pipe.assets.model import build_model
+    from verl_pipe.assets.progress import waiting
     from verl_pipe.assets.tokenizer import build_tokenizer
 
     data = importlib.import_module(TASKS[task].data_module)
     paths = _paths(root, task)
-    tokenizer = build_tokenizer(paths.tokenizer_dir, sample_corpus=data.sample_corpus)
-    build_model(paths.model_dir, tokenizer, size=size)
-    data.build_dataset(paths.train_file.parent)
+    # Each part says it started, its elapsed time every 30 s in a log (a live line on a terminal), and what it took.
+    with waiting(f"assets 1/3: the tokenizer ({task})"):
+        tokenizer = build_tokenizer(paths.tokenizer_dir, sample_corpus=data.sample_corpus)
+    with waiting(f"assets 2/3: the {size} model"):
+        build_model(paths.model_dir, tokenizer, size=size)
+    with waiting(f"assets 3/3: the {task} data"):
+        data.build_dataset(paths.train_file.parent)
 
 
 def _cached(cache_dir: Path, name: str, build) -> Path:
@@ -113,7 +118,7 @@ def ensure_assets(cache_dir: Path | None = None, size: str = "tiny", task: str =
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     name = TASKS[task].cache_name(task, size)
     if not (cache_dir / name).is_dir():
-        from verl_pipe.assets.model import MODEL_SIZES
+        from verl_pipe.assets.model_sizes import MODEL_SIZES
 
         if size not in MODEL_SIZES:
             raise ValueError(f"unknown model size {size!r}; choose from {sorted(MODEL_SIZES)}")

@@ -7,7 +7,7 @@ import sys
 
 
 def main(argv: list[str]) -> int:
-    from verl_pipe.main_grpo import prepare_config
+    from verl_pipe.launch.prepare import prepare_config
     from verl_pipe.launch.session import compose
 
     config = prepare_config(compose(argv))

@@ -7,26 +7,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
 
-# head_dim 64 everywhere: vLLM's CPU attention backend rejects smaller heads.
-MODEL_SIZES: dict[str, dict] = {
-    "tiny": dict(
-        num_hidden_layers=2,
-        hidden_size=128,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=64,
-        intermediate_size=384,
-    ),
-    # Big enough that the trainer's share of a step is realistic in benchmarks (~13M params).
-    "bench": dict(
-        num_hidden_layers=4,
-        hidden_size=512,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        head_dim=64,
-        intermediate_size=1536,
-    ),
-}
+from verl_pipe.assets.model_sizes import MODEL_SIZES  # noqa: F401 -- the sizes build_config knows
 
 
 def build_config(tokenizer: PreTrainedTokenizerBase, size: str = "tiny") -> Qwen3Config:

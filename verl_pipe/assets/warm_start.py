@@ -15,11 +15,14 @@ docs/learning.md has what each SFT length and teacher share left, what GRPO did 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from verl_pipe.assets.progress import Progress
 
 
 @dataclass(frozen=True)
@@ -91,22 +94,51 @@ def run(spec: WarmStart, model_dir: Path, sft_file: Path, out_dir: Path, log=pri
     cmd = [sys.executable, "-m", "verl_pipe.assets.warm_start", str(work), batches,
            *sft_overrides(spec, model_dir, sft_file, work, max_length)]
     log(f"warm-start: {spec.steps} SFT steps with verl's SFT trainer (batch {spec.batch_size}, lr {spec.lr:g}"
-        f"{', length-matched batches' if spec.length_batches else ''})")
+        f"{', length-matched batches' if spec.length_batches else ''}); progress every 30 s in a log")
+    sys.stdout.flush()
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", LOCAL_RANK="0",
                WORLD_SIZE="1")
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stdout.splitlines()[-30:])
-        raise RuntimeError(f"the warm-start SFT failed (exit {proc.returncode}); its last lines:\n{tail}")
+    returncode, output = _run_with_progress(cmd, env, Progress("warm-start SFT", total=spec.steps))
+    if returncode != 0:
+        tail = "\n".join(output.splitlines()[-30:])
+        raise RuntimeError(f"the warm-start SFT failed (exit {returncode}); its last lines:\n{tail}")
     ckpt = hf_checkpoint(work, spec.steps)
     shutil.copytree(ckpt, out_dir)
-    (out_dir.parent / "sft.log").write_text(proc.stdout)  # verl's own log of the run (its loss per step), kept
+    (out_dir.parent / "sft.log").write_text(output)  # verl's own log of the run (its loss per step), kept
     # verl saves the model, its config and the tokenizer; the generation config (EOS, pad) comes from the base.
     for name in ("generation_config.json",):
         if (Path(model_dir) / name).is_file():
             shutil.copy(Path(model_dir) / name, out_dir / name)
     shutil.rmtree(work, ignore_errors=True)
     return out_dir
+
+
+# verl's console logger writes a line per SFT step, "step:N - train/loss:... - ..." (verl.utils.logger.aggregate_logger
+# concat_dict_to_str, called by SFTTrainer.fit through Tracking.log): the step count the progress line follows. In the
+# captured output it often follows the unfinished line of verl's tqdm bar ("Epoch 1/1000: 6%|...| 1/16 [...]step:2 - ").
+STEP_LINE = re.compile(r"(?:^|[^\w/])step:(\d+)(?: - |\s*$)")
+
+
+def sft_step(line: str) -> int | None:
+    """The step number of one of verl's per-step SFT log lines; None for any other line."""
+    m = STEP_LINE.search(line)
+    return int(m.group(1)) if m else None
+
+
+def _run_with_progress(cmd: list[str], env: dict, progress: Progress) -> tuple[int, str]:
+    """Runs the SFT subprocess, its output captured (kept for sft.log and an error's tail) and its steps shown as they
+    come (``progress``); returns its exit status and output."""
+    lines = []
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        for line in proc.stdout:
+            lines.append(line)
+            step = sft_step(line)
+            if step is not None:
+                progress.update(step)
+        returncode = proc.wait()
+    if returncode == 0:
+        progress.finish()
+    return returncode, "".join(lines)
 
 
 def _free_port() -> int:

@@ -17,7 +17,8 @@ from verl_pipe.trainer.knobs import StepKnobs, step_knobs
 
 class PipeSession:
     def __init__(self, config: DictConfig):
-        from verl_pipe.main_grpo import prepare_config, start_ray
+        from verl_pipe.launch.prepare import prepare_config
+        from verl_pipe.launch.ray_start import start_ray
         from verl_pipe.launch.task_runner import build_trainer
 
         t0 = time.perf_counter()
@@ -87,7 +88,7 @@ def compose(overrides: list[str] | None = None, config_name: str = "rolloutpipe_
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
 
-    from verl_pipe.main_grpo import CONF_MODULE
+    from verl_pipe.launch.prepare import CONF_MODULE
 
     with initialize_config_module(CONF_MODULE, version_base=None):
         return hydra_compose(config_name, overrides=list(overrides or []))

@@ -10,13 +10,20 @@ import ray
 @ray.remote(num_cpus=1)
 class PipeTaskRunner:
     def run(self, config, stop_file: str | None = None, run_id: str | None = None) -> dict:
+        from verl_pipe.assets.progress import waiting
+        from verl_pipe.config import rollout_replicas
         from verl_pipe.launch.stop_request import StopCheck
 
         t0 = time.perf_counter()
         # The launcher's stop request, the trainer's stop check (RunLoop.stop_requested): a file on its node, and the
         # same request through the cluster's GCS under the run's id (verl_pipe/launch/stop_request.py).
-        trainer = build_trainer(config, stop_check=StopCheck(stop_file, run_id))
-        trainer.init_workers()
+        with waiting("loading the tokenizer and the datasets"):
+            trainer = build_trainer(config, stop_check=StopCheck(stop_file, run_id))
+        trainer_ranks = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
+        replicas = rollout_replicas(config)
+        # verl's init_workers: the trainer pool's workers and the vLLM replicas start, each loading the model
+        with waiting(f"trainer workers init ({trainer_ranks} rank(s)) and {replicas} vLLM replica(s) starting"):
+            trainer.init_workers()
         startup_s = time.perf_counter() - t0
         print(f"[verl_pipe] workers ready in {startup_s:.1f}s", flush=True)
         trainer.fit()
@@ -25,7 +32,8 @@ class PipeTaskRunner:
                 "val_before": dict(getattr(trainer, "initial_val_metrics", None) or {}),
                 "val_after": dict(getattr(trainer, "last_val_metrics", None) or {}),
                 "rewards": list(history.rewards),
-                "pipeline": {"totals": dict(history.totals), "modes": sorted(history.modes)},
+                "pipeline": {"totals": dict(history.totals), "modes": sorted(history.modes),
+                             "variants": sorted(history.variants)},
                 "timelines": [t.to_dict() for t in history.timelines]}  # the last ones (step_record.KEEP_TIMELINES)
 
 

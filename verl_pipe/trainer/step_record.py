@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verl_pipe.core.timeline import StepTimeline, write_chrome_trace
+from verl_pipe.core.variants import pipelines
 from verl_pipe.data_check import skip_metrics
 from verl_pipe.trainer.knobs import StepKnobs
 
@@ -37,6 +38,7 @@ class StepHistory:
     # sums over the completed steps of the timeline figures the run's pipelining line reports (PIPELINE_SUMS)
     totals: dict[str, float] = field(default_factory=dict)
     modes: set[str] = field(default_factory=set)  # the trainer modes the run's steps ran in
+    variants: set[str] = field(default_factory=set)  # what the run's steps ran as (variant_label)
 
 
 def rollout_metrics(tm: dict, rollout_result, trained_groups: int, health=None) -> dict:
@@ -83,9 +85,20 @@ def write_trace(trace_dir, timeline: StepTimeline, record: dict, metrics: dict) 
         f.write(json.dumps(record) + "\n")
 
 
-def summary_line(step: int, mode: str, m: dict, tm: dict) -> str:
+def variant_label(knobs: StepKnobs) -> str:
+    """What a step runs as, in words: the trainer mode, ``+fgd`` when frontier-group dispatch admits the rollout, and
+    for a pipelined mode its granularity and unit fill (rolloutpipe.cgp.granularity, rolloutpipe.cgp.unit_fill), e.g.
+    ``cgp+fgd, group granularity, dispatch fill``; sync trains whole mini-batches after the rollout: ``sync``."""
+    name = knobs.mode + ("+fgd" if knobs.fgd else "")
+    if not pipelines(knobs.mode):
+        return name
+    return f"{name}, {knobs.granularity} granularity, {knobs.unit_fill} fill"
+
+
+def summary_line(step: int, variant: str, m: dict, tm: dict) -> str:
+    """The step's line on stdout; ``variant``: what it ran as (``variant_label``)."""
     train_s = tm["trainer_busy_s"]
-    return (f"[verl_pipe] step {step} ({mode}): "
+    return (f"[verl_pipe] step {step} ({variant}): "
             f"reward {m.get('critic/score/mean', float('nan')):.3f} | "
             f"resp_len {m.get('response_length/mean', float('nan')):.1f} | "
             f"rollout {tm['rollout_end_s']:.2f}s | train {train_s:.2f}s | "
@@ -128,13 +141,14 @@ def record_step(seam, history: StepHistory, *, step: int, knobs: StepKnobs, outc
     history.steps_run += 1
     history.rewards.append(float(metrics.get("critic/score/mean", float("nan"))))
     history.modes.add(knobs.mode)
+    history.variants.add(variant_label(knobs))
     for k in PIPELINE_SUMS:
         history.totals[k] = history.totals.get(k, 0.0) + float(tm_run[k])
     history.last_record = record
     trace_dir = seam.config.rolloutpipe.trace_dir
     if trace_dir:
         write_trace(trace_dir, timeline, record, metrics)
-    print(summary_line(step, knobs.mode, metrics, tm), flush=True)
+    print(summary_line(step, variant_label(knobs), metrics, tm), flush=True)
     if multiturn is not None:
         print(f"[verl_pipe] step {step} multi-turn: {multiturn[1]}", flush=True)
     return record
@@ -177,26 +191,30 @@ def learning_metrics(metrics: dict) -> dict[str, float]:
     return out
 
 
-def pipeline_line(totals: dict[str, float], steps: int, modes) -> str:
+def pipeline_line(totals: dict[str, float], steps: int, variants) -> str:
     """What pipelining did over the run, from its own timelines (``StepHistory.totals``): how much of the training
     ran while the rollout still generated, and the steps' rollout->train end against the rollout and the training
     back to back (each step's ``rollout_end_s + trainer_busy_s``: what a sync step of the same work and the same
     per-phase speeds takes). The overlap slows each side a little on shared hardware, which that estimate leaves out:
-    the measured comparison with sync is the learning bench's (docs/learning.md)."""
+    the measured comparison with sync is the learning bench's (docs/learning.md). ``variants``: what the steps ran as
+    (``variant_label``; trainer mode names do too)."""
     if steps < 1 or not totals:
         return "[verl_pipe] pipelining: no step completed"
+    ran = "; ".join(sorted(variants)) or "?"
     busy, overlap = totals["trainer_busy_s"], totals["trainer_busy_in_rollout_s"]
     window, serial = totals["rollout_to_train_end_s"], totals["rollout_end_s"] + totals["trainer_busy_s"]
     wait = window - busy
     if overlap <= 0:
-        return (f"[verl_pipe] {'/'.join(sorted(modes))}: over {steps} steps the trainer trained {busy:.1f}s and waited "
+        return (f"[verl_pipe] {ran}: over {steps} steps the trainer trained {busy:.1f}s and waited "
                 f"{wait:.1f}s for the rollout ({wait / window:.0%} of rollout->train end, {window:.1f}s); a pipelined "
                 "mode (rolloutpipe.mode=cgp) trains complete groups during the rollout")
     saved = serial - window
-    return (f"[verl_pipe] pipelining ({'/'.join(sorted(modes))}) over {steps} steps: the trainer trained {overlap:.1f}s "
+    return (f"[verl_pipe] pipelining ({ran}) over {steps} steps: the trainer trained {overlap:.1f}s "
             f"of its {busy:.1f}s while the rollout still ran ({overlap / busy:.0%}) and waited {wait:.1f}s; "
             f"rollout->train end {window:.1f}s against {serial:.1f}s for rollout then training back to back: "
-            f"{saved:.1f}s ({saved / serial:.0%}) saved")
+            f"{saved:.1f}s ({saved / serial:.0%}) saved. Computed from this run's step timelines (the steps' rollout "
+            "end + trainer busy time, minus their rollout->train end): an estimate of sync at this run's phase "
+            "speeds, not a measured sync run")
 
 
 def done_line(summary: dict, run_s: float, prepare_s: float) -> str:

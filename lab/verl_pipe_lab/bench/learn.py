@@ -48,7 +48,7 @@ from verl_pipe_lab.bench.learn_charts import write_charts
 from verl_pipe_lab.bench.peer.learn import LEARN_MODE as PEER_MODE
 from verl_pipe_lab.bench.variants import peer_config
 from verl_pipe.core.variants import BASE, FGD_VARIANT, GRANULARITIES, fifo_variant, variant
-from verl_pipe.main_grpo import DEFAULT_RECIPE  # main_grpo's config: its default task (the comparison's)
+from verl_pipe.launch.prepare import DEFAULT_RECIPE  # main_grpo's config: its default task (the comparison's)
 
 # The modes a comparison may run: ours (RolloutPipeTrainer) and verl's on-policy separate_async. By default it runs
 # default_modes(the recipe's granularity): cgp_fgd and the FIFO arm at the granularity the recipe trains at.
@@ -187,7 +187,7 @@ def _run_peer(mode: str, seed: int, steps: int, val_every: int, overrides: list[
     from verl_pipe_lab.bench.peer.learn import learn_rows, learn_spec, run_learning
     from verl_pipe_lab.bench.peer.runner import compose_spec
     from verl_pipe_lab.bench.provenance import stack_record
-    from verl_pipe.main_grpo import prepare_config
+    from verl_pipe.launch.prepare import prepare_config
 
     spec = learn_spec(list(overrides), run_keys(mode, seed, steps, val_every), steps, seed,
                       config=peer_config(mode), config_name=recipe)
@@ -483,7 +483,7 @@ def task_info(overrides: list[str], recipe: str = DEFAULT_RECIPE) -> dict:
     cached after the first)."""
     import pyarrow.parquet as pq
 
-    from verl_pipe.main_grpo import prepare_config
+    from verl_pipe.launch.prepare import prepare_config
 
     cfg = prepare_config(compose_task(overrides, recipe))
     return {"recipe": recipe, "train_files": str(cfg.data.train_files), "val_files": str(cfg.data.val_files),

@@ -196,7 +196,8 @@ def compose_spec(spec: dict, overrides: list[str] | None = None):
 def run(spec: dict) -> dict:
     t_start = time.time()
     from verl_pipe_lab.bench.peer.configs import AFTER_VALIDATION, CONFIGS, MODE_NAMES, knobs_of
-    from verl_pipe.main_grpo import prepare_config, start_ray
+    from verl_pipe.launch.prepare import prepare_config
+    from verl_pipe.launch.ray_start import start_ray
 
     overrides = spec_overrides(spec)
     config = prepare_config(compose_spec(spec, overrides))

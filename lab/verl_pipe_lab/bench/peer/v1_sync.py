@@ -73,7 +73,7 @@ def _select(cfg, key):
 
 def v1_sync_config(ours: DictConfig, steps: int = 1, overrides: dict | None = None) -> DictConfig:
     """verl's ``ppo_trainer`` (its V1 sync trainer, colocated: verl's defaults) with ``SHARED_KEYS`` from ``ours``
-    (a prepared config: asset paths filled, verl_pipe.main_grpo.prepare_config), ``CPU_SETTINGS``, ``steps`` training
+    (a prepared config: asset paths filled, verl_pipe.launch.prepare.prepare_config), ``CPU_SETTINGS``, ``steps`` training
     steps and no validation, checkpoint or resume; then ``overrides`` (dotted key -> value)."""
     from verl_pipe.launch.session import compose
 
@@ -120,7 +120,7 @@ def start_ray_for(config: DictConfig, cores: str | None = None) -> None:
     (default: every core of this process: colocated, they take turns)."""
     import ray
 
-    from verl_pipe.main_grpo import CPU_ENV_DEFAULTS, ray_env_defaults
+    from verl_pipe.launch.ray_start import CPU_ENV_DEFAULTS, ray_env_defaults
     from verl_pipe.platform.env import cpu_env
     from verl_pipe.platform.plugin import activate_cpu
 

@@ -66,7 +66,7 @@ def generate(model, tok, prompts: list[str], do_sample: bool) -> list[str]:
 
 def _default_paths() -> tuple[str, str]:
     """The default config's warm-start (its directory carries its tokenizer) and validation file."""
-    from verl_pipe.main_grpo import prepare_config
+    from verl_pipe.launch.prepare import prepare_config
     from verl_pipe.launch.session import compose
 
     config = prepare_config(compose([]))
