@@ -2,6 +2,7 @@
 
     python -m verl_pipe.bench.learn_pool A.json B.json ... [--mode cgp_fgd] [--base sync] --out POOLED.json
 
+The A/A (sync against sync at seed + 100) goes through the same arithmetic: the noise floor of each figure.
 Each input is one registered attempt's merged result (``python -m verl_pipe.bench --learn``): its runs paired by seed,
 ``mode`` against ``base``, on its own host. Per attempt, as the bench reports it (learn_stats.paired: the relative
 difference of the means with its delta-method standard error): time to the attempt's target (sync's final accuracy
@@ -33,18 +34,25 @@ def _host(result: dict) -> dict:
             "fp32_gflops_1thread": (info.get("matmul_1thread") or {}).get("fp32_gflops")}
 
 
-def attempt(result: dict, mode: str, base: str = "sync", name: str | None = None) -> dict:
-    """One attempt's paired figures, ``mode`` against ``base`` (main arms, paired by seed)."""
-    runs = [r for r in result["runs"] if r.get("arm", "main") == "main"]
-    pairs = st.pair_by_seed([r for r in runs if r["mode"] == mode], [r for r in runs if r["mode"] == base])
+def attempt(result: dict, mode: str, base: str = "sync", name: str | None = None, aa: bool = False) -> dict:
+    """One attempt's paired figures, ``mode`` against ``base`` (main arms, paired by seed); ``aa``: the A/A instead,
+    ``base``'s A/A arm (seed s + 100) against its main arm (seed s), through the same arithmetic."""
+    main = [r for r in result["runs"] if r.get("arm", "main") == "main"]
+    if aa:
+        mode = base
+        theirs = [r for r in result["runs"] if r.get("arm") == "aa" and r["mode"] == base]
+        pairs = [(a, b) for b, a in st.pair_by_seed([r for r in main if r["mode"] == base], theirs,
+                                                     offset=st.aa_seed(0))]
+    else:
+        pairs = st.pair_by_seed([r for r in main if r["mode"] == mode], [r for r in main if r["mode"] == base])
     if len(pairs) < 2:
         raise ValueError(f"{name or 'attempt'}: {len(pairs)} pairs of {mode} and {base} (need >= 2)")
     by_run = result["comparison"]["runs"]
 
     def ttt(r):
-        return by_run[f"{r['mode']}/main/{r['seed']}"]
+        return by_run[f"{r['mode']}/{r.get('arm', 'main')}/{r['seed']}"]
 
-    out = {"name": name, "n": len(pairs), "seeds": [a["seed"] for a, _ in pairs], "host": _host(result),
+    out = {"name": name, "aa": aa, "n": len(pairs), "seeds": [a["seed"] for a, _ in pairs], "host": _host(result),
            "target_val_acc": result["comparison"].get("target_val_acc"),
            "unit_fill": sorted({str(a.get("unit_fill")) for a, _ in pairs}),
            "censored": sum(not ttt(r)["reached"] for p in pairs for r in p)}
@@ -82,19 +90,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     attempts = [attempt(json.loads(Path(f).read_text()), args.mode, args.base, name=f) for f in args.results]
+    aas = [attempt(json.loads(Path(f).read_text()), args.mode, args.base, name=f, aa=True) for f in args.results]
     report = {"mode": args.mode, "base": args.base, "method": "stratified by attempt, weighted by pairs",
-              "per_attempt": attempts, "pooled": pooled(attempts)}
+              "per_attempt": attempts, "pooled": pooled(attempts), "aa_per_attempt": aas, "aa_pooled": pooled(aas)}
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     for a in attempts:
         print(f"{a['name']}: n={a['n']} ({a['host']['cpu']}) time to target {a['time_to_target']['relative']:+.1%} "
               f"± {a['time_to_target']['relative_se']:.1%}, step {a['step_time']['relative']:+.1%} ± "
               f"{a['step_time']['relative_se']:.1%}, end to end {a['end_to_end']['relative']:+.1%} ± "
               f"{a['end_to_end']['relative_se']:.1%}")
-    pool = report["pooled"]
-    print(f"pooled ({pool['pairs']} pairs, {pool['attempts']} attempts): " + ", ".join(
-        f"{f} {pool[f]['estimate']:+.3g} ± {pool[f]['se']:.2g} (between attempts ± {pool[f]['se_between']:.2g}) "
-        f"[{pool[f]['range'][0]:+.3g}, {pool[f]['range'][1]:+.3g}]"
-        for f in FIGURES))
+    for label, pool in (("pooled", report["pooled"]), ("A/A pooled", report["aa_pooled"])):
+        print(f"{label} ({pool['pairs']} pairs, {pool['attempts']} attempts): " + ", ".join(
+            f"{f} {pool[f]['estimate']:+.3g} ± {pool[f]['se']:.2g} (between attempts ± {pool[f]['se_between']:.2g}) "
+            f"[{pool[f]['range'][0]:+.3g}, {pool[f]['range'][1]:+.3g}]" for f in FIGURES))
     return 0
 
 
