@@ -53,6 +53,7 @@ ROLLOUTPIPE_BAD = [
     (["rolloutpipe.cgp.coalesce_log_probs=sometimes"], "rolloutpipe.cgp.coalesce_log_probs", "true or false"),
     (["rolloutpipe.cgp.unit_fill=arrival"], "rolloutpipe.cgp.unit_fill", "dispatch"),
     (["rolloutpipe.micro_batch_order=random"], "rolloutpipe.micro_batch_order", "length"),
+    (["rolloutpipe.minibatch_order=shortest"], "rolloutpipe.minibatch_order", "length, dataloader"),
     (["rolloutpipe.theta_k.store=host"], "rolloutpipe.theta_k.store", "one of device, pinned, auto"),
     (["rolloutpipe.theta_k.store=true"], "rolloutpipe.theta_k.store", "one of device, pinned, auto"),
     (["rolloutpipe.theta_k.auto_margin_gib=-1"], "rolloutpipe.theta_k.auto_margin_gib", "number of GiB >= 0"),

@@ -56,6 +56,13 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
     ("recipes/*multiturn*", ("test_multiturn",)), ("recipes/lib/*", ("test_multiturn",)),
     ("recipes/extension_example/*", ("test_zz_dapo",)), ("recipes/tiny_cpu_extension_example.yaml", ("test_zz_dapo",)),
     ("verl_pipe/rollout/replicas.py", ("test_faults", "test_replicas", "test_multinode")),
+    # the shipped default's exactness: its mini-batch order, its fill, the trainer that applies them, its config
+    ("verl_pipe/core/minibatch_order.py", ("test_default_exact", "test_verl_exact")),
+    ("verl_pipe/core/release.py", ("test_default_exact", "test_pipeline")),
+    ("verl_pipe/trainer/pipe_trainer.py", (*CORE_E2E, "test_zz_kl_loss", "test_default_exact")),
+    ("verl_pipe/trainer/knobs.py", (*CORE_E2E, "test_default_exact")),
+    ("conf/rolloutpipe_trainer.yaml", (*CORE_E2E, "test_default_exact")),
+    ("recipes/tiny_cpu_chain.yaml", ("test_default_exact",)),
     ("verl_pipe/core/frontier.py", ("test_pipeline", "test_replicas", "test_multiturn")),
     ("verl_pipe/core/*", (*CORE_E2E, "test_replicas")), ("verl_pipe/rollout/*", (*CORE_E2E, "test_replicas")),
     ("verl_pipe/trainer/whitening.py", ("test_pipeline", "test_zz_kl_loss")),

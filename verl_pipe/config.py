@@ -28,6 +28,7 @@ from verl_pipe import estimators
 from verl_pipe.assets import TASKS as _TINY_TASKS  # the embedded tiny tasks (that package imports nothing heavy)
 from verl_pipe.core.admission import FGD_LENGTHS, REST_ORDER_CHOICES
 from verl_pipe.core.micro_batches import ORDERS as MICRO_BATCH_ORDERS
+from verl_pipe.core.minibatch_order import MINIBATCH_ORDERS
 from verl_pipe.core.release import UNIT_FILLS
 from verl_pipe.core.rollout_core import ON_REWARD_FAILURE
 from verl_pipe.core.variants import FGD_AUTO, GRANULARITIES, pipelines, resolve_fgd
@@ -261,6 +262,7 @@ ROLLOUTPIPE: dict[str, Any] = {
     "trace_dir": PATH_OR_NULL,
     "cgp": {"granularity": choice(*GRANULARITIES), "coalesce_log_probs": BOOLEAN, "unit_fill": choice(*UNIT_FILLS)},
     "micro_batch_order": choice(*MICRO_BATCH_ORDERS),
+    "minibatch_order": choice(*MINIBATCH_ORDERS),
     "theta_k": {
         "store": choice(*THETA_K_PLACEMENTS),
         "auto_margin_gib": Rule("null (a quarter of the device's memory) or a number of GiB >= 0",

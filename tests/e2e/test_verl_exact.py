@@ -38,6 +38,9 @@ PINNED = [
     "rolloutpipe.tiny_assets.task=digit_math",
     "rolloutpipe.tiny_assets.warm_start.steps=0",
     "rolloutpipe.micro_batch_order=length",
+    # verl's trainer keeps the dataloader's order of prompts in its mini-batches (our default orders them by predicted
+    # length, in every mode; a one-step run knows no lengths, so it is the same here, but pinned all the same)
+    "rolloutpipe.minibatch_order=dataloader",
     "trainer.val_before_train=false",
     "trainer.test_freq=-1",
     "trainer.total_training_steps=1",

@@ -52,7 +52,7 @@ class Shape:
     cpu: bool
     rollout_nnodes: int = 1
     train_nnodes: int = 1
-    unit_fill: str = "completion"  # rolloutpipe.cgp.unit_fill (verl_pipe/core/release.py)
+    unit_fill: str = "dispatch"  # rolloutpipe.cgp.unit_fill (verl_pipe/core/release.py)
     fgd_rest_order: str = "auto"  # rolloutpipe.fgd.rest_order: FGD's order beyond the frontier (core/admission.py)
     tp: int = 1  # actor_rollout_ref.rollout.tensor_model_parallel_size: GPUs per engine replica
     rollout_name: str = "vllm"  # actor_rollout_ref.rollout.name: vllm | sglang
@@ -144,7 +144,7 @@ def shape_of(cfg) -> Shape:
         one_node=int(_get(cfg, "trainer.nnodes", 1)) == 1 and int(_get(cfg, f"{roll}.nnodes", 1)) == 1,
         model_path=str(_get(cfg, "actor_rollout_ref.model.path", "")), estimator=est, cpu=cpu,
         rollout_nnodes=int(_get(cfg, f"{roll}.nnodes", 1)), train_nnodes=int(_get(cfg, "trainer.nnodes", 1)),
-        unit_fill=str(_get(cfg, "rolloutpipe.cgp.unit_fill", "completion")), tp=tp, rollout_name=name,
+        unit_fill=str(_get(cfg, "rolloutpipe.cgp.unit_fill", "dispatch")), tp=tp, rollout_name=name,
         fgd_rest_order=str(_get(cfg, "rolloutpipe.fgd.rest_order", "auto") or "auto"))
 
 

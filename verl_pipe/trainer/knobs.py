@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from verl_pipe.core.admission import DEFAULT_FGD_POLICY, FGD_LENGTHS, REST_ORDER_AUTO, REST_ORDER_CHOICES, load_policy
 from verl_pipe.core.frontier import AdaptiveWindow, resolve_window
+from verl_pipe.core.minibatch_order import check_order
 from verl_pipe.core.release import check_fill
 from verl_pipe.core.variants import GRANULARITIES, TRAINER_MODES, name_of, resolve_fgd
 
@@ -39,9 +40,12 @@ class StepKnobs:
     # trainer's epoch (the bench's forced-length workloads draw lengths by their own prompts)
     length_keys: tuple | None = None
     coalesce_log_probs: bool = True  # rolloutpipe.cgp.coalesce_log_probs
-    # rolloutpipe.cgp.unit_fill: the order groups reach the trainer's FIFO (verl_pipe/core/release.py): completion (the
-    # paper's) or dispatch (units are sync's mini-batches)
-    unit_fill: str = "completion"
+    # rolloutpipe.cgp.unit_fill: the order groups reach the trainer's FIFO (verl_pipe/core/release.py): dispatch (units
+    # are sync's mini-batches) or completion (the paper's)
+    unit_fill: str = "dispatch"
+    # rolloutpipe.minibatch_order: which prompts make each mini-batch, decided before the rollout in every mode
+    # (verl_pipe/core/minibatch_order.py): length (predicted length, shortest first) or dataloader (verl's)
+    minibatch_order: str = "length"
     baseline_order: str = "group_major"  # the dispatch without FGD (rolloutpipe.dispatch.order, resolved)
     baseline_window: int | None = None  # rolloutpipe.dispatch.window
     workload: dict | None = None  # rolloutpipe.workload: a controlled response-length workload
@@ -57,6 +61,7 @@ class StepKnobs:
         if self.granularity not in GRANULARITIES:
             raise ValueError(f"granularity: got {self.granularity!r}; allowed: {', '.join(GRANULARITIES)}")
         check_fill(self.unit_fill)
+        check_order(self.minibatch_order)
         if self.fgd_lengths not in FGD_LENGTHS:
             raise ValueError(f"fgd_lengths: got {self.fgd_lengths!r}; allowed: {', '.join(FGD_LENGTHS)}")
         if self.fgd_rest_order not in REST_ORDER_CHOICES:
@@ -74,7 +79,7 @@ class StepKnobs:
                 "fgd_policy": self.fgd_policy, "fgd_lengths": self.fgd_lengths,
                 "fgd_rest_order": self.fgd_rest_order, "length_keys": self.length_keys is not None,
                 "coalesce_log_probs": self.coalesce_log_probs, "unit_fill": self.unit_fill,
-                "baseline_order": self.baseline_order,
+                "minibatch_order": self.minibatch_order, "baseline_order": self.baseline_order,
                 "baseline_window": self.baseline_window, "workload": copy.deepcopy(self.workload),
                 "sampling_overrides": self.sampling_overrides is not None, "unit_order": self.unit_order is not None}
 
@@ -106,7 +111,8 @@ def configured(config) -> dict:
                 fgd_lengths=str(rp.fgd.get("lengths") or "predicted"),
                 fgd_rest_order=str(rp.fgd.get("rest_order") or REST_ORDER_AUTO),
                 coalesce_log_probs=bool(rp.cgp.coalesce_log_probs),
-                unit_fill=str(rp.cgp.get("unit_fill", "completion")),
+                unit_fill=str(rp.cgp.get("unit_fill", "dispatch")),
+                minibatch_order=str(rp.get("minibatch_order", "length")),
                 baseline_order=rp.dispatch.order or verl_dispatch_order(config), baseline_window=rp.dispatch.window,
                 workload=OmegaConf.to_container(workload, resolve=True) if workload else None)
 

@@ -30,6 +30,7 @@ import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import torch
 from verl import DataProto
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
 
@@ -38,6 +39,7 @@ from verl_pipe.config import ConfigError, cgp_estimator_problem, groups_per_unit
 from verl_pipe.core.admission import StepAdmission, TrainerRatio, load_policy, rest_order
 from verl_pipe.core.frontier import FCFSPolicy
 from verl_pipe.core.lengths import LengthHistory, StepLengths
+from verl_pipe.core.minibatch_order import step_permutation
 from verl_pipe.data_check import bad_record_metrics, dataset_row
 from verl_pipe.core.group_filter import GroupFilters
 from verl_pipe.core.group_queue import Group, GroupQueue
@@ -95,6 +97,7 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
         self._step_keys: list[tuple] = []  # the latest step's (prompt, epoch) per group
         self.trainer_ratio = TrainerRatio()  # trainer work over rollout duration: FGD's order beyond the frontier
         self.last_admission: dict = {}  # the latest step's policy class, order beyond the frontier and its ratio
+        self._batch_order: tuple = (None, [])  # (the step's batch, its dataloader positions in training order)
 
     @property
     def timelines(self):
@@ -164,7 +167,7 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
         supervisor.begin_step()
         try:
             supervisor.heal(version, "step_start")  # a replica that died since the last sync comes back with θ_k
-            batch = self._fit_get_batch(batch_dict)
+            batch = self.order_minibatches(self._fit_get_batch(batch_dict), knobs)  # sync's partition, every mode
             index = batch.non_tensor_batch.get("index")
             data_index = [int(i) for i in index] if index is not None else []  # the dataset rows, in order
             timeline = StepTimeline(self.global_steps, self.groups_per_unit)
@@ -195,6 +198,7 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
                              step_s=self.timing_raw["step"], health=supervisor.health,
                              lengths=self.last_lengths.record() if self.last_lengths is not None else None)
         record["admission"] = self.last_admission  # the order beyond FGD's frontier and why (the simulator replays it)
+        record["minibatch_order"] = self._positions(batch, len(batch))  # the dataloader positions in training order
         self._fit_postprocess_step()
 
     def train(self, queue: GroupQueue, timeline: StepTimeline, knobs: StepKnobs | None = None, backend_cls=None,
@@ -240,6 +244,25 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
                                "trainer_to_rollout": self.trainer_ratio.value}
         return cls.for_step(step)
 
+    def order_minibatches(self, batch: DataProto, knobs: StepKnobs) -> DataProto:
+        """The step's prompts in training order, before the rollout, in every mode: verl splits a batch into PPO
+        mini-batches by position, so the order decides which prompts share an optimizer step
+        (``rolloutpipe.minibatch_order``, verl_pipe/core/minibatch_order.py). Seam: the batch verl's
+        ``_fit_get_batch`` returns (uids assigned), reordered in place by DataProto.reorder; the permutation stays with
+        the trainer, kept for that batch: a forced-length workload's per-position lengths and length keys follow it."""
+        keys = self._length_keys(len(batch), batch, knobs)
+        predicted = [p.log_tokens for p in self.length_history.predict_step(keys)]
+        order = step_permutation(knobs.minibatch_order, predicted)
+        if order != sorted(order):
+            batch.reorder(torch.tensor(order))
+        self._batch_order = (batch, order)
+        return batch
+
+    def _positions(self, batch: DataProto | None, num_groups: int) -> list[int]:
+        """Each group's dataloader position: ``order_minibatches``' permutation of this batch, else the identity."""
+        ordered, order = self._batch_order
+        return list(order) if batch is not None and batch is ordered else list(range(num_groups))
+
     def _length_keys(self, num_groups: int, batch: DataProto | None, knobs: StepKnobs) -> list[tuple]:
         """(prompt, epoch) per group: the knobs' (a forced-length workload's own prompts), else the batch's dataset
         index and this epoch ((None, epoch) where the batch has no index: no history)."""
@@ -251,7 +274,7 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
         if keys is not None:
             if len(keys) != num_groups:
                 raise ValueError(f"length_keys name {len(keys)} groups, the step has {num_groups}")
-            return [tuple(k) for k in keys]
+            return [tuple(keys[i]) for i in self._positions(batch, num_groups)]
         return [(k, int(self.epoch)) for k in dataset_index(batch, num_groups)]
 
     def _step_lengths(self, num_groups: int, batch: DataProto | None, knobs: StepKnobs) -> StepLengths:
@@ -293,7 +316,7 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
         release = DispatchOrderRelease(queue.put, len(gen_batch)) if knobs.unit_fill == "dispatch" else None
         request = StepRequest(step=self.global_steps, gen_batch=gen_batch, n=self.n,
                               policy=self._make_policy(len(gen_batch), batch, knobs), timeline=timeline,
-                              on_group=on_group, sampling_overrides=self._sampling_overrides(len(gen_batch), knobs),
+                              on_group=on_group, sampling_overrides=self._sampling_overrides(batch, knobs),
                               request_timeout_s=float(rp.request_timeout_s) if rp.request_timeout_s else None,
                               max_retries=int(rp.fault.max_request_retries),
                               on_request_failure=str(rp.fault.on_request_failure), weight_version=version,
@@ -315,13 +338,18 @@ class RolloutPipeTrainer(GroupFilters, RunLoop, OneStepOffRayTrainer):
         (verl_pipe/core/group_filter.py)."""
         return is_trainable(piece, self.filter_zero_variance)
 
-    def _sampling_overrides(self, num_groups: int, knobs: StepKnobs):
-        """Per-request sampling overrides: the knobs' own, else a controlled workload's lengths (knobs.workload)."""
-        if knobs.sampling_overrides is not None or not knobs.workload:
-            return knobs.sampling_overrides
-        from verl_pipe.core.workload import exact_lengths
+    def _sampling_overrides(self, batch: DataProto, knobs: StepKnobs):
+        """Per-request sampling overrides: the knobs' own, else a controlled workload's lengths (knobs.workload);
+        indexed by the dataloader's positions, so they follow ``order_minibatches``' permutation."""
+        overrides = knobs.sampling_overrides
+        if overrides is None and knobs.workload:
+            from verl_pipe.core.workload import exact_lengths
 
-        return exact_lengths(self._workload(num_groups, knobs))
+            overrides = exact_lengths(self._workload(len(batch), knobs))
+        positions = self._positions(batch, len(batch))
+        if overrides is None or positions == list(range(len(batch))):
+            return overrides
+        return lambda g, i: overrides(positions[g], i)
 
     def _workload(self, num_groups: int, knobs: StepKnobs):
         """This step's controlled workload (``knobs.workload``): over repeated prompts (its ``prompts``) the run's step

@@ -39,11 +39,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import time
 from pathlib import Path
 
 from verl_pipe_lab.bench import learn_stats as st
+from verl_pipe_lab.bench.provenance import git_state
 from verl_pipe_lab.bench.learn_charts import write_charts
 from verl_pipe_lab.bench.peer.learn import LEARN_MODE as PEER_MODE
 from verl_pipe_lab.bench.variants import peer_config
@@ -125,19 +125,6 @@ def step_row(record: dict, wall_s: float) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------- runs
-
-
-def git_state() -> dict:
-    """The checkout the run came from: commit and whether the tree had changes (provenance)."""
-    root = Path(__file__).resolve().parents[3]
-    try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return {"commit": commit or None, "dirty": bool(dirty), "tree": str(root)}
-    except (OSError, subprocess.SubprocessError) as e:
-        return {"commit": None, "error": str(e)}
 
 
 def run_context() -> dict:

@@ -8,8 +8,13 @@ overrides that composed it, and the host it ran on. Pure: it reads a composed co
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]  # the checkout the bench runs from
 
 
 def _container(node) -> dict:
@@ -38,6 +43,32 @@ def stack_record(config, overrides: list[str]) -> dict:
     coalesce = ((rp.get("cgp") or {}).get("coalesce_log_probs")) if isinstance(rp, dict) else None
     return {"overrides": list(overrides), "rolloutpipe": rp, "verl": verl,
             "coalesce_log_probs": None if coalesce is None else bool(coalesce)}
+
+
+def _git(*args: str, stdin: bytes | None = None) -> bytes:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, check=True, timeout=30,
+                          input=stdin).stdout
+
+
+def git_state() -> dict:
+    """The code a run came from: HEAD, and the tree it really ran, which a commit hash alone does not pin (a commit
+    amended or rebased after the run leaves main's history without it): ``index_tree`` is the tree object of the
+    staged files (``git write-tree``; a tree hash is content-addressed, so the same files give the same hash in any
+    clone), ``diff_sha256`` the SHA-256 of the tracked files' changes not staged (``git diff``; None: none), and
+    ``untracked`` the untracked files git does not ignore. Reproduce: a commit whose tree is ``index_tree``
+    (``git log --format='%H %T'``), plus that diff. ``tree`` is the checkout's path."""
+    try:
+        commit = _git("rev-parse", "HEAD").decode().strip()
+        diff = _git("diff", "--binary")
+        untracked = _git("ls-files", "--others", "--exclude-standard").decode().split()
+        index_tree = _git("write-tree").decode().strip()
+        head_tree = _git("rev-parse", "HEAD^{tree}").decode().strip()
+    except (OSError, subprocess.SubprocessError) as e:
+        return {"commit": None, "error": str(e)}
+    dirty = bool(diff) or index_tree != head_tree
+    return {"commit": commit or None, "dirty": dirty, "index_tree": index_tree,
+            "diff_sha256": hashlib.sha256(diff).hexdigest() if diff else None, "untracked": untracked,
+            "tree": str(ROOT)}
 
 
 def machine() -> dict:
@@ -86,4 +117,4 @@ def env_info() -> dict:
                 continue
         versions.setdefault(key, "not installed")
     return {"cpu": cpu["model"], "cpu_info": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-            "versions": versions, "machine": machine()}
+            "versions": versions, "machine": machine(), "git": git_state()}
