@@ -19,7 +19,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # the packages whose modules the docs name; verl_pipe_lab is the lab's package once it moves out of verl_pipe
-PACKAGES = [p for p in ("verl_pipe", "verl_pipe_lab") if (ROOT / p).is_dir()]
+# each package's directory: the runtime at the top, the lab in lab/ (a distribution of its own)
+PKG_DIRS = {p: ROOT / d for p, d in (("verl_pipe", "verl_pipe"), ("verl_pipe_lab", "lab/verl_pipe_lab"))
+            if (ROOT / d).is_dir()}
+PACKAGES = list(PKG_DIRS)
 TOP = ("docs", "tests", "conf", "tools", "recipes", "constraints", "hydra_plugins", "verl_pipe", "verl_pipe_lab")
 PATH = re.compile(r"(?<![\w/.:$-])((?:%s)/[\w./*{},\[\]-]*[\w/*}\]])" % "|".join(TOP))
 # a module's file named relative to its package (core/variants.py, bench/peer/split.py:run)
@@ -68,7 +71,7 @@ def missing_paths(text: str) -> list[str]:
 def _module_file(dotted: list[str]) -> tuple[Path | None, list[str]]:
     """The longest prefix of a dotted name that is a module or package of the tree, and the rest."""
     for i in range(len(dotted), 0, -1):
-        base = ROOT.joinpath(*dotted[:i])
+        base = (PKG_DIRS[dotted[0]] if dotted[0] in PKG_DIRS else ROOT / dotted[0]).joinpath(*dotted[1:i])
         if dotted[0] == "verl_pipe" and len(dotted) > 1 and dotted[1] in ("conf", "recipes"):
             base = ROOT.joinpath(dotted[1], *dotted[2:i])  # shipped from the top level (pyproject's package-dir)
         for f in (base.with_suffix(".py"), base / "__init__.py"):
@@ -96,9 +99,9 @@ def unknown_modules(text: str) -> list[str]:
             bad.setdefault(name, None)
     for m in SUBPATH.finditer(text):
         rel, attr = m.group(1), m.group(2)
-        if rel.split("/")[0] in TOP or not any((ROOT / pkg / rel.split("/")[0]).is_dir() for pkg in PACKAGES):
+        if rel.split("/")[0] in TOP or not any((d / rel.split("/")[0]).is_dir() for d in PKG_DIRS.values()):
             continue  # a repository path (checked by cited_paths), or another project's file (vllm/..., verl/...)
-        files = [ROOT / pkg / rel for pkg in PACKAGES if (ROOT / pkg / rel).is_file()]
+        files = [d / rel for d in PKG_DIRS.values() if (d / rel).is_file()]
         files += [ROOT / rel] if (ROOT / rel).is_file() else []
         if not files or (attr and not any(_defines(f, attr) for f in files)):
             bad.setdefault(rel + (f":{attr}" if attr else ""), None)
@@ -123,13 +126,14 @@ def _stems() -> dict:
     """The module names (file stems with an underscore) of the packages now, and those git history had that the tree
     no longer holds anywhere (a module removed or renamed: its old name in a page is stale)."""
     now = {}
-    for pkg in PACKAGES:
-        for f in (ROOT / pkg).rglob("*.py"):
+    for d in PKG_DIRS.values():
+        for f in d.rglob("*.py"):
             if "__pycache__" not in f.parts and "_" in f.stem.strip("_"):
                 now.setdefault(f.stem, []).append(f)
     gone = set()
     if (ROOT / ".git").exists():
-        log = subprocess.run(["git", "log", "--no-renames", "--diff-filter=D", "--name-only", "--format=", "--", *PACKAGES],
+        log = subprocess.run(["git", "log", "--no-renames", "--diff-filter=D", "--name-only", "--format=", "--",
+                              *(str(d.relative_to(ROOT)) for d in PKG_DIRS.values())],
                              cwd=ROOT, capture_output=True, text=True).stdout.split()
         gone = {Path(p).stem for p in log if p.endswith(".py")} - set(now) - {"__init__", "__main__"}
         gone = {g for g in gone if "_" in g.strip("_")}
@@ -185,13 +189,14 @@ def test_the_checks_tell_a_missing_path_and_module_apart():
 
 # docs/layout.md: every module once, by its path relative to the repository (verl_pipe/core/variants.py)
 LAYOUT = ROOT / "docs" / "layout.md"
-LAYOUT_ENTRY = re.compile(r"^\s*[-*] `((?:%s)/[\w/]+\.py)`" % "|".join(PACKAGES or ["verl_pipe"]), re.M)
+# the runtime's modules (the lab's are its own: lab/verl_pipe_lab)
+LAYOUT_ENTRY = re.compile(r"^\s*[-*] `(verl_pipe/[\w/]+\.py)`", re.M)
 
 
 def tree_modules() -> list[str]:
     """Every module file of the packages, ``__init__.py`` of a package with no code of its own left out."""
     out = []
-    for pkg in PACKAGES:
+    for pkg in ("verl_pipe",):
         for f in sorted((ROOT / pkg).rglob("*.py")):
             if "__pycache__" in f.parts:
                 continue
