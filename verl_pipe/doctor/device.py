@@ -8,6 +8,7 @@ check that raises is a ``fail`` naming the exception, never a traceback out of t
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -84,8 +85,8 @@ def forward_backward(torch) -> tuple:
         grads_ok = all(p.grad is not None and bool(torch.isfinite(p.grad).all()) for p in model.parameters())
         opt.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(float(loss))
-    ok = grads_ok and all(map(lambda v: v == v and abs(v) != float("inf"), losses)) and losses[-1] < losses[0]
+        losses.append(float(loss.detach()))
+    ok = grads_ok and all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
     return ("pass" if ok else "fail", f"bf16 autocast MLP, 3 AdamW steps: loss {losses[0]:.4f} -> {losses[-1]:.4f}"
             + ("" if ok else " (expected finite gradients and a falling loss)"), {"losses": losses})
 
@@ -113,10 +114,11 @@ def nccl_and_theta(torch) -> list[Check]:
     import torch.distributed as dist
 
     dev = torch.device("cuda", 0)
-    torch.cuda.set_device(dev)
 
     def nccl():
-        version = ".".join(map(str, torch.cuda.nccl.version()))
+        torch.cuda.set_device(dev)
+        v = torch.cuda.nccl.version()  # (major, minor, patch); an int in older torch releases
+        version = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
         dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
                                 device_id=dev)
         t = torch.full((1024,), 2.0, device=dev)

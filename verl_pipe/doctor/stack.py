@@ -15,6 +15,7 @@ log-probs, unit gradient norms and parameters within ``TOLERANCES``.
 
 from __future__ import annotations
 
+import math
 import tempfile
 import time
 import traceback
@@ -96,7 +97,7 @@ def run_steps(session, knobs: dict, steps: int, first_index: int) -> tuple[list[
         if sorted(e["trained_groups"]) != list(range(groups)):
             problems.append(f"step {e['step']} trained groups {e['trained_groups']}, expected each of 0..{groups - 1} once")
         norm = e["grad_norm"]
-        if norm is None or not norm == norm:
+        if norm is None or not math.isfinite(norm):
             problems.append(f"step {e['step']}: grad norm {norm}")
     return entries, problems
 
