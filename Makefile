@@ -12,7 +12,7 @@ export VERL_PIPE_CACHE ?= $(CURDIR)/.cache/verl_pipe
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 TORCH_SOURCE = tools/torch_source.py --constraints constraints/cpu.txt --index-url "$(TORCH_INDEX_URL)"
 
-.PHONY: setup assets demo test test-fast check bench clean torch-source
+.PHONY: setup assets demo test test-fast check bench clean torch-source gpu-check
 
 setup: $(STAMP)
 
@@ -65,6 +65,11 @@ check: assets
 
 bench: setup
 	$(VPY) -m verl_pipe_lab.bench --out bench.json
+
+# The first GPU run (docs/install.md): the GPU stack installed in $(PY) (pip install ".[gpu]" -c constraints/gpu.txt,
+# not the CPU .venv) checked and run on the tiny model; one report in doctor-report/ (doctor.json, doctor.md).
+gpu-check:
+	$(PY) -m verl_pipe.doctor --gpu --out doctor-report
 
 # The pip arguments `make setup` adds for torch's CPU build (nothing: a local wheel), and why on stderr; with
 # the base Python before .venv exists (same pip configuration but the venv's own, which setup does not write).

@@ -50,6 +50,8 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
     ("verl_pipe/launch/prepare.py", ("test_zz_signals", *CORE_E2E)),
     ("verl_pipe/launch/task_runner.py", ("test_zz_signals", "test_multinode", "test_faults")),
     ("verl_pipe/launch/session.py", CORE_E2E),
+    ("verl_pipe/launch/replay.py", ("test_doctor", "test_pipeline", "test_multiturn", "test_learning")),
+    ("verl_pipe/doctor/*", ("test_doctor",)),
     ("verl_pipe/rollout/multiturn.py", ("test_multiturn",)), ("verl_pipe/rollout/turns.py", ("test_multiturn",)),
     ("verl_pipe/rollout/tool_agent.py", ()),  # the GPU tool recipe's agent loop: unit-tested only (no CPU e2e runs it)
     ("verl_pipe/assets/multiturn_env.py", ("test_multiturn",)),

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+
 from omegaconf.errors import MissingMandatoryValue
 
 from verl_pipe import estimators
@@ -34,6 +35,8 @@ from verl_pipe.core.rollout_core import ON_REWARD_FAILURE
 from verl_pipe.core.variants import FGD_AUTO, GRANULARITIES, pipelines, resolve_fgd
 from verl_pipe.core.variants import TRAINER_MODES as MODES
 from verl_pipe.data_check import ON_BAD_RECORD
+from verl_pipe.errors import ConfigError  # defined there (no omegaconf); verl_pipe.config.ConfigError stays public
+
 PLATFORMS = ("cpu", "gpu")
 ON_REQUEST_FAILURE = ("fail", "drop_group")
 # Which estimators stream, and how: verl_pipe/estimators.py (register_streaming, beside verl's register_adv_est).
@@ -67,10 +70,6 @@ NCCL_ENGINE_MODULE = "verl_pipe.platform.nccl_engine"
 
 class CpuBf16Warning(UserWarning):
     """bf16 compute asked for on a CPU without native bf16 (verl_pipe.platform.cpu_info.bf16_problem)."""
-
-
-class ConfigError(ValueError):
-    pass
 
 
 def _err(key: str, msg: str) -> ConfigError:

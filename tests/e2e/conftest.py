@@ -5,6 +5,9 @@ from contextlib import contextmanager
 
 import pytest
 
+# The exactness machinery lives in the runtime (python -m verl_pipe.doctor runs it too); re-exported for the tests.
+from verl_pipe.launch.replay import prefilled_queue, train_same_responses, trainer_in, update_deviation  # noqa: F401
+
 # A long-tailed, group-correlated response-length workload: groups finish at different
 # times, so a pipelined trainer has something to overlap with.
 LONGTAIL = {"kind": "lognormal", "median": 12, "sigma": 0.8, "rho": 0.7, "cap": 32, "seed": 0}
@@ -54,17 +57,6 @@ def assert_every_group_once_at(rec: dict, batch, groups: int, n: int, version: i
     assert set(batch.non_tensor_batch["min_global_steps"]) == {version} == set(batch.non_tensor_batch["max_global_steps"])
 
 
-def prefilled_queue(groups, version):
-    """A closed queue holding ``groups``: the whole batch is there before training starts."""
-    from verl_pipe.core.group_queue import GroupQueue
-
-    q = GroupQueue(weight_version=version)
-    for g in sorted(groups, key=lambda g: g.index):
-        q.put(g)
-    q.close()
-    return q
-
-
 def trickled_queue(groups, version, first: int):
     """A queue fed by a thread: the first ``first`` groups one at a time, each put only after the
     trainer took the previous one (so they train before the batch is complete), then the rest."""
@@ -102,50 +94,6 @@ def with_estimator(trainer, name: str):
     finally:
         with open_dict(algo):
             algo.adv_estimator = before
-
-
-def train_same_responses(session, tmp_path, runs) -> dict:
-    """One step's responses, generated once, trained by each of ``runs(groups, version)`` -> [(name,
-    train function (queue, timeline) -> StepOutcome, queue)] from the same θ_k and optimizer state. Returns ``theta_k`` (parameters), the
-    ``groups``, and per run the unit grad norms, the parameters after, the step's metrics and the trained
-    batch. Leaves the actor at θ_k, as the vLLM replica has it."""
-    from verl_pipe.core.group_queue import GroupQueue
-    from verl_pipe.core.timeline import StepTimeline
-
-    trainer = session.trainer
-    version = trainer.global_steps - 1
-    ckpt = str(tmp_path / "same_responses")
-    trainer.actor_wg.save_checkpoint(ckpt)
-    out = {"theta_k": session.actor_state()}
-    try:
-        batch = trainer._fit_get_batch(next(session._batches))
-        queue = GroupQueue(weight_version=version)
-        trainer._start_rollout(batch, StepTimeline(0, trainer.groups_per_unit), queue, version,
-                               session.knobs).result()
-        out["groups"] = groups = queue.drain()
-        for name, train, q in runs(groups, version):
-            trainer.actor_wg.load_checkpoint(ckpt)
-            outcome = train(q, StepTimeline(0, trainer.groups_per_unit))
-            assert [g.index for g in outcome.trained] == sorted(g.index for g in groups), name
-            out[name] = {"norms": [m["actor/grad_norm"] for m in outcome.unit_metrics],
-                         "state": session.actor_state(), "metrics": {**trainer.metrics, **outcome.metrics},
-                         "batch": outcome.batch}
-    finally:
-        trainer.actor_wg.load_checkpoint(ckpt)
-    return out
-
-
-def trainer_in(trainer, mode: str, granularity: str):
-    """The trainer's training of one step's queue in ``mode`` / ``granularity``: (queue, timeline) -> StepOutcome."""
-    return lambda queue, timeline: trainer.replay(queue, trainer.global_steps, timeline, mode=mode,
-                                                  granularity=granularity)
-
-
-def update_deviation(state, base_state, theta_k) -> float:
-    """|Δθ - Δθ_base| / |Δθ_base| over all parameters, Δ from θ_k."""
-    num = sum(float(((state[k] - base_state[k]) ** 2).sum()) for k in base_state)
-    den = sum(float(((base_state[k] - theta_k[k]) ** 2).sum()) for k in base_state)
-    return (num / den) ** 0.5
 
 
 def whitened_estimator_equivalence(session, tmp_path) -> dict:

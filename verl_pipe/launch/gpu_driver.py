@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from verl_pipe.config import ConfigError
+from verl_pipe.errors import ConfigError  # not verl_pipe.config: no omegaconf on a torch-only machine (the doctor)
 
 # NVIDIA's minimum Linux driver per CUDA major (CUDA's minor-version compatibility table).
 MIN_DRIVER = {13: "580", 12: "525.60.13"}

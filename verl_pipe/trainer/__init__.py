@@ -3,7 +3,7 @@ workers, knobs, step record, weight sync).
 
 ``verl_pipe.trainer.RolloutPipeTrainer`` (and ``StepFailedError``) is the public path a recipe's
 ``rolloutpipe.trainer_class`` subclass imports. Resolved on first use: ``verl_pipe.trainer.theta_store`` is plain torch
-and must import on a machine without verl (``lab/verl_pipe_lab/bench/tools/gpu_check.py``).
+and must import on a machine without verl (``python -m verl_pipe.doctor``'s device checks).
 """
 
 _PUBLIC = {"RolloutPipeTrainer": "verl_pipe.trainer.pipe_trainer", "StepFailedError": "verl_pipe.trainer.rollback"}

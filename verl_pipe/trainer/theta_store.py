@@ -1,7 +1,7 @@
 """θ_k store and optimizer rollback snapshot with explicit placement: plain torch only.
 
-No verl, Ray or vLLM import, so ``lab/verl_pipe_lab/bench/tools/gpu_check.py`` can check it on an accelerator machine that has
-only torch and transformers.
+No verl, Ray or vLLM import, so ``python -m verl_pipe.doctor --gpu`` (verl_pipe/doctor/theta.py) can check it on an
+accelerator machine that has only torch.
 
 ``ThetaStore`` keeps a frozen copy of a module's parameters (this rank's shards under FSDP2) at θ_k, the
 step's rollout weights, so that later units' old log-probs are computed at θ_k after earlier units'
@@ -378,7 +378,7 @@ def save_step_state(theta: ThetaStore, optimizer: "OptimizerSnapshot | None" = N
     """The snapshot the trainer takes once per step, before the step's first optimizer step
     (``PipeActorWorker.save_train_state``): θ_k, then the optimizer state for a rollback. Both are issued on the
     current stream, so the step's kernels queue behind the copies (``pinned``: non-blocking host copies whose
-    time still lands in the step). ``lab/verl_pipe_lab/bench/tools/gpu_check.py`` times exactly this against a training step."""
+    time still lands in the step). Its cost against a training step: docs/cgp.md."""
     theta.save()
     if optimizer is not None:
         optimizer.save()

@@ -259,7 +259,7 @@ class PipeActorWorker(DetachActorWorker):
         restarted replica, a rollback) and, with ``optimizer``, the optimizer and LR-schedule state (this rank's
         shards) for a rollback of a step that fails for good. ``placement``: rolloutpipe.theta_k.store."""
         theta, opt = self._train_state_stores(placement, margin_gib)
-        save_step_state(theta, opt if optimizer else None)  # the path lab/verl_pipe_lab/bench/tools/gpu_check.py times
+        save_step_state(theta, opt if optimizer else None)  # the per-step snapshot (docs/reliability.md: its cost)
         self._lr_snapshot = None
         if optimizer:
             scheduler = self.actor.engine.lr_scheduler

@@ -6,7 +6,7 @@ import sys
 from verl_pipe_lab.bench.commands import chosen_command, run_command
 
 _chosen = chosen_command(sys.argv[1:])
-if _chosen is not None:  # before run.py's imports: a command needs only its own (gpu_check runs without verl)
+if _chosen is not None:  # before run.py's imports: a command needs only its own
     sys.exit(run_command(*_chosen))
 
 from verl_pipe_lab.bench.run import main  # noqa: E402

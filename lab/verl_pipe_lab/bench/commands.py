@@ -6,7 +6,7 @@ anywhere on the bench's command line instead and gets the whole line (``--learn`
 is the bench itself. ``python -m verl_pipe_lab.bench --help`` lists them all.
 
 A command is registered by name with the ``module:function`` that runs it (``register_command``), imported only when
-it runs: a command needs only its own imports (``gpu_check``: torch and transformers, no verl). The function takes the
+it runs: a command needs only its own imports (``paired_rounds``: the standard library, no verl). The function takes the
 list of its arguments and returns an exit status (None counts as 0). Another package adds a command the same way,
 from a module imported before ``main`` runs.
 """
@@ -80,7 +80,6 @@ for _name, _help in (
         ("driver_microbench", "the rollout driver's own per-request and per-group costs, no Ray or vLLM"),
         ("dtype_ab", "the quick bench's sync step with the trainer in fp32 and in bf16, side by side"),
         ("eval_warm_start", "a model's accuracy on the digit-math validation questions, and its procedure"),
-        ("gpu_check", "check and time the theta_k store under FSDP2 (torch + transformers only; torchrun -m)"),
         ("logprob_gap_check", "vLLM's against the trainer's log-probs at theta_k, a step per mode named"),
         ("orchestration_profile", "where the run's orchestration spends its CPU, and what the rollout's cuts save"),
         ("overlap_probe", "the real stack's rollout beside a pinned stand-in load on the trainer's core"),
