@@ -13,7 +13,7 @@ from tests.checkout import ROOT
 from verl_pipe_lab.bench import commands
 from verl_pipe_lab.bench.commands import COMMANDS, chosen_command, register_command
 
-TOOLS = ROOT / "verl_pipe" / "bench" / "tools"
+TOOLS = ROOT / "lab" / "verl_pipe_lab" / "bench" / "tools"
 
 
 def test_every_measurement_script_is_a_command_whose_main_takes_argv():

@@ -268,14 +268,19 @@ def test_length_aware_fgd_orders_by_recorded_predictions_and_off_keeps_rank(pipe
     keys = lambda epoch: [(f"e2e-tail-{g}", epoch) for g in range(GROUPS)]  # noqa: E731 -- prompts of this test only
     batch_dict, window = next(pipe._batches), 2 * N  # a window of 2 groups: the first admissions show the order
     try:
+        # completion fill, dataloader order: FGD's own length order inside the frontier is what this test watches (the
+        # default's dispatch fill admits in its length-ordered batch's rank order: tests/e2e/test_default_exact.py)
         recs = [pipe.step(mode="cgp", granularity="minibatch", fgd=True, batch_dict=batch_dict, fgd_window=window,
-                          sampling_overrides=fixed, length_keys=keys(epoch), fgd_lengths=lengths)
+                          sampling_overrides=fixed, length_keys=keys(epoch), fgd_lengths=lengths,
+                          unit_fill="completion", minibatch_order="dataloader")
                 for epoch, lengths in ((0, "predicted"), (1, "predicted"))]
         first = {"predicted": _groups_first_submitted(pipe, window)}
         recs.append(pipe.step(mode="cgp", fgd=True, batch_dict=batch_dict, length_keys=keys(2), fgd_lengths="off"))
         first["off"] = _groups_first_submitted(pipe, window)
     finally:
-        pipe.change(sampling_overrides=None, length_keys=None, fgd_lengths="predicted")
+        cfg = pipe.trainer.config.rolloutpipe
+        pipe.change(sampling_overrides=None, length_keys=None, fgd_lengths="predicted",
+                    unit_fill=str(cfg.cgp.unit_fill), minibatch_order=str(cfg.minibatch_order))
     for rec, lengths in zip(recs, ("predicted", "predicted", "off")):
         assert rec["knobs"]["fgd_policy"] == DEFAULT_FGD_POLICY == rec["admission"]["policy"]
         assert rec["knobs"]["fgd_lengths"] == lengths

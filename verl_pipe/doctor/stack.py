@@ -191,7 +191,7 @@ def run_stack(gpu: bool, gpus: int, steps: int = 2, progress=print) -> tuple[lis
 
     def start():
         from verl_pipe.launch.session import PipeSession, compose
-        from verl_pipe.main_grpo import select_platform
+        from verl_pipe.launch.ray_start import select_platform
 
         cfg = compose(overrides)
         select_platform(cfg)  # the platform's environment before anything imports verl (also the GPU preflight)

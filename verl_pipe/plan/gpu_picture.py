@@ -23,8 +23,10 @@ from verl_pipe.core.variants import of_row
 from verl_pipe.plan.validate import update_doc
 
 BEGIN, END = "<!-- plan-gpu:begin -->", "<!-- plan-gpu:end -->"
+# the paper's FIFO (completion fill), as the public scenarios (verl_pipe/plan/public.py FIFO)
 COMMAND = ("--config-name qwen3_1p7b_gsm8k_4x4 --lengths lognormal:median=700,sigma=0.8,rho=0.7 --hardware h200 "
-           "--prompt-len 200 actor_rollout_ref.model.use_remove_padding=true")
+           "--prompt-len 200 actor_rollout_ref.model.use_remove_padding=true rolloutpipe.cgp.unit_fill=completion "
+           "rolloutpipe.minibatch_order=dataloader")
 OURS_S = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0)  # our orchestration per step, s
 VERL_S = (0.0, 2.0, 5.0, 10.0)  # verl's, s
 

@@ -23,7 +23,11 @@ from verl_pipe.plan.validate import update_doc
 
 BEGIN, END = "<!-- plan-public:begin -->", "<!-- plan-public:end -->"
 
-PAPER_BASE = ("--config-name qwen3_1p7b_gsm8k_4x4 data.max_response_length=24576 "
+# The scenarios model the paper's FIFO (completion fill): the simulator does not model the default's mini-batches in
+# predicted-length order (rolloutpipe.minibatch_order=length), and dispatch fill in dataloader order is a different,
+# pessimistic mode (docs/plan.md).
+FIFO = "rolloutpipe.cgp.unit_fill=completion rolloutpipe.minibatch_order=dataloader "
+PAPER_BASE = ("--config-name qwen3_1p7b_gsm8k_4x4 " + FIFO + "data.max_response_length=24576 "
               "actor_rollout_ref.rollout.max_model_len=25088 --hardware h100 --no-sweep")
 PAPER_LENGTHS = (("D1", "D1 base-early (mean 1,000)"), ("D2", "D2 distill-8k (mean 3,500)"),
                  ("D3", "D3 long-CoT-24k (median 6,701)"), ("D4", "D4 cap-bound-8k"),
@@ -31,7 +35,7 @@ PAPER_LENGTHS = (("D1", "D1 base-early (mean 1,000)"), ("D2", "D2 distill-8k (me
 PAPER_RANGE = (30.7, 42.3)  # the paper's saving vs slime's sync, %
 
 # verl's V1 report: published batch 64 prompts, mini-batch 16, 32k responses, 4 nodes; the rest assumed
-V1_BASE = ("--config-name qwen3_1p7b_gsm8k_4x4 actor_rollout_ref.model.path=Qwen3.5-35B-A3B "
+V1_BASE = ("--config-name qwen3_1p7b_gsm8k_4x4 " + FIFO + "actor_rollout_ref.model.path=Qwen3.5-35B-A3B "
            "data.train_batch_size=64 actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.rollout.n=16 "
            "data.max_prompt_length=2048 data.max_response_length=32768 actor_rollout_ref.rollout.max_model_len=34816 "
            "actor_rollout_ref.rollout.nnodes=2 actor_rollout_ref.rollout.n_gpus_per_node=8 trainer.nnodes=2 "
