@@ -28,7 +28,7 @@ def timeline() -> StepTimeline:
     return tl
 
 
-KNOBS = StepKnobs(mode="cgp", unit_fill="completion")
+KNOBS = StepKnobs(mode="cgp", unit_fill="completion", minibatch_order="dataloader")
 
 
 class Trainer:
@@ -185,12 +185,13 @@ def test_done_line_keeps_a_first_runs_asset_build_apart_from_the_run():
 
 @pytest.mark.parametrize("knobs, label", [
     (StepKnobs(mode="cgp", granularity="group", fgd=True, unit_fill="dispatch"),
-     "cgp+fgd, group granularity, dispatch fill"),
-    (StepKnobs(mode="cgp", granularity="minibatch", fgd=True, unit_fill="completion"),
+     "cgp+fgd, group granularity, dispatch fill, length order"),  # the shipped default
+    (StepKnobs(mode="cgp", granularity="minibatch", fgd=True, unit_fill="completion", minibatch_order="dataloader"),
      "cgp+fgd, minibatch granularity, completion fill"),
-    (StepKnobs(mode="cgp", granularity="group", fgd=False, unit_fill="completion"),
+    (StepKnobs(mode="cgp", granularity="group", fgd=False, unit_fill="completion", minibatch_order="dataloader"),
      "cgp, group granularity, completion fill"),
-    (StepKnobs(mode="sync", granularity="minibatch"), "sync"),
+    (StepKnobs(mode="sync", granularity="minibatch"), "sync, length order"),
+    (StepKnobs(mode="sync", granularity="minibatch", minibatch_order="dataloader"), "sync"),
 ])
 def test_the_step_line_and_the_summary_name_the_variant_as_configured(knobs, label, capsys):
     """Issue 61(d): the demo runs CGP + FGD at group granularity; its step lines and closing summary said ``(cgp)``.

@@ -87,12 +87,15 @@ def write_trace(trace_dir, timeline: StepTimeline, record: dict, metrics: dict) 
 
 def variant_label(knobs: StepKnobs) -> str:
     """What a step runs as, in words: the trainer mode, ``+fgd`` when frontier-group dispatch admits the rollout, and
-    for a pipelined mode its granularity and unit fill (rolloutpipe.cgp.granularity, rolloutpipe.cgp.unit_fill), e.g.
-    ``cgp+fgd, group granularity, dispatch fill``; sync trains whole mini-batches after the rollout: ``sync``."""
+    for a pipelined mode its granularity and unit fill (rolloutpipe.cgp.granularity, rolloutpipe.cgp.unit_fill), then the
+    mini-batch order when it is not the dataloader's (rolloutpipe.minibatch_order), e.g.
+    ``cgp+fgd, group granularity, dispatch fill, length order``; sync trains whole mini-batches after the rollout:
+    ``sync`` (``sync, length order``)."""
     name = knobs.mode + ("+fgd" if knobs.fgd else "")
+    order = [] if knobs.minibatch_order == "dataloader" else [f"{knobs.minibatch_order} order"]
     if not pipelines(knobs.mode):
-        return name
-    return f"{name}, {knobs.granularity} granularity, {knobs.unit_fill} fill"
+        return ", ".join([name, *order])
+    return ", ".join([name, f"{knobs.granularity} granularity", f"{knobs.unit_fill} fill", *order])
 
 
 def summary_line(step: int, variant: str, m: dict, tm: dict) -> str:
